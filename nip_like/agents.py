@@ -1,0 +1,149 @@
+"""Per-agent networks and the TorchRL actor and critic built from them.
+
+Each agent has its own parameters (its own ``nn.Module``), so that learning
+rates, gradient clipping and update schedules can differ between agents. The
+modules still read and write the stacked ``("agents", ...)`` entries, with the
+agent dimension last in the batch shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.modules import MaskedCategorical, ProbabilisticActor
+
+#: Standard keys of the multi-agent TensorDict layout.
+OBSERVATION_KEY = ("agents", "observation")
+ACTION_KEY = ("agents", "action")
+ACTION_MASK_KEY = ("agents", "action_mask")
+LOGITS_KEY = ("agents", "logits")
+LOG_PROB_KEY = ("agents", "action_log_prob")
+VALUE_KEY = ("agents", "state_value")
+ACTIVE_KEY = ("agents", "active")
+REWARD_KEY = ("agents", "reward")
+DONE_KEY = ("agents", "done")
+TERMINATED_KEY = ("agents", "terminated")
+ADVANTAGE_KEY = ("agents", "advantage")
+VALUE_TARGET_KEY = ("agents", "value_target")
+EPISODE_RETURN_KEY = ("agents", "episode_return")
+
+
+class PerAgent(nn.Module):
+    """Apply one network per agent along the agent dimension.
+
+    Parameters
+    ----------
+    networks : Mapping[str, nn.Module]
+        One network per agent, in the order of the agent dimension.
+
+    Notes
+    -----
+    ``forward`` takes a tensor of shape ``(*batch, num_agents, features)`` and
+    returns ``(*batch, num_agents, out_features)``.
+    """
+
+    def __init__(self, networks: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        self.agent_names = tuple(networks)
+        self.networks = nn.ModuleDict(networks)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        outputs = [self.networks[name](inputs[..., index, :]) for index, name in enumerate(self.agent_names)]
+        return torch.stack(outputs, dim=-2)
+
+
+def mlp(in_features: int, out_features: int, hidden_size: int, num_layers: int) -> nn.Sequential:
+    """Build a tanh MLP with orthogonal initialisation (small last layer).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Input and output sizes.
+    hidden_size : int
+        Width of each hidden layer.
+    num_layers : int
+        Number of hidden layers (0 gives a linear map).
+    """
+    layers: list[nn.Module] = []
+    size = in_features
+    for _ in range(num_layers):
+        linear = nn.Linear(size, hidden_size)
+        nn.init.orthogonal_(linear.weight, gain=2**0.5)
+        nn.init.zeros_(linear.bias)
+        layers += [linear, nn.Tanh()]
+        size = hidden_size
+    head = nn.Linear(size, out_features)
+    nn.init.orthogonal_(head.weight, gain=0.01)
+    nn.init.zeros_(head.bias)
+    layers.append(head)
+    return nn.Sequential(*layers)
+
+
+@dataclass
+class AgentModules:
+    """The trainable parts of a scenario's agents.
+
+    Attributes
+    ----------
+    policy : ProbabilisticActor
+        Reads ``("agents", "observation")`` and ``("agents", "action_mask")``;
+        writes ``("agents", "logits")``, ``("agents", "action")`` and
+        ``("agents", "action_log_prob")``.
+    value : TensorDictModule
+        Reads ``("agents", "observation")``; writes ``("agents", "state_value")``.
+    agent_names : tuple of str
+        Names of the agents, in the order of the agent dimension.
+    """
+
+    policy: ProbabilisticActor
+    value: TensorDictModule
+    agent_names: tuple[str, ...]
+
+    def agent_parameters(self, name: str) -> Iterator[nn.Parameter]:
+        """Yield the parameters (policy and value) that belong to agent ``name``."""
+        for module in (self.policy, self.value):
+            for per_agent in module.modules():
+                if isinstance(per_agent, PerAgent):
+                    yield from per_agent.networks[name].parameters()
+
+    def modules(self) -> nn.ModuleDict:
+        """Return the policy and value as one module (for state dicts and devices)."""
+        return nn.ModuleDict({"policy": self.policy, "value": self.value})
+
+
+def build_actor_critic(
+    agent_names: tuple[str, ...],
+    observation_size: int,
+    num_actions: int,
+    network: Callable[[str, int, int], nn.Module],
+) -> AgentModules:
+    """Build a masked-categorical actor and a critic with one network per agent.
+
+    Parameters
+    ----------
+    agent_names : tuple of str
+        Agents, in the order of the agent dimension.
+    observation_size : int
+        Length of each agent's observation vector.
+    num_actions : int
+        Size of the shared action space.
+    network : callable
+        ``network(agent_name, in_features, out_features)`` returns the module of
+        one agent (called for the policy and for the value).
+    """
+    policy_net = PerAgent({name: network(name, observation_size, num_actions) for name in agent_names})
+    value_net = PerAgent({name: network(name, observation_size, 1) for name in agent_names})
+    policy = ProbabilisticActor(
+        TensorDictModule(policy_net, in_keys=[OBSERVATION_KEY], out_keys=[LOGITS_KEY]),
+        in_keys={"logits": LOGITS_KEY, "mask": ACTION_MASK_KEY},
+        out_keys=[ACTION_KEY],
+        distribution_class=MaskedCategorical,
+        return_log_prob=True,
+        log_prob_key=LOG_PROB_KEY,
+    )
+    value = TensorDictModule(value_net, in_keys=[OBSERVATION_KEY], out_keys=[VALUE_KEY])
+    return AgentModules(policy=policy, value=value, agent_names=tuple(agent_names))

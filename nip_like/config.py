@@ -1,0 +1,214 @@
+"""Structured-config schemas, registered in Hydra's ConfigStore.
+
+Every field has a type, a default and a one-line comment. The YAML files under
+``configs/`` select and adjust these schemas. Fields fall in two kinds:
+
+* hyper-parameters (``seed``, ``trainer``, ``scenario``, ``protocol``) change
+  results and identify a run (see :func:`run_id`);
+* run settings (``run``, ``logger``) do not change results: device, loggers,
+  output folder, progress bars, test-run mode, checkpoint frequency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+#: Top-level keys whose values change results and so identify a run.
+HYPER_PARAMETER_KEYS = ("seed", "trainer", "scenario", "protocol")
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimiser, learning-rate schedule and gradient handling."""
+
+    name: str = "adam"  # adam | adamw | sgd | rmsprop | adagrad
+    lr: float = 3e-4  # learning rate of every agent without an entry in agent_lr
+    agent_lr: dict[str, float] = field(default_factory=dict)  # per-agent learning rates, by agent name
+    weight_decay: float = 0.0  # L2 penalty (decoupled for adamw)
+    momentum: float = 0.0  # momentum for sgd and rmsprop
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam/AdamW betas
+    eps: float = 1e-8  # numerical epsilon of adaptive optimisers
+    max_grad_norm: Optional[float] = 1.0  # clip each agent's gradient norm to this; null disables
+    grad_accumulation_steps: int = 1  # minibatches whose gradients are summed before one optimiser step
+    lr_schedule: str = "constant"  # constant | linear | cosine, over the training iterations
+    lr_final_factor: float = 0.0  # linear/cosine: final lr as a fraction of the initial lr
+    warmup_iterations: int = 0  # iterations of linear warm-up from 0 before the schedule
+
+
+@dataclass
+class AgentUpdateConfig:
+    """When one agent is trained; on other iterations its parameters stay fixed."""
+
+    start: int = 0  # first iteration (0-based) on which the agent is trained
+    stop: Optional[int] = None  # iteration from which it is no longer trained; null = never stops
+    every: int = 1  # train on every k-th iteration counted from start
+
+
+@dataclass
+class PPOConfig:
+    """Options of the PPO objective."""
+
+    variant: str = "clip"  # clip (clipped surrogate) | kl (adaptive KL penalty)
+    clip_epsilon: float = 0.2  # clip range of the probability ratio (clip variant)
+    kl_beta: float = 1.0  # initial KL-penalty coefficient (kl variant)
+    kl_target: float = 0.01  # target KL per update; beta adapts towards it (kl variant)
+    kl_adaptive: bool = True  # adapt beta after each minibatch (kl variant)
+    normalize_advantage: bool = True  # standardise advantages per agent over its active steps
+    loss_critic_type: str = "smooth_l1"  # l1 | l2 | smooth_l1
+
+
+@dataclass
+class EvalConfig:
+    """Periodic evaluation during training, best checkpoint and early stopping."""
+
+    every: int = 10  # evaluate every N iterations (and after the last); 0 disables
+    num_episodes: int = 256  # episodes per evaluation
+    deterministic: bool = True  # take the most likely action instead of sampling
+    metric: str = "eval/reward"  # metric that picks the best checkpoint
+    mode: str = "max"  # max | min: whether a larger or smaller metric is better
+    early_stopping_patience: int = 0  # stop after this many evaluations without improvement; 0 disables
+    test_checkpoint: str = "final"  # final | best: which agents the test loop evaluates
+
+
+@dataclass
+class TrainerConfig:
+    """The trainer and its RL loop."""
+
+    trainer_type: str = "ppo"  # registered trainer name, or dotted path module.Class
+    num_iterations: int = 100  # collect-then-optimise iterations
+    num_envs: int = 64  # parallel environments in the vectorised train env
+    frames_per_batch: int = 1024  # environment steps per iteration (a multiple of num_envs)
+    num_epochs: int = 4  # passes over each collected batch
+    minibatch_size: int = 256  # items per minibatch (transitions, pairs or groups, as the loss lays them out)
+    gamma: float = 0.99  # discount factor
+    lmbda: float = 0.95  # GAE lambda
+    entropy_coeff: float = 0.01  # weight of the entropy bonus
+    critic_coeff: float = 0.5  # weight of the value loss
+    num_test_episodes: int = 1024  # episodes in the final test loop
+    test_batch_episodes: int = 256  # episodes per test-loop iteration
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
+    agent_updates: dict[str, AgentUpdateConfig] = field(default_factory=dict)  # per-agent update schedules
+    ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO options
+    eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
+
+
+@dataclass
+class ScenarioConfig:
+    """Base of the scenario schemas; ``name`` selects the registered scenario."""
+
+    name: str = MISSING  # registered scenario name, or dotted path module.Class
+
+
+@dataclass
+class AgentNetConfig:
+    """Size of one agent's networks."""
+
+    hidden_size: int = 64  # width of each hidden layer
+    num_layers: int = 2  # hidden layers in the policy and value networks
+
+
+@dataclass
+class HiddenBitsConfig(ScenarioConfig):
+    """The built-in hidden-bits scenario (see :mod:`nip_like.scenarios.hidden_bits`)."""
+
+    name: str = "hidden_bits"  # scenario name
+    num_bits: int = 2  # length of the hidden bit string the verifier must output
+    message_vocab: int = 4  # number of distinct messages a prover can send per round
+    agents: dict[str, AgentNetConfig] = field(default_factory=dict)  # per-agent network sizes; others use default_agent
+    default_agent: AgentNetConfig = field(default_factory=AgentNetConfig)  # network size of agents not in agents
+
+
+@dataclass
+class ProtocolConfig:
+    """Base of the protocol schemas; ``name`` selects the registered protocol."""
+
+    name: str = MISSING  # registered protocol name, or dotted path module.Class
+
+
+@dataclass
+class ProverVerifierConfig(ProtocolConfig):
+    """A prover sends messages for some rounds, then the verifier decides."""
+
+    name: str = "prover_verifier"  # protocol name
+    message_rounds: int = 2  # rounds in which the prover speaks before the verifier decides
+    shared_reward: bool = True  # the prover is rewarded when the verifier is right (cooperative)
+
+
+@dataclass
+class SoloVerifierConfig(ProtocolConfig):
+    """No prover: the verifier decides at once. A baseline."""
+
+    name: str = "solo_verifier"  # protocol name
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go (a run setting: does not change results)."""
+
+    backends: list[str] = field(default_factory=lambda: ["csv"])  # any of csv, tensorboard, wandb, mlflow
+    wandb_project: str = "nip_like"  # W&B project name
+    wandb_mode: str = "offline"  # W&B mode: offline | online | disabled
+    mlflow_tracking_uri: Optional[str] = None  # MLflow URI; null = a folder inside the run folder
+    print_metrics: bool = True  # print the final test metrics to standard output
+
+
+@dataclass
+class RunSettings:
+    """Settings that do not change results and do not identify a run."""
+
+    device: str = "cpu"  # torch device: cpu, cuda, cuda:1, ...
+    test_run: bool = False  # run every loop for a single iteration (smoke test of a config)
+    progress_bar: bool = True  # show tqdm progress bars
+    checkpoint_every: int = 10  # save the whole state every N iterations (and at the end); 0 = only at the end
+    num_threads: Optional[int] = None  # torch CPU threads; null leaves torch's default
+    autocast_dtype: Optional[str] = None  # run loops under torch.autocast with this dtype (bfloat16, float16); null = off
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole experiment: hyper-parameters and run settings."""
+
+    name: str = "experiment"  # a label for the run folder
+    seed: int = 0  # seed of every random number generator
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the trainer and its loop
+    scenario: Any = MISSING  # a scenario schema (config group "scenario")
+    protocol: Any = MISSING  # a protocol schema (config group "protocol")
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # metric loggers (run setting)
+    run: RunSettings = field(default_factory=RunSettings)  # run settings
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore.
+
+    The YAML files under ``configs/`` extend these nodes through their defaults
+    lists (``- hidden_bits_schema``), so every value they set is type-checked.
+    """
+    store = ConfigStore.instance()
+    store.store(name="experiment_schema", node=ExperimentConfig)
+    store.store(group="scenario", name="hidden_bits_schema", node=HiddenBitsConfig)
+    store.store(group="protocol", name="prover_verifier_schema", node=ProverVerifierConfig)
+    store.store(group="protocol", name="solo_verifier_schema", node=SoloVerifierConfig)
+    store.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    store.store(group="logger", name="logger_schema", node=LoggerConfig)
+
+
+def hyper_parameters(config: DictConfig) -> dict[str, Any]:
+    """Return the part of ``config`` that changes results, as plain containers."""
+    return {key: OmegaConf.to_container(config, resolve=True)[key] for key in HYPER_PARAMETER_KEYS}
+
+
+def run_id(config: DictConfig) -> str:
+    """Return a short stable hash of the hyper-parameters of ``config``.
+
+    Two configs that differ only in run settings (device, loggers, output
+    folder, test-run mode) share a run id.
+    """
+    text = json.dumps(hyper_parameters(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -1,0 +1,132 @@
+"""Metrics -> TorchRL loggers (CSV by default; TensorBoard, W&B, MLflow optional).
+
+Metric names are namespaced (``train/...``, ``eval/...``, ``test/...``,
+``loss/...``, ``objective/...``, ``policy/...``, ``timers/...``, ``SPS``) and
+follow TRL's names where the quantity is the same.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+from pathlib import Path
+from typing import Mapping
+
+from omegaconf import DictConfig
+from torchrl.record.loggers import CSVLogger, Logger
+
+from nip_like.errors import ConfigError
+
+#: Optional logger backends and the package each needs.
+BACKEND_PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+#: Loss-module output names -> namespaced metric names.
+LOSS_METRIC_NAMES = {
+    "loss_objective": "loss/policy",
+    "loss_critic": "loss/value",
+    "loss_entropy": "loss/entropy",
+    "loss_actor": "loss/policy",
+    "loss_value": "loss/value",
+    "entropy": "objective/entropy",
+    "kl_approx": "policy/approxkl",
+    "clip_fraction": "policy/clipfrac",
+}
+
+
+def metric_name(loss_key: str) -> str:
+    """Return the namespaced metric name of a loss-module output."""
+    return LOSS_METRIC_NAMES.get(loss_key, f"train/{loss_key}")
+
+
+class MetricLogger:
+    """Send scalar metrics to one or more TorchRL loggers.
+
+    Parameters
+    ----------
+    config : DictConfig
+        The ``logger`` node of the experiment config.
+    run_dir : Path
+        The run folder; CSV files go to ``<run_dir>/metrics/scalars/``.
+    experiment_name : str
+        Name shown by the backends.
+    """
+
+    def __init__(self, config: DictConfig, run_dir: Path, experiment_name: str) -> None:
+        self.run_dir = Path(run_dir)
+        self.loggers: dict[str, Logger] = {}
+        for backend in config.backends:
+            if backend not in BACKEND_PACKAGES:
+                raise ConfigError(f"unknown logger backend {backend!r}; choose from {sorted(BACKEND_PACKAGES)}")
+            package = BACKEND_PACKAGES[backend]
+            if package is not None and importlib.util.find_spec(package) is None:
+                raise ConfigError(
+                    f"logger backend {backend!r} needs the {package!r} package: pip install 'nip_like[{backend}]'"
+                )
+        for backend in config.backends:
+            self.loggers[backend] = self._make(backend, config, experiment_name)
+
+    def _make(self, backend: str, config: DictConfig, experiment_name: str) -> Logger:
+        if backend == "csv":
+            return CSVLogger(exp_name="metrics", log_dir=str(self.run_dir))
+        if backend == "tensorboard":
+            from torchrl.record.loggers import TensorboardLogger
+
+            return TensorboardLogger(exp_name="tensorboard", log_dir=str(self.run_dir))
+        if backend == "wandb":
+            from torchrl.record.loggers import WandbLogger
+
+            return WandbLogger(
+                exp_name=experiment_name,
+                save_dir=str(self.run_dir),
+                project=config.wandb_project,
+                mode=config.wandb_mode,
+            )
+        from torchrl.record.loggers import MLFlowLogger
+
+        uri = config.mlflow_tracking_uri or (self.run_dir / "mlruns").resolve().as_uri()
+        return MLFlowLogger(exp_name=experiment_name, tracking_uri=uri)
+
+    @property
+    def csv_dir(self) -> Path:
+        """Folder holding one CSV file per metric (``step,value`` rows)."""
+        return self.run_dir / "metrics" / "scalars"
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log every metric in ``metrics`` at ``step``."""
+        for name, value in metrics.items():
+            for logger in self.loggers.values():
+                logger.log_scalar(name, float(value), step=step)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop CSV rows logged after ``step`` (used when a run resumes).
+
+        A run killed after its last checkpoint has logged iterations that the
+        resumed run logs again; keeping only rows up to the checkpoint's step
+        leaves each CSV file with one row per step.
+        """
+        if not self.csv_dir.is_dir():
+            return
+        for path in self.csv_dir.rglob("*.csv"):
+            with open(path, newline="") as handle:
+                rows = [row for row in csv.reader(handle) if row and int(float(row[0])) <= step]
+            temporary = path.with_suffix(".csv.tmp")
+            with open(temporary, "w", newline="") as handle:
+                csv.writer(handle).writerows(rows)
+            os.replace(temporary, path)
+
+    def close(self) -> None:
+        """Flush and close the backends."""
+        for logger in self.loggers.values():
+            experiment = getattr(logger, "experiment", None)
+            for handle in getattr(experiment, "files", {}).values():
+                handle.close()
+            if hasattr(experiment, "finish"):
+                experiment.finish()
+
+
+def read_csv_metric(run_dir: Path, name: str) -> list[tuple[int, float]]:
+    """Read one metric's ``(step, value)`` rows from a run folder's CSV files."""
+    path = Path(run_dir) / "metrics" / "scalars" / f"{name}.csv"
+    with open(path, newline="") as handle:
+        return [(int(float(row[0])), float(row[1])) for row in csv.reader(handle) if row]

@@ -1,0 +1,221 @@
+"""Multi-agent PPO with inactive agents masked out of the learning signal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule
+from tensordict.utils import NestedKey
+from torchrl.modules import ProbabilisticActor
+from torchrl.objectives import LossModule, ValueEstimators
+from torchrl.objectives.utils import distance_loss
+from torchrl.objectives.value import GAE
+
+from nip_like import agents as keys
+from nip_like.errors import ConfigError
+from nip_like.objectives.masking import per_agent_mean, standardize_per_agent
+
+PPO_VARIANTS = ("clip", "kl")
+
+
+class MultiAgentPPOLoss(LossModule):
+    """PPO over the stacked ``("agents", ...)`` layout, one term per agent.
+
+    Policy and entropy terms average, for each agent, over the steps where it
+    was active (``("agents", "active")``); an inactive agent's action enters no
+    log-probability, ratio, entropy or loss. The value loss averages over every
+    step: a state's value does not depend on who acts in it. Each total loss is
+    the sum of the agents' terms, so that one agent's share of the batch does not
+    scale another's gradient.
+
+    Parameters
+    ----------
+    actor_network : ProbabilisticActor
+        The policy; must write ``("agents", "logits")``.
+    critic_network : TensorDictModule
+        The value network; writes ``("agents", "state_value")``.
+    agent_names : tuple of str
+        Names of the agents, for per-agent statistics.
+    variant : str
+        ``"clip"`` (clipped surrogate) or ``"kl"`` (KL penalty to the behaviour
+        policy, with a coefficient that adapts towards ``kl_target``).
+    clip_epsilon : float
+        Clip range of the ratio (clip variant).
+    kl_beta, kl_target : float
+        Initial penalty coefficient and target KL (kl variant).
+    kl_adaptive : bool
+        Double or halve ``kl_beta`` when the KL leaves ``[target/1.5, 1.5 target]``.
+    entropy_coeff, critic_coeff : float
+        Weights of the entropy bonus and the value loss.
+    normalize_advantage : bool
+        Standardise advantages per agent over its active steps.
+    loss_critic_type : str
+        ``"l1"``, ``"l2"`` or ``"smooth_l1"``.
+
+    Notes
+    -----
+    The output holds ``loss_objective``, ``loss_critic`` and ``loss_entropy``
+    (sum them to train), the statistics ``entropy``, ``kl_approx``,
+    ``clip_fraction``, ``explained_variance`` and ``kl_beta``, and the same per
+    agent under ``("agents", <name>, <statistic>)``.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        advantage: NestedKey = keys.ADVANTAGE_KEY
+        value_target: NestedKey = keys.VALUE_TARGET_KEY
+        value: NestedKey = keys.VALUE_KEY
+        action: NestedKey = keys.ACTION_KEY
+        sample_log_prob: NestedKey = keys.LOG_PROB_KEY
+        logits: NestedKey = keys.LOGITS_KEY
+        action_mask: NestedKey = keys.ACTION_MASK_KEY
+        active: NestedKey = keys.ACTIVE_KEY
+        reward: NestedKey = keys.REWARD_KEY
+        done: NestedKey = keys.DONE_KEY
+        terminated: NestedKey = keys.TERMINATED_KEY
+
+    default_keys = _AcceptedKeys
+    default_value_estimator = ValueEstimators.GAE
+
+    def __init__(
+        self,
+        actor_network: ProbabilisticActor,
+        critic_network: TensorDictModule,
+        agent_names: tuple[str, ...],
+        *,
+        variant: str = "clip",
+        clip_epsilon: float = 0.2,
+        kl_beta: float = 1.0,
+        kl_target: float = 0.01,
+        kl_adaptive: bool = True,
+        entropy_coeff: float = 0.01,
+        critic_coeff: float = 0.5,
+        normalize_advantage: bool = True,
+        loss_critic_type: str = "smooth_l1",
+    ) -> None:
+        if variant not in PPO_VARIANTS:
+            raise ConfigError(f"trainer.ppo.variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
+        if loss_critic_type not in ("l1", "l2", "smooth_l1"):
+            raise ConfigError(
+                f"trainer.ppo.loss_critic_type must be one of ['l1', 'l2', 'smooth_l1'], got {loss_critic_type!r}"
+            )
+        super().__init__()
+        self.actor_network = actor_network
+        self.critic_network = critic_network
+        self.agent_names = tuple(agent_names)
+        self.variant = variant
+        self.clip_epsilon = clip_epsilon
+        self.kl_target = kl_target
+        self.kl_adaptive = kl_adaptive
+        self.entropy_coeff = entropy_coeff
+        self.critic_coeff = critic_coeff
+        self.normalize_advantage = normalize_advantage
+        self.loss_critic_type = loss_critic_type
+        self.register_buffer("kl_beta", torch.tensor(float(kl_beta)))
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        if self._value_estimator is not None:
+            self._value_estimator.set_keys(
+                advantage=self.tensor_keys.advantage,
+                value_target=self.tensor_keys.value_target,
+                value=self.tensor_keys.value,
+                reward=self.tensor_keys.reward,
+                done=self.tensor_keys.done,
+                terminated=self.tensor_keys.terminated,
+            )
+
+    def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams) -> None:
+        """Build the advantage estimator (GAE only) that reads this loss's keys."""
+        value_type = value_type or self.default_value_estimator
+        if value_type != ValueEstimators.GAE:
+            raise NotImplementedError(f"MultiAgentPPOLoss supports GAE only, not {value_type}")
+        self._value_estimator = GAE(value_network=self.critic_network, **hyperparams)
+        self._forward_value_estimator_keys()
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """Compute the loss terms and statistics on a batch of transitions."""
+        active = tensordict.get(self.tensor_keys.active)
+        advantage = tensordict.get(self.tensor_keys.advantage).squeeze(-1)
+        if self.normalize_advantage:
+            advantage = standardize_per_agent(advantage, active)
+
+        old_logits = tensordict.get(self.tensor_keys.logits)
+        dist = self.actor_network.get_dist(tensordict.clone(False))
+        log_prob = dist.log_prob(tensordict.get(self.tensor_keys.action))
+        old_log_prob = tensordict.get(self.tensor_keys.sample_log_prob)
+        # Inactive entries are replaced, not multiplied, so they cannot turn into NaN.
+        log_ratio = torch.where(active, log_prob - old_log_prob, torch.zeros_like(log_prob))
+        ratio = log_ratio.exp()
+
+        with torch.no_grad():
+            kl_approx = per_agent_mean((ratio - 1) - log_ratio, active)
+            clip_fraction = per_agent_mean(((ratio - 1).abs() > self.clip_epsilon).float(), active)
+
+        if self.variant == "clip":
+            clipped = ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon)
+            surrogate = torch.minimum(ratio * advantage, clipped * advantage)
+        else:
+            action_mask = tensordict.get(self.tensor_keys.action_mask)
+            kl = _masked_categorical_kl(old_logits, dist.logits, action_mask)
+            surrogate = ratio * advantage - self.kl_beta * kl
+        policy_loss = -per_agent_mean(surrogate, active)
+        entropy = per_agent_mean(dist.entropy(), active)
+
+        value = self.critic_network(tensordict.select(*self.critic_network.in_keys).clone(False))
+        value = value.get(self.tensor_keys.value)
+        target = tensordict.get(self.tensor_keys.value_target)
+        value_loss = distance_loss(value, target, self.loss_critic_type).squeeze(-1)
+        value_loss = per_agent_mean(value_loss)
+        explained_variance = _explained_variance(value.detach(), target)
+
+        if self.variant == "kl" and self.kl_adaptive and self.training:
+            self._adapt_kl_beta(kl_approx.mean().item())
+
+        output = TensorDict(
+            {
+                "loss_objective": policy_loss.sum(),
+                "loss_critic": self.critic_coeff * value_loss.sum(),
+                "loss_entropy": -self.entropy_coeff * entropy.sum(),
+                "entropy": entropy.detach().mean(),
+                "kl_approx": kl_approx.mean(),
+                "clip_fraction": clip_fraction.mean(),
+                "explained_variance": explained_variance,
+                "kl_beta": self.kl_beta.clone(),
+            }
+        )
+        for index, name in enumerate(self.agent_names):
+            output["agents", name] = TensorDict(
+                {
+                    "loss_objective": policy_loss[index].detach(),
+                    "loss_critic": value_loss[index].detach(),
+                    "entropy": entropy[index].detach(),
+                    "kl_approx": kl_approx[index],
+                    "clip_fraction": clip_fraction[index],
+                }
+            )
+        return output
+
+    def _adapt_kl_beta(self, kl: float) -> None:
+        if kl > 1.5 * self.kl_target:
+            self.kl_beta.mul_(2.0)
+        elif kl < self.kl_target / 1.5:
+            self.kl_beta.div_(2.0)
+
+
+def _masked_categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(old || new) of two categoricals restricted to the legal actions in ``mask``."""
+    fill = torch.finfo(old_logits.dtype).min
+    old_log_p = F.log_softmax(old_logits.masked_fill(~mask, fill), dim=-1)
+    new_log_p = F.log_softmax(new_logits.masked_fill(~mask, fill), dim=-1)
+    terms = old_log_p.exp() * (old_log_p - new_log_p)
+    return torch.where(mask, terms, torch.zeros_like(terms)).sum(-1)
+
+
+def _explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    variance = target.var()
+    if variance.item() == 0:
+        return torch.zeros((), dtype=target.dtype, device=target.device)
+    return 1 - (target - prediction).var() / variance

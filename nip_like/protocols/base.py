@@ -1,0 +1,80 @@
+"""The interaction-protocol base: who speaks when, and who is rewarded."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from omegaconf import DictConfig
+
+
+class Protocol(ABC):
+    """An interaction protocol between a fixed set of agents.
+
+    A protocol says which agents act in each round, how many rounds an episode
+    lasts, and in which round the verifier decides. Scenarios interpret what an
+    action means (a message, a decision); the protocol only schedules them.
+
+    Parameters
+    ----------
+    config : DictConfig
+        The ``protocol`` node of the experiment config.
+    """
+
+    #: Names of the agents, in the order of the agent dimension.
+    agent_names: tuple[str, ...] = ()
+
+    def __init__(self, config: DictConfig) -> None:
+        self.config = config
+
+    @property
+    def num_agents(self) -> int:
+        """Number of agents."""
+        return len(self.agent_names)
+
+    def agent_index(self, name: str) -> int:
+        """Return the position of agent ``name`` in the agent dimension."""
+        return self.agent_names.index(name)
+
+    @property
+    @abstractmethod
+    def num_rounds(self) -> int:
+        """Number of rounds (environment steps) in an episode."""
+
+    @abstractmethod
+    def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
+        """Return which agents act in each round.
+
+        Parameters
+        ----------
+        round_index : torch.Tensor
+            Integer tensor of any shape ``S`` holding round numbers.
+
+        Returns
+        -------
+        torch.Tensor
+            Boolean tensor of shape ``(*S, num_agents)``.
+        """
+
+    def decision_round(self, round_index: torch.Tensor) -> torch.Tensor:
+        """Return a boolean tensor: is the verifier deciding in this round?"""
+        return round_index == self.num_rounds - 1
+
+    def message_rounds(self) -> int:
+        """Number of rounds in which messages are sent before the decision."""
+        return self.num_rounds - 1
+
+    def rewards(self, verifier_correct: torch.Tensor) -> torch.Tensor:
+        """Turn the verifier's correctness into per-agent rewards.
+
+        Parameters
+        ----------
+        verifier_correct : torch.Tensor
+            Float tensor of shape ``B``: 1 where the verifier decided correctly.
+
+        Returns
+        -------
+        torch.Tensor
+            Float tensor of shape ``(*B, num_agents)``.
+        """
+        return verifier_correct.unsqueeze(-1).expand(*verifier_correct.shape, self.num_agents).clone()

@@ -1,0 +1,54 @@
+"""The prover-verifier protocol and its no-prover baseline."""
+
+from __future__ import annotations
+
+import torch
+
+from nip_like.errors import ConfigError
+from nip_like.protocols.base import Protocol
+from nip_like.registry import register_protocol
+
+
+@register_protocol("prover_verifier")
+class ProverVerifierProtocol(Protocol):
+    """The prover speaks for ``message_rounds`` rounds, then the verifier decides.
+
+    With ``shared_reward`` the prover gets the verifier's reward (a cooperative
+    game, as in the hidden-bits scenario); without it the prover gets nothing,
+    which isolates what the verifier can learn on its own.
+    """
+
+    agent_names = ("prover", "verifier")
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if config.message_rounds < 1:
+            raise ConfigError(
+                f"protocol.message_rounds must be at least 1, got {config.message_rounds}"
+            )
+
+    @property
+    def num_rounds(self) -> int:
+        return int(self.config.message_rounds) + 1
+
+    def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
+        deciding = self.decision_round(round_index)
+        return torch.stack([~deciding, deciding], dim=-1)
+
+    def rewards(self, verifier_correct: torch.Tensor) -> torch.Tensor:
+        prover = verifier_correct if self.config.shared_reward else torch.zeros_like(verifier_correct)
+        return torch.stack([prover, verifier_correct], dim=-1)
+
+
+@register_protocol("solo_verifier")
+class SoloVerifierProtocol(Protocol):
+    """The verifier decides in the first and only round, with no messages."""
+
+    agent_names = ("verifier",)
+
+    @property
+    def num_rounds(self) -> int:
+        return 1
+
+    def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
+        return torch.ones(*round_index.shape, 1, dtype=torch.bool, device=round_index.device)

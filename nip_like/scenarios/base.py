@@ -1,0 +1,79 @@
+"""The scenario base: everything a trainer needs from a task."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from omegaconf import DictConfig
+from tensordict import TensorDictBase
+
+from nip_like.agents import EPISODE_RETURN_KEY, AgentModules
+from nip_like.protocols.base import Protocol
+from nip_like.scenarios.environment import InteractionEnv
+
+
+class Scenario(ABC):
+    """A task: its environments, its agents and how to score its episodes.
+
+    Parameters
+    ----------
+    config : DictConfig
+        The ``scenario`` node of the experiment config.
+    protocol : Protocol
+        The interaction protocol the agents play under.
+    """
+
+    def __init__(self, config: DictConfig, protocol: Protocol) -> None:
+        self.config = config
+        self.protocol = protocol
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        """Names of the agents, in the order of the agent dimension."""
+        return self.protocol.agent_names
+
+    @abstractmethod
+    def make_env(self, num_envs: int, split: str, seed: int, device: torch.device | str) -> InteractionEnv:
+        """Build a vectorised environment.
+
+        Parameters
+        ----------
+        num_envs : int
+            Number of parallel episodes.
+        split : str
+            ``"train"`` or ``"test"``: which data the episodes draw from.
+        seed : int
+            Seed of the environment's generator.
+        device : torch.device or str
+            Where the environment's tensors live.
+        """
+
+    @abstractmethod
+    def make_agents(self) -> AgentModules:
+        """Build the agents' policy and value modules (on the CPU)."""
+
+    def optimal_rewards(self) -> dict[str, float] | None:
+        """Return each agent's best achievable expected episode return, if known."""
+        return None
+
+    def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
+        """Summarise finished episodes.
+
+        Parameters
+        ----------
+        episodes : TensorDictBase
+            The ``"next"`` entries of the final step of each finished episode,
+            batch shape ``(num_episodes,)``.
+
+        Returns
+        -------
+        dict
+            Metric name (without namespace) to value. The base class reports the
+            mean return of each agent as ``reward/<agent>`` and their mean over
+            agents as ``reward``.
+        """
+        returns = episodes.get(EPISODE_RETURN_KEY).squeeze(-1).float()
+        metrics = {f"reward/{name}": returns[:, index].mean().item() for index, name in enumerate(self.agent_names)}
+        metrics["reward"] = returns.mean().item()
+        return metrics

@@ -1,0 +1,244 @@
+"""The environment base shared by every scenario: a batched, turn-based game.
+
+All episode state lives in the TensorDict (under ``"state"``), so an
+environment holds nothing but its specs and its random-number generator. That
+makes collection resumable: restoring the collector's current TensorDict and
+the generator's state continues every episode exactly where it was.
+
+Keys written by :class:`InteractionEnv` (``B`` is the env batch, ``N`` the
+number of agents, ``A`` the size of the shared action space):
+
+=================================  ==============  =========================================
+key                                shape           meaning
+=================================  ==============  =========================================
+``("state", "round")``             ``B``           round about to be played (0-based)
+``("state", ...)``                 ``B, ...``      scenario state (hidden datapoint, messages)
+``("agents", "observation")``      ``B, N, F``     what each agent sees
+``("agents", "action_mask")``      ``B, N, A``     which actions are legal for each agent
+``("agents", "active")``           ``B, N``        who acts in this round
+``("agents", "episode_return")``   ``B, N, 1``     sum of the agent's rewards so far
+``("agents", "action")``           ``B, N``        chosen action (input of a step)
+``("agents", "reward")``           ``B, N, 1``     reward of the step (under ``"next"``)
+``("agents", "done")``             ``B, N, 1``     episode over, per agent
+``("agents", "terminated")``       ``B, N, 1``     same as done (no truncation)
+``"done"`` / ``"terminated"``      ``B, 1``        episode over
+=================================  ==============  =========================================
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Binary, Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+from nip_like.protocols.base import Protocol
+
+
+class InteractionEnv(EnvBase):
+    """A vectorised turn-based multi-agent environment driven by a protocol.
+
+    Subclasses describe a game with four hooks: :meth:`_state_spec`,
+    :meth:`_new_state`, :meth:`_observe` and :meth:`_advance`. The base class
+    keeps the round counter, the per-agent active masks, rewards, done flags and
+    running returns, and resets each finished episode on its own.
+
+    Parameters
+    ----------
+    protocol : Protocol
+        Who acts in which round and how rewards are shared.
+    num_envs : int
+        Number of independent episodes run side by side.
+    num_actions : int
+        Size of the action space shared by all agents (masked per agent).
+    observation_size : int
+        Length of each agent's observation vector.
+    device : torch.device or str
+        Where the tensors live.
+    seed : int
+        Seed of the environment's own random-number generator.
+    """
+
+    batch_locked = True
+
+    def __init__(
+        self,
+        protocol: Protocol,
+        num_envs: int,
+        num_actions: int,
+        observation_size: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        self.protocol = protocol
+        self.num_envs = num_envs
+        self.num_agents = protocol.num_agents
+        self.num_actions = num_actions
+        self.observation_size = observation_size
+        self.rng = torch.Generator().manual_seed(seed)
+        self._make_specs()
+
+    # ----------------------------------------------------------------- hooks
+    @abstractmethod
+    def _state_spec(self) -> dict[str, object]:
+        """Return the specs of the scenario's state entries, with batch shape ``(B,)``."""
+
+    @abstractmethod
+    def _new_state(self, num_episodes: int) -> TensorDict:
+        """Draw ``num_episodes`` fresh episodes; a TensorDict of batch ``(num_episodes,)``.
+
+        Use :attr:`rng` for randomness, so that the stream can be saved and restored.
+        """
+
+    @abstractmethod
+    def _observe(self, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return each agent's ``(observation, action_mask)`` for ``state``.
+
+        Shapes ``(B, N, F)`` (float) and ``(B, N, A)`` (bool).
+        """
+
+    @abstractmethod
+    def _advance(
+        self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor
+    ) -> tuple[TensorDictBase, torch.Tensor, torch.Tensor]:
+        """Play one round.
+
+        Parameters
+        ----------
+        state : TensorDictBase
+            The state before the round (a copy: it may be changed in place).
+        action : torch.Tensor
+            ``(B, N)`` actions of all agents; those of inactive agents must be ignored.
+        active : torch.Tensor
+            ``(B, N)`` boolean: who acts in this round.
+
+        Returns
+        -------
+        tuple
+            The new state, the ``(B, N)`` rewards and a ``(B,)`` boolean telling
+            which episodes ended early (before the protocol's last round).
+        """
+
+    # ----------------------------------------------------------------- specs
+    def _make_specs(self) -> None:
+        batch, agents = self.batch_size, (*self.batch_size, self.num_agents)
+        state = Composite(
+            round=Unbounded(shape=batch, dtype=torch.int64, device=self.device),
+            **self._state_spec(),
+            shape=batch,
+            device=self.device,
+        )
+        agent_obs = Composite(
+            observation=Unbounded(shape=(*agents, self.observation_size), device=self.device),
+            action_mask=Binary(n=self.num_actions, shape=(*agents, self.num_actions), dtype=torch.bool, device=self.device),
+            active=Binary(n=self.num_agents, shape=agents, dtype=torch.bool, device=self.device),
+            episode_return=Unbounded(shape=(*agents, 1), device=self.device),
+            shape=agents,
+            device=self.device,
+        )
+        self.observation_spec = Composite(state=state, agents=agent_obs, shape=batch, device=self.device)
+        self.action_spec = Composite(
+            agents=Composite(
+                action=Categorical(n=self.num_actions, shape=agents, device=self.device),
+                shape=agents,
+                device=self.device,
+            ),
+            shape=batch,
+            device=self.device,
+        )
+        self.reward_spec = Composite(
+            agents=Composite(reward=Unbounded(shape=(*agents, 1), device=self.device), shape=agents, device=self.device),
+            shape=batch,
+            device=self.device,
+        )
+        flag = dict(n=1, dtype=torch.bool, device=self.device)
+        self.done_spec = Composite(
+            done=Binary(shape=(*batch, 1), **flag),
+            terminated=Binary(shape=(*batch, 1), **flag),
+            agents=Composite(
+                done=Binary(shape=(*agents, 1), **flag),
+                terminated=Binary(shape=(*agents, 1), **flag),
+                shape=agents,
+                device=self.device,
+            ),
+            shape=batch,
+            device=self.device,
+        )
+
+    # ------------------------------------------------------------- mechanics
+    def _agent_entries(self, state: TensorDictBase, episode_return: torch.Tensor) -> dict:
+        observation, action_mask = self._observe(state)
+        return {
+            "observation": observation,
+            "action_mask": action_mask,
+            "active": self.protocol.active_agents(state["round"]),
+            "episode_return": episode_return,
+        }
+
+    def _done_entries(self, done: torch.Tensor) -> tuple[dict, dict]:
+        root = done.unsqueeze(-1)
+        per_agent = root.unsqueeze(-2).expand(*self.batch_size, self.num_agents, 1).clone()
+        return {"done": root, "terminated": root.clone()}, {"done": per_agent, "terminated": per_agent.clone()}
+
+    def _agents_td(self, entries: dict) -> TensorDict:
+        # The agent dimension belongs to the batch shape of the sub-TensorDict.
+        return TensorDict(entries, batch_size=(*self.batch_size, self.num_agents), device=self.device)
+
+    def _fresh_state(self, num_episodes: int) -> TensorDict:
+        state = self._new_state(num_episodes).to(self.device)
+        state["round"] = torch.zeros(num_episodes, dtype=torch.int64, device=self.device)
+        return state
+
+    def _reset(self, tensordict: TensorDictBase | None, **kwargs) -> TensorDictBase:
+        reset = None
+        if tensordict is not None:
+            reset = tensordict.get("_reset", None)
+            if reset is None and tensordict.get(("agents", "_reset"), None) is not None:
+                reset = tensordict.get(("agents", "_reset")).reshape(*self.batch_size, -1).any(-1)
+        episode_return = torch.zeros(*self.batch_size, self.num_agents, 1, device=self.device)
+        if reset is None or tensordict.get("state", None) is None:
+            state = self._fresh_state(self.num_envs)
+        else:
+            reset = reset.reshape(self.batch_size)
+            state = tensordict["state"].clone()
+            state[reset] = self._fresh_state(int(reset.sum()))
+            kept = tensordict.get(("agents", "episode_return"))
+            episode_return = torch.where(reset.view(-1, 1, 1), episode_return, kept)
+        done, agent_done = self._done_entries(torch.zeros(self.batch_size, dtype=torch.bool, device=self.device))
+        agents = self._agents_td({**self._agent_entries(state, episode_return), **agent_done})
+        return TensorDict(
+            {"state": state, "agents": agents, **done},
+            batch_size=self.batch_size,
+            device=self.device,
+        )
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        state = tensordict["state"]
+        active = self.protocol.active_agents(state["round"])
+        action = tensordict["agents", "action"]
+        new_state, reward, ended = self._advance(state.clone(), action, active)
+        new_state["round"] = state["round"] + 1
+        done = ended | (new_state["round"] >= self.protocol.num_rounds)
+        reward = reward.unsqueeze(-1).to(torch.float32)
+        episode_return = tensordict["agents", "episode_return"] + reward
+        done_entries, agent_done = self._done_entries(done)
+        agents = self._agents_td({**self._agent_entries(new_state, episode_return), "reward": reward, **agent_done})
+        return TensorDict(
+            {"state": new_state, "agents": agents, **done_entries},
+            batch_size=self.batch_size,
+            device=self.device,
+        )
+
+    def _set_seed(self, seed: int | None) -> None:
+        self.rng.manual_seed(0 if seed is None else int(seed))
+
+    def get_rng_state(self) -> torch.Tensor:
+        """Return the state of the environment's generator (for checkpoints)."""
+        return self.rng.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore the environment's generator from :meth:`get_rng_state`."""
+        self.rng.set_state(state)

@@ -1,0 +1,225 @@
+"""Trainer base classes, iteration contexts and progress bars.
+
+``Trainer`` holds the config, the scenario and the run folder and owns
+checkpointing. ``TensorDictTrainer`` adds the train and test contexts built on
+an :class:`~contextlib.ExitStack`. Loops decorated with
+:func:`attach_progress_bar` declare their length, so
+:meth:`Trainer.get_total_num_iterations` knows the whole run's length before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from tqdm.auto import tqdm
+
+from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.config import run_id
+from nip_like.logging import MetricLogger
+from nip_like.scenarios.base import Scenario
+
+_PROGRESS_TOTAL = "_nip_like_progress_total"
+
+
+class IterationContext:
+    """Handle given to a loop decorated with :func:`attach_progress_bar`.
+
+    Parameters
+    ----------
+    total : int
+        Number of iterations the loop declared.
+    initial : int
+        Iterations already done (a resumed run starts its bar there).
+    enabled : bool
+        Whether to draw a tqdm bar.
+    on_step : callable, optional
+        Called with the number of iterations after each :meth:`step`, for an
+        outer progress bar (a sweep's).
+    """
+
+    def __init__(
+        self, total: int, initial: int = 0, enabled: bool = True, on_step: Callable[[int], None] | None = None
+    ) -> None:
+        self.total = total
+        self.bar = tqdm(total=total, initial=initial, disable=not enabled, dynamic_ncols=True, leave=True)
+        self.on_step = on_step
+
+    def step(self, iterations: int = 1) -> None:
+        """Advance the bar by ``iterations``."""
+        self.bar.update(iterations)
+        if self.on_step is not None:
+            self.on_step(iterations)
+
+    def set_description(self, description: str) -> None:
+        """Set the text to the left of the bar."""
+        self.bar.set_description(description)
+
+    def set_postfix(self, **values: Any) -> None:
+        """Show ``name=value`` pairs to the right of the bar."""
+        self.bar.set_postfix(values, refresh=False)
+
+    def close(self) -> None:
+        """Close the bar."""
+        self.bar.close()
+
+
+def attach_progress_bar(total: Callable[[Any], int]) -> Callable:
+    """Give a loop method a progress bar and declare its number of iterations.
+
+    Parameters
+    ----------
+    total : callable
+        ``total(trainer)`` returns how many iterations the loop runs.
+
+    Notes
+    -----
+    The decorated method takes an :class:`IterationContext` as its last
+    argument, which the wrapper supplies; callers omit it. The wrapper reads
+    ``self._progress_initial`` (if set to a dict) for a resumed loop's starting
+    point, keyed by the method's name.
+
+    Examples
+    --------
+    >>> class MyTrainer(TensorDictTrainer):
+    ...     @attach_progress_bar(lambda self: self.config.trainer.num_iterations)
+    ...     def _run_train_loop(self, iteration_context):
+    ...         iteration_context.set_description("Training")
+    ...         for _ in range(self.config.trainer.num_iterations):
+    ...             ...
+    ...             iteration_context.step()
+    """
+
+    def decorator(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def wrapper(self: "Trainer", *args: Any, **kwargs: Any) -> Any:
+            initial = self.progress_initial.get(method.__name__, 0)
+            context = IterationContext(total(self), initial, self.show_progress, self.on_progress)
+            try:
+                return method(self, *args, context, **kwargs)
+            finally:
+                context.close()
+
+        setattr(wrapper, _PROGRESS_TOTAL, total)
+        return wrapper
+
+    return decorator
+
+
+class Trainer(ABC):
+    """Base of all trainers.
+
+    Parameters
+    ----------
+    config : DictConfig
+        The whole experiment config.
+    scenario : Scenario
+        The task: environments, agents, metrics.
+    run_dir : Path
+        The run folder (checkpoints, metrics, summary).
+    logger : MetricLogger
+        Where metrics go.
+    """
+
+    #: What the trainer needs built for the agents: ``"rl"`` or ``"solo_agent"``.
+    trainer_type: str = "rl"
+
+    def __init__(self, config: DictConfig, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
+        self.config = config
+        self.scenario = scenario
+        self.run_dir = Path(run_dir)
+        self.logger = logger
+        self.run_id = run_id(config)
+        self.show_progress = bool(config.run.progress_bar)
+        self.on_progress: Callable[[int], None] | None = None
+        self.progress_initial: dict[str, int] = {}
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Folder of ``last.pt`` (latest state) and ``best.pt`` (best evaluation)."""
+        return self.run_dir / "checkpoints"
+
+    @abstractmethod
+    def train(self) -> dict[str, float]:
+        """Train, test, and return the final test metrics."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Return everything needed to resume: models, optimiser, counters, RNG."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state returned by :meth:`state_dict`."""
+
+    def save_checkpoint(self, name: str = "last") -> Path:
+        """Atomically write the trainer state to ``checkpoints/<name>.pt``."""
+        path = self.checkpoint_dir / f"{name}.pt"
+        save_atomic({"run_id": self.run_id, "trainer": self.state_dict()}, path)
+        return path
+
+    def load_checkpoint(self, name: str = "last") -> None:
+        """Restore ``checkpoints/<name>.pt``, checking that it belongs to this run."""
+        state = load_checked(self.checkpoint_dir / f"{name}.pt", self.run_id)
+        self.load_state_dict(state["trainer"])
+
+    def get_total_num_iterations(self) -> int:
+        """Sum the iterations declared by every loop decorated with :func:`attach_progress_bar`."""
+        total = 0
+        for klass in type(self).__mro__:
+            for attribute in vars(klass).values():
+                declared = getattr(attribute, _PROGRESS_TOTAL, None)
+                if declared is not None and getattr(type(self), attribute.__name__) is attribute:
+                    total += int(declared(self))
+        return total
+
+
+@contextmanager
+def _modes(modules: list[nn.Module], training: bool) -> Iterator[None]:
+    previous = [module.training for module in modules]
+    for module in modules:
+        module.train(training)
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, previous):
+            module.train(mode)
+
+
+class TensorDictTrainer(Trainer, ABC):
+    """A trainer whose agents are local torch modules exchanging TensorDicts.
+
+    Train and test loops run inside an :class:`~contextlib.ExitStack` filled by
+    :meth:`_build_train_context` and :meth:`_build_test_context`.
+    """
+
+    def trainable_modules(self) -> list[nn.Module]:
+        """Modules switched between train and eval mode by the contexts."""
+        return []
+
+    def _autocast(self, stack: ExitStack) -> None:
+        dtype = self.config.run.get("autocast_dtype")
+        if dtype:
+            device_type = torch.device(self.config.run.device).type
+            stack.enter_context(torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)))
+
+    def _build_train_context(self, stack: ExitStack) -> None:
+        """Enter the contexts of the train loop: train mode, gradients, autocast if asked."""
+        stack.enter_context(_modes(self.trainable_modules(), training=True))
+        stack.enter_context(torch.enable_grad())
+        self._autocast(stack)
+
+    def _build_test_context(self, stack: ExitStack, deterministic: bool = True) -> None:
+        """Enter the contexts of evaluation: eval mode, no gradients, greedy actions."""
+        stack.enter_context(_modes(self.trainable_modules(), training=False))
+        stack.enter_context(torch.no_grad())
+        exploration = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+        stack.enter_context(set_exploration_type(exploration))
+        self._autocast(stack)

@@ -1,0 +1,445 @@
+"""The standard RL loop on TorchRL parts.
+
+Collector -> advantage module (if any) -> layout of the rollouts by the loss
+module -> replay buffer (TensorDict storage) -> epochs x minibatches ->
+optimiser -> logs -> periodic evaluation and checkpoint; a test loop at the
+end. A subclass implements only :meth:`TensorDictRlTrainer._get_loss_module_and_gae`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import abstractmethod
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.envs.utils import ExplorationType
+from torchrl.objectives import LossModule
+
+from nip_like import agents as keys
+from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states
+from nip_like.errors import ConfigError, TrainingError
+from nip_like.logging import MetricLogger, metric_name
+from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
+from nip_like.scenarios.base import Scenario
+from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
+
+
+@dataclass
+class TrainState:
+    """Counters of the train loop, saved in checkpoints."""
+
+    iteration: int = 0  # completed iterations
+    frames: int = 0  # environment steps collected
+    gradient_steps: int = 0  # optimiser steps taken
+    best_metric: float | None = None  # best evaluation metric so far
+    best_iteration: int | None = None  # iteration of the best evaluation
+    evals_without_improvement: int = 0  # for early stopping
+    stopped_early: bool = False  # whether early stopping ended training
+    train_seconds: float = 0.0  # wall time spent in the train loop, over all sessions
+
+
+def finished_episodes(rollout: TensorDictBase, first_only: bool = False) -> TensorDictBase:
+    """Return the ``"next"`` entries of the last step of each finished episode.
+
+    Parameters
+    ----------
+    rollout : TensorDictBase
+        Batch shape ``(env, time)``.
+    first_only : bool
+        Keep only each environment's first finished episode (evaluation runs
+        reset finished environments and would otherwise count some twice).
+    """
+    done = rollout.get(("next", "done")).squeeze(-1)
+    if first_only:
+        done = done & (done.cumsum(-1) == 1)
+    return rollout.get("next")[done]
+
+
+class TensorDictRlTrainer(TensorDictTrainer):
+    """Standard on-policy RL trainer; subclasses supply the loss module.
+
+    The loss module decides how collected rollouts are laid out in the replay
+    buffer: if it has a ``layout_rollouts(batch) -> TensorDictBase`` method,
+    its output is stored (e.g. preference pairs or groups of episodes);
+    otherwise the batch is flattened into transitions. The trainer never tests
+    which algorithm it runs.
+
+    Attributes available to :meth:`_get_loss_module_and_gae`
+    ---------------------------------------------------------
+    policy : ProbabilisticActor
+        The agents' stacked policy (``("agents", ...)`` keys, see :mod:`nip_like.agents`).
+    value : TensorDictModule
+        The agents' stacked value network.
+    agent_names : tuple of str
+        Agents, in the order of the agent dimension.
+    config : DictConfig
+        The whole experiment config (``self.config.trainer`` holds the RL options).
+    """
+
+    trainer_type = "rl"
+
+    def __init__(self, config, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
+        super().__init__(config, scenario, run_dir, logger)
+        self.trainer_config = config.trainer
+        self.device = torch.device(config.run.device)
+        self.test_run = bool(config.run.test_run)
+        self._validate()
+        self.agent_names = scenario.agent_names
+        self.agent_modules = scenario.make_agents()
+        self.agent_modules.modules().to(self.device)
+        self.policy = self.agent_modules.policy
+        self.value = self.agent_modules.value
+
+        self.loss_module, self.advantage_module = self._get_loss_module_and_gae()
+        if not isinstance(self.loss_module, LossModule):
+            raise ConfigError(
+                f"{type(self).__name__}._get_loss_module_and_gae must return a torchrl LossModule, "
+                f"got {type(self.loss_module).__name__}"
+            )
+        self.loss_module.to(self.device)
+        optimizer_config = self.trainer_config.optimizer
+        agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in self.agent_names}
+        self.optimizer = build_optimizer(optimizer_config, agent_params)
+        self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)
+        self.update_schedule = AgentUpdateSchedule(self.trainer_config.agent_updates, self.agent_names)
+
+        seed = int(config.seed)
+        self.train_env = scenario.make_env(
+            self.trainer_config.num_envs, "train", derive_seed(seed, "train_env"), self.device
+        )
+        self.eval_env = None  # built on first use
+        self.collector = Collector(
+            self.train_env,
+            self.policy,
+            frames_per_batch=self.trainer_config.frames_per_batch,
+            total_frames=-1,
+            device=self.device,
+            exploration_type=ExplorationType.RANDOM,
+            auto_register_policy_transforms=False,
+        )
+        self._collector_iterator = iter(self.collector)
+        self.buffer: TensorDictReplayBuffer | None = None
+        self.state = TrainState()
+        self.final_metrics: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- the hook
+    @abstractmethod
+    def _get_loss_module_and_gae(self) -> tuple[LossModule, nn.Module | None]:
+        """Return the loss module and, optionally, an advantage module (e.g. GAE).
+
+        The advantage module, if any, is called on each collected batch (under
+        ``torch.no_grad``) before the loss module lays it out in the buffer.
+        """
+
+    # ----------------------------------------------------------- configuration
+    def _validate(self) -> None:
+        tc = self.trainer_config
+        positive = ("num_iterations", "num_envs", "frames_per_batch", "num_epochs", "minibatch_size")
+        for name in positive:
+            if tc[name] < 1:
+                raise ConfigError(f"trainer.{name} must be at least 1, got {tc[name]}")
+        if tc.frames_per_batch % tc.num_envs:
+            raise ConfigError(
+                f"trainer.frames_per_batch ({tc.frames_per_batch}) must be a multiple of "
+                f"trainer.num_envs ({tc.num_envs})"
+            )
+        if tc.minibatch_size > tc.frames_per_batch:
+            raise ConfigError(
+                f"trainer.minibatch_size ({tc.minibatch_size}) is larger than the batch "
+                f"(trainer.frames_per_batch = {tc.frames_per_batch})"
+            )
+        accumulation = tc.optimizer.grad_accumulation_steps
+        if accumulation < 1:
+            raise ConfigError(f"trainer.optimizer.grad_accumulation_steps must be at least 1, got {accumulation}")
+        minibatches = tc.frames_per_batch // tc.minibatch_size
+        if minibatches % accumulation:
+            raise ConfigError(
+                f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must divide the number of "
+                f"minibatches per epoch ({minibatches} = frames_per_batch // minibatch_size)"
+            )
+        if tc.eval.mode not in ("max", "min"):
+            raise ConfigError(f"trainer.eval.mode must be 'max' or 'min', got {tc.eval.mode!r}")
+        if tc.eval.test_checkpoint not in ("final", "best"):
+            raise ConfigError(f"trainer.eval.test_checkpoint must be 'final' or 'best', got {tc.eval.test_checkpoint!r}")
+        if tc.eval.test_checkpoint == "best" and tc.eval.every == 0:
+            raise ConfigError("trainer.eval.test_checkpoint=best needs evaluation: set trainer.eval.every > 0")
+
+    @property
+    def num_iterations(self) -> int:
+        """Train-loop iterations (1 in test-run mode)."""
+        return 1 if self.test_run else int(self.trainer_config.num_iterations)
+
+    @property
+    def num_test_iterations(self) -> int:
+        """Test-loop iterations (1 in test-run mode)."""
+        if self.test_run:
+            return 1
+        return math.ceil(self.trainer_config.num_test_episodes / self.trainer_config.test_batch_episodes)
+
+    def trainable_modules(self) -> list[nn.Module]:
+        return [self.loss_module]
+
+    # ---------------------------------------------------------------- training
+    def train(self) -> dict[str, float]:
+        """Run the train loop, then the test loop; return the test metrics."""
+        if self.state.iteration < self.num_iterations and not self.state.stopped_early:
+            with ExitStack() as stack:
+                self._build_train_context(stack)
+                self._run_train_loop()
+        if self.trainer_config.eval.test_checkpoint == "best" and self.state.best_iteration is not None:
+            best = load_checked(self.checkpoint_dir / "best.pt", self.run_id)
+            self.loss_module.load_state_dict(best["trainer"]["loss_module"])
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            self.final_metrics = self._run_test_loop()
+        self.logger.log(self.final_metrics, step=self.state.iteration)
+        return self.final_metrics
+
+    @attach_progress_bar(lambda self: self.num_iterations)
+    def _run_train_loop(self, iteration_context: IterationContext) -> None:
+        iteration_context.set_description("Training")
+        eval_every = self.trainer_config.eval.every
+        checkpoint_every = self.config.run.checkpoint_every
+        while self.state.iteration < self.num_iterations:
+            started = time.perf_counter()
+            metrics = self._train_iteration()
+            self.state.iteration += 1
+            iteration = self.state.iteration
+            last = iteration == self.num_iterations
+            if eval_every and (iteration % eval_every == 0 or last):
+                with ExitStack() as stack:
+                    self._build_test_context(stack, self.trainer_config.eval.deterministic)
+                    metrics.update(self._evaluate())
+                self._track_best(metrics)
+            self.state.train_seconds += time.perf_counter() - started
+            metrics["timers/iteration"] = time.perf_counter() - started
+            self.logger.log(metrics, step=iteration)
+            iteration_context.set_postfix(**{k: f"{v:.3g}" for k, v in metrics.items() if k in self._postfix_keys})
+            iteration_context.step()
+            stop = self.state.stopped_early
+            if last or stop or (checkpoint_every and iteration % checkpoint_every == 0):
+                self.save_checkpoint("last")
+            if stop:
+                break
+
+    _postfix_keys = ("train/reward", "eval/reward", "loss/policy")
+
+    def _train_iteration(self) -> dict[str, float]:
+        """Collect one batch and optimise on it; return the iteration's metrics."""
+        iteration = self.state.iteration
+        started = time.perf_counter()
+        with torch.no_grad():
+            batch = next(self._collector_iterator).to(self.device)
+        collected = time.perf_counter()
+        frames = batch.numel()
+        self.state.frames += frames
+        metrics = {f"train/{k}": v for k, v in self._episode_metrics(finished_episodes(batch)).items()}
+
+        with torch.no_grad():
+            if self.advantage_module is not None:
+                self.advantage_module(batch)
+        data = self._layout_rollouts(batch)
+        self._fill_buffer(data)
+
+        trained = self.update_schedule.trained_agents(iteration)
+        loss_stats = self._optimise(trained) if trained else {}
+        self.scheduler.step()
+        finished = time.perf_counter()
+
+        metrics.update(loss_stats)
+        metrics.update(
+            {
+                "train/frames": self.state.frames,
+                "train/gradient_steps": self.state.gradient_steps,
+                "train/iteration": iteration + 1,
+                "SPS": frames / (finished - started),
+                "timers/collect": collected - started,
+                "timers/update": finished - collected,
+            }
+        )
+        for group in self.optimizer.param_groups:
+            metrics[f"lr/{group['agent']}"] = group["lr"]
+        return metrics
+
+    def _layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
+        layout = getattr(self.loss_module, "layout_rollouts", None)
+        if layout is not None:
+            return layout(batch)
+        return batch.reshape(-1)
+
+    def _fill_buffer(self, data: TensorDictBase) -> None:
+        size = data.numel()
+        if size < self.trainer_config.minibatch_size:
+            raise TrainingError(
+                f"the loss laid out {size} items, fewer than trainer.minibatch_size "
+                f"({self.trainer_config.minibatch_size})"
+            )
+        if self.buffer is None or len(self.buffer.storage) != size or self.buffer.storage.max_size != size:
+            self.buffer = TensorDictReplayBuffer(
+                storage=LazyTensorStorage(size, device=self.device),
+                sampler=SamplerWithoutReplacement(drop_last=True),
+                batch_size=self.trainer_config.minibatch_size,
+            )
+        self.buffer.empty()
+        self.buffer.extend(data)
+
+    def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
+        tc = self.trainer_config
+        accumulation = tc.optimizer.grad_accumulation_steps
+        num_minibatches = len(self.buffer) // tc.minibatch_size
+        totals: dict[str, float] = {}
+        count = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        for epoch in range(tc.num_epochs):
+            for minibatch in range(num_minibatches):
+                sample = self.buffer.sample()
+                losses = self.loss_module(sample)
+                loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
+                if not torch.isfinite(loss):
+                    raise TrainingError(
+                        f"the loss became {loss.item()} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
+                        f"minibatch {minibatch + 1} ({self._loss_terms(losses)}); the last checkpoint is in "
+                        f"{self.checkpoint_dir}"
+                    )
+                (loss / accumulation).backward()
+                if (minibatch + 1) % accumulation == 0:
+                    for name, norm in self._optimizer_step(trained).items():
+                        totals[f"train/grad_norm/{name}"] = totals.get(f"train/grad_norm/{name}", 0.0) + norm
+                for key, value in losses.detach().items(include_nested=True, leaves_only=True):
+                    name = self._stat_name(key)
+                    totals[name] = totals.get(name, 0.0) + float(value)
+                count += 1
+        steps = tc.num_epochs * (num_minibatches // accumulation)
+        return {
+            name: total / (steps if "grad_norm" in name else count) for name, total in totals.items()
+        }
+
+    def _optimizer_step(self, trained: tuple[str, ...]) -> dict[str, float]:
+        norms = {}
+        max_norm = self.trainer_config.optimizer.max_grad_norm
+        for group in self.optimizer.param_groups:
+            if group["agent"] not in trained:
+                for param in group["params"]:
+                    param.grad = None
+                continue
+            grads = [param for param in group["params"] if param.grad is not None]
+            if max_norm is not None:
+                norms[group["agent"]] = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+            else:
+                norms[group["agent"]] = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.gradient_steps += 1
+        return norms
+
+    @staticmethod
+    def _stat_name(key: str | tuple[str, ...]) -> str:
+        if isinstance(key, str):
+            return metric_name(key)
+        if key[0] == "agents" and len(key) == 3:
+            return f"agents/{key[1]}/{metric_name(key[2])}"
+        return "train/" + "/".join(key)
+
+    @staticmethod
+    def _loss_terms(losses: TensorDictBase) -> str:
+        return ", ".join(f"{key}={float(value):.4g}" for key, value in losses.items() if key.startswith("loss_"))
+
+    def _episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
+        if episodes.numel() == 0:
+            return {}
+        metrics = self.scenario.episode_metrics(episodes)
+        metrics["episodes"] = episodes.numel()
+        return metrics
+
+    # -------------------------------------------------------------- evaluation
+    def _run_episodes(self, env, num_steps: int) -> TensorDictBase:
+        rollout = env.rollout(num_steps, self.policy, break_when_any_done=False, auto_reset=True)
+        return finished_episodes(rollout, first_only=True)
+
+    def _evaluate(self) -> dict[str, float]:
+        """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics."""
+        num_episodes = 8 if self.test_run else self.trainer_config.eval.num_episodes
+        if self.eval_env is None or self.eval_env.num_envs != num_episodes:
+            self.eval_env = self.scenario.make_env(num_episodes, "train", 0, self.device)
+        # The same episodes at every evaluation, and no draw from the training generators.
+        self.eval_env.rng.manual_seed(derive_seed(int(self.config.seed), "eval_env"))
+        episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)
+        return {f"eval/{k}": v for k, v in self._episode_metrics(episodes).items()}
+
+    def _track_best(self, metrics: dict[str, float]) -> None:
+        eval_config = self.trainer_config.eval
+        if eval_config.metric not in metrics:
+            raise ConfigError(
+                f"trainer.eval.metric {eval_config.metric!r} is not among the evaluation metrics "
+                f"{sorted(k for k in metrics if k.startswith('eval/'))}"
+            )
+        value = metrics[eval_config.metric]
+        best = self.state.best_metric
+        improved = best is None or (value > best if eval_config.mode == "max" else value < best)
+        if improved:
+            self.state.best_metric = value
+            self.state.best_iteration = self.state.iteration
+            self.state.evals_without_improvement = 0
+            self.save_checkpoint("best")
+        else:
+            self.state.evals_without_improvement += 1
+            patience = eval_config.early_stopping_patience
+            if patience and self.state.evals_without_improvement >= patience:
+                self.state.stopped_early = True
+        metrics["eval/best"] = self.state.best_metric
+
+    @attach_progress_bar(lambda self: self.num_test_iterations)
+    def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
+        iteration_context.set_description("Testing")
+        batch_episodes = 8 if self.test_run else self.trainer_config.test_batch_episodes
+        env = self.scenario.make_env(batch_episodes, "test", derive_seed(int(self.config.seed), "test_env"), self.device)
+        episodes = []
+        for _ in range(self.num_test_iterations):
+            episodes.append(self._run_episodes(env, self.scenario.protocol.num_rounds))
+            iteration_context.step()
+        all_episodes = torch.cat(episodes)
+        if not self.test_run:
+            all_episodes = all_episodes[: self.trainer_config.num_test_episodes]
+        metrics = {f"test/{k}": v for k, v in self._episode_metrics(all_episodes).items()}
+        optimum = self.scenario.optimal_rewards()
+        if optimum:
+            for name, best in optimum.items():
+                if f"test/reward/{name}" in metrics and best > 0:
+                    metrics[f"test/optimality/{name}"] = metrics[f"test/reward/{name}"] / best
+        return metrics
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "loss_module": self.loss_module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "train_state": asdict(self.state),
+            "collector": self.collector.state_dict(),
+            # The collector's current TensorDict holds every in-flight episode
+            # (the environments keep their state in it), so restoring it
+            # continues collection exactly.
+            "collector_carrier": self.collector._carrier.clone(),
+            "env_rng": self.train_env.get_rng_state(),
+            "rng": get_rng_states(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss_module.load_state_dict(state["loss_module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.state = TrainState(**state["train_state"])
+        self.collector.load_state_dict(state["collector"])
+        self.collector._carrier.update(state["collector_carrier"].to(self.device))
+        self.train_env.set_rng_state(state["env_rng"])
+        set_rng_states(state["rng"])
+        self.progress_initial = {"_run_train_loop": self.state.iteration}
