@@ -140,6 +140,30 @@ class TensorDictRlTrainer(TensorDictTrainer):
         ``torch.no_grad``) before the loss module lays it out in the buffer.
         """
 
+    def use_agent_keys(self, loss_module: LossModule) -> LossModule:
+        """Point a TorchRL loss at the ``("agents", ...)`` keys and the active mask.
+
+        Sets every tensordict key that ``loss_module`` accepts among advantage,
+        value target, value, action, log-probability, reward, done and
+        terminated to its ``("agents", ...)`` entry, and sets
+        ``loss_module.loss_mask_key`` to ``("agents", "active")`` so that
+        inactive agents' steps are left out of the loss terms. Returns the loss.
+        """
+        accepted = loss_module.tensor_keys.__dataclass_fields__ if hasattr(loss_module, "tensor_keys") else {}
+        wanted = {
+            "advantage": keys.ADVANTAGE_KEY,
+            "value_target": keys.VALUE_TARGET_KEY,
+            "value": keys.VALUE_KEY,
+            "action": keys.ACTION_KEY,
+            "sample_log_prob": keys.LOG_PROB_KEY,
+            "reward": keys.REWARD_KEY,
+            "done": keys.DONE_KEY,
+            "terminated": keys.TERMINATED_KEY,
+        }
+        loss_module.set_keys(**{name: key for name, key in wanted.items() if name in accepted})
+        loss_module.loss_mask_key = keys.ACTIVE_KEY
+        return loss_module
+
     # ----------------------------------------------------------- configuration
     def _validate(self) -> None:
         tc = self.trainer_config

@@ -1,0 +1,69 @@
+"""``python -m nip_like.resume RUN_DIR [run.key=value ...]``: continue a run from its folder.
+
+The run's own resolved config (``RUN_DIR/config.yaml``) is used as it is; only
+run settings (``run.*``) and logger settings (``logger.*``), which do not change
+results, may be overridden, for example ``run.device=cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nip_like.cli import report_errors
+from nip_like.config import ExperimentConfig
+from nip_like.errors import CheckpointError, ConfigError
+from nip_like.experiment import CONFIG_FILE, format_metrics, run_experiment
+
+#: Config sections a resumed run may change.
+RESUME_OVERRIDABLE = ("run.", "logger.")
+
+
+def load_run_config(run_dir: Path, overrides: list[str] | None = None):
+    """Load a run folder's config and apply run-setting overrides.
+
+    Parameters
+    ----------
+    run_dir : Path
+        A run folder written by ``python -m nip_like``.
+    overrides : list of str
+        ``key=value`` items; keys must start with ``run.`` or ``logger.``.
+    """
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} is not a run folder: it has no {CONFIG_FILE}")
+    for item in overrides or []:
+        if "=" not in item or not item.startswith(RESUME_OVERRIDABLE):
+            raise ConfigError(
+                f"cannot override {item!r} when resuming: only run.* and logger.* settings "
+                f"(key=value) may change, the hyper-parameters are fixed by the run"
+            )
+    try:
+        config = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), OmegaConf.load(path))
+        config = OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides or [])))
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{path}: {str(error).splitlines()[0]}") from error
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(prog="python -m nip_like.resume", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="the run folder to continue")
+    parser.add_argument("overrides", nargs="*", help="run.* or logger.* settings, key=value")
+    args = parser.parse_args(argv)
+    with report_errors():
+        config = load_run_config(args.run_dir, args.overrides)
+        metrics = run_experiment(config, args.run_dir, resume=True)
+    if config.logger.print_metrics:
+        print(f"Final test metrics ({args.run_dir}):")
+        print(format_metrics(metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
