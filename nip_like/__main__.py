@@ -9,6 +9,7 @@ Examples
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,7 +35,10 @@ def _run(config: DictConfig) -> None:
 def main() -> None:
     """Console entry point."""
     register_configs()
-    _run()
+    # Let Hydra's config errors propagate, so that they are reported in one line.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    with report_errors():
+        _run()
 
 
 if __name__ == "__main__":

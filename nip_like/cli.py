@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from nip_like.errors import NipLikeError
@@ -26,7 +27,21 @@ def report_errors() -> Iterator[None]:
     except NipLikeError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    except OmegaConfBaseException as error:
-        message = str(error).splitlines()[0]
-        print(f"error: config: {message}", file=sys.stderr)
+    except (OmegaConfBaseException, HydraException) as error:
+        print(f"error: config: {one_line(error)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def one_line(error: BaseException) -> str:
+    """Fold a Hydra or OmegaConf error message (and its cause) into one line."""
+    parts: list[str] = []
+    for source in (error, error.__cause__):
+        if source is None:
+            continue
+        for line in str(source).splitlines():
+            text = line.strip()
+            if text.startswith("Config search path"):
+                break
+            if text and not text.startswith(("reference_type", "object_type")) and text not in parts:
+                parts.append(text)
+    return "; ".join(parts).replace(":; ", ": ")

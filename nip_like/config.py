@@ -93,7 +93,7 @@ class TrainerConfig:
     num_test_episodes: int = 1024  # episodes in the final test loop
     test_batch_episodes: int = 256  # episodes per test-loop iteration
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
-    agent_updates: dict[str, AgentUpdateConfig] = field(default_factory=dict)  # per-agent update schedules
+    agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO options
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
@@ -121,7 +121,7 @@ class HiddenBitsConfig(ScenarioConfig):
     name: str = "hidden_bits"  # scenario name
     num_bits: int = 2  # length of the hidden bit string the verifier must output
     message_vocab: int = 4  # number of distinct messages a prover can send per round
-    agents: dict[str, AgentNetConfig] = field(default_factory=dict)  # per-agent network sizes; others use default_agent
+    agents: dict[str, Any] = field(default_factory=dict)  # per-agent AgentNetConfig entries; others use default_agent
     default_agent: AgentNetConfig = field(default_factory=AgentNetConfig)  # network size of agents not in agents
 
 
@@ -182,6 +182,22 @@ class ExperimentConfig:
     protocol: Any = MISSING  # a protocol schema (config group "protocol")
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # metric loggers (run setting)
     run: RunSettings = field(default_factory=RunSettings)  # run settings
+
+
+def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
+    """Check a free-form config entry against a dataclass schema.
+
+    Hydra cannot add an entry to a dict of dataclasses from the command line,
+    so such dicts are typed ``dict[str, Any]`` and their entries are checked
+    here, with a one-line error naming the field.
+    """
+    from nip_like.errors import ConfigError
+
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), value)
+    except Exception as error:  # OmegaConf raises several error types
+        first = str(error).splitlines()[0]
+        raise ConfigError(f"{where}: {first}") from error
 
 
 def register_configs() -> None:

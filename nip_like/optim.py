@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from nip_like.config import AgentUpdateConfig, typed_entry
 from nip_like.errors import ConfigError
 
 OPTIMIZERS = {
@@ -117,10 +118,12 @@ class AgentUpdateSchedule:
         unknown = sorted(set(config) - set(agent_names))
         if unknown:
             raise ConfigError(f"trainer.agent_updates names {unknown}; the agents are {list(agent_names)}")
+        self.config = {}
         for name, entry in config.items():
+            entry = typed_entry(AgentUpdateConfig, entry, f"trainer.agent_updates.{name}")
             if entry.every < 1:
                 raise ConfigError(f"trainer.agent_updates.{name}.every must be at least 1, got {entry.every}")
-        self.config = config
+            self.config[name] = entry
         self.agent_names = agent_names
 
     def is_trained(self, agent: str, iteration: int) -> bool:

@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDictBase
 
 from nip_like.agents import AgentModules, build_actor_critic, mlp
+from nip_like.config import AgentNetConfig, typed_entry
 from nip_like.errors import ConfigError
 from nip_like.registry import register_scenario
 from nip_like.scenarios.base import Scenario
@@ -52,7 +53,9 @@ class HiddenBitsScenario(Scenario):
         probe = self.make_env(1, "train", 0, "cpu")
 
         def network(name: str, in_features: int, out_features: int):
-            size = self.config.agents.get(name, self.config.default_agent)
+            size = self.config.default_agent
+            if name in self.config.agents:
+                size = typed_entry(AgentNetConfig, self.config.agents[name], f"scenario.agents.{name}")
             return mlp(in_features, out_features, size.hidden_size, size.num_layers)
 
         return build_actor_critic(self.agent_names, probe.observation_size, probe.num_actions, network)

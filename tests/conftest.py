@@ -1,0 +1,49 @@
+"""Shared fixtures: compose configs in-process and run the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from nip_like.cli import CONFIG_DIR
+from nip_like.config import register_configs
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+register_configs()
+
+
+def make_config(*overrides: str) -> DictConfig:
+    """Compose the experiment config with ``overrides`` (no Hydra run folder)."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def smoke_config(*overrides: str) -> DictConfig:
+    """The ``smoke`` preset, quiet: no progress bars, no CSV files."""
+    return make_config("preset=smoke", "run.progress_bar=false", "logger=none", *overrides)
+
+
+def run_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like", timeout: int = 300):
+    """Run ``python -m <module> args`` and return the completed process."""
+    env = {**os.environ, "PYTHONPATH": str(cwd or REPO_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd or REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def config_factory():
+    """Return :func:`smoke_config`."""
+    return smoke_config

@@ -1,0 +1,139 @@
+"""The RL trainer: loops, progress accounting, schedules, evaluation, errors."""
+
+import json
+
+import pytest
+import torch
+
+from nip_like.errors import ConfigError, TrainingError
+from nip_like.experiment import build_trainer, run_experiment
+from nip_like.registry import TRAINERS
+from nip_like.trainers import PpoTrainer
+from tests.conftest import smoke_config
+
+
+def test_total_iterations_sum_the_decorated_loops(tmp_path):
+    trainer = build_trainer(smoke_config("trainer.num_test_episodes=100", "trainer.test_batch_episodes=30"), tmp_path)
+    assert trainer.get_total_num_iterations() == 3 + 4
+
+
+def test_smoke_run_writes_summary_metrics_and_checkpoints(tmp_path):
+    config = smoke_config("logger=csv")
+    metrics = run_experiment(config, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["test_metrics"] == metrics
+    assert summary["iterations"] == 3 and summary["frames"] == 3 * 96
+    assert summary["seed"] == 0 and summary["run_id"]
+    assert 0.0 <= metrics["test/accuracy"] <= 1.0
+    assert (tmp_path / "checkpoints" / "last.pt").is_file()
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    assert (tmp_path / "config.yaml").is_file()
+    for name in ("loss/policy", "loss/value", "objective/entropy", "policy/clipfrac", "policy/approxkl", "SPS",
+                 "timers/collect", "eval/reward", "train/reward/prover", "agents/verifier/loss/policy"):
+        assert (tmp_path / "metrics" / "scalars" / f"{name}.csv").is_file(), name
+
+
+def test_test_run_mode_runs_each_loop_once(tmp_path):
+    trainer = build_trainer(smoke_config("run.test_run=true", "trainer.num_iterations=50"), tmp_path)
+    assert trainer.get_total_num_iterations() == 2
+    trainer.train()
+    assert trainer.state.iteration == 1
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
+    # 96 frames / 32 per minibatch = 3 minibatches; accumulate all 3 -> 1 step per epoch.
+    trainer = build_trainer(smoke_config("trainer.optimizer.grad_accumulation_steps=3"), tmp_path)
+    trainer.train()
+    assert trainer.state.gradient_steps == 3 * 2
+
+
+def test_agent_update_schedule_freezes_an_agent(tmp_path):
+    trainer = build_trainer(smoke_config("+trainer.agent_updates.prover={start:100}"), tmp_path)
+    prover = [p.detach().clone() for p in trainer.agent_modules.agent_parameters("prover")]
+    verifier = [p.detach().clone() for p in trainer.agent_modules.agent_parameters("verifier")]
+    trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(prover, trainer.agent_modules.agent_parameters("prover")))
+    assert not all(torch.equal(a, b) for a, b in zip(verifier, trainer.agent_modules.agent_parameters("verifier")))
+
+
+def test_per_agent_learning_rate_and_schedule(tmp_path):
+    trainer = build_trainer(
+        smoke_config("+trainer.optimizer.agent_lr.verifier=0.01", "trainer.optimizer.lr_schedule=linear"), tmp_path
+    )
+    lrs = {g["agent"]: g["lr"] for g in trainer.optimizer.param_groups}
+    assert lrs == {"prover": pytest.approx(0.001), "verifier": pytest.approx(0.01)}
+    trainer.train()
+    assert all(g["lr"] == pytest.approx(0.0) for g in trainer.optimizer.param_groups)
+
+
+def test_early_stopping_stops_training(tmp_path):
+    trainer = build_trainer(
+        smoke_config(
+            "trainer.num_iterations=20", "trainer.eval.every=1", "trainer.eval.early_stopping_patience=1",
+            "trainer.eval.metric=eval/episodes",
+        ),
+        tmp_path,
+    )
+    trainer.train()
+    # eval/episodes never improves after the first evaluation.
+    assert trainer.state.stopped_early and trainer.state.iteration == 2
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.minibatch_size=200", "larger than the batch"),
+        ("trainer.frames_per_batch=100", "multiple of trainer.num_envs"),
+        ("trainer.optimizer.grad_accumulation_steps=2", "must divide"),
+        ("trainer.num_epochs=0", "at least 1"),
+        ("trainer.eval.mode=best", "'max' or 'min'"),
+        ("trainer.ppo.variant=trust", "variant"),
+        ("trainer.optimizer.name=lion", "optimizer.name"),
+    ],
+)
+def test_impossible_settings_fail_at_start(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        build_trainer(smoke_config(override), tmp_path)
+
+
+def test_unknown_eval_metric_is_reported(tmp_path):
+    trainer = build_trainer(smoke_config("trainer.eval.metric=eval/nope"), tmp_path)
+    with pytest.raises(ConfigError, match="eval/nope"):
+        trainer.train()
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"choose one of \['ppo'") as error:
+        TRAINERS.get("dpoo")
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="cannot import"):
+        TRAINERS.get("no_such_module.Trainer")
+
+
+class NanPpoTrainer(PpoTrainer):
+    """PPO whose loss turns NaN on the second iteration."""
+
+    def _get_loss_module_and_gae(self):
+        loss, gae = super()._get_loss_module_and_gae()
+        forward = loss.forward
+        trainer = self
+
+        def poisoned(batch):
+            out = forward(batch)
+            if trainer.state.iteration >= 1:
+                out["loss_objective"] = out["loss_objective"] * float("nan")
+            return out
+
+        loss.forward = poisoned
+        return loss, gae
+
+
+def test_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(tmp_path):
+    config = smoke_config("trainer.trainer_type=tests.test_trainer.NanPpoTrainer")
+    trainer = build_trainer(config, tmp_path)
+    with pytest.raises(TrainingError, match="loss became nan at iteration 2") as error:
+        trainer.train()
+    assert "\n" not in str(error.value)
+    checkpoint = tmp_path / "checkpoints" / "last.pt"
+    assert checkpoint.is_file()
+    assert torch.load(checkpoint, weights_only=False)["trainer"]["train_state"]["iteration"] == 1
