@@ -27,12 +27,13 @@ def make_config(*overrides: str) -> DictConfig:
 
 def smoke_config(*overrides: str) -> DictConfig:
     """The ``smoke`` preset, quiet: no progress bars, no CSV files."""
-    return make_config("preset=smoke", "run.progress_bar=false", "logger=none", *overrides)
+    return make_config("preset=smoke", "run.progress_bar=false", "logger=none", "run.num_threads=1", *overrides)
 
 
 def run_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like", timeout: int = 300):
     """Run ``python -m <module> args`` and return the completed process."""
-    env = {**os.environ, "PYTHONPATH": str(cwd or REPO_ROOT)}
+    # Tiny models run fastest on one thread, and tests may run beside other work.
+    env = {**os.environ, "PYTHONPATH": str(cwd or REPO_ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd or REPO_ROOT,

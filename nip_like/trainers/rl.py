@@ -331,8 +331,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 if not torch.isfinite(loss):
                     raise TrainingError(
                         f"the loss became {loss.item()} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
-                        f"minibatch {minibatch + 1} ({self._loss_terms(losses)}); the last checkpoint is in "
-                        f"{self.checkpoint_dir}"
+                        f"minibatch {minibatch + 1} ({self._loss_terms(losses)}); {self._last_checkpoint_note()}"
                     )
                 (loss / accumulation).backward()
                 if (minibatch + 1) % accumulation == 0:
@@ -365,6 +364,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.state.gradient_steps += 1
         return norms
 
+    def _last_checkpoint_note(self) -> str:
+        last = self.checkpoint_dir / "last.pt"
+        return f"the last checkpoint is {last}" if last.is_file() else "no checkpoint was written yet"
+
     @staticmethod
     def _stat_name(key: str | tuple[str, ...]) -> str:
         if isinstance(key, str):
@@ -375,7 +378,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
 
     @staticmethod
     def _loss_terms(losses: TensorDictBase) -> str:
-        return ", ".join(f"{key}={float(value):.4g}" for key, value in losses.items() if key.startswith("loss_"))
+        return ", ".join(
+            f"{key}={float(value.detach()):.4g}" for key, value in losses.items() if key.startswith("loss_")
+        )
 
     def _episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
         if episodes.numel() == 0:

@@ -1,0 +1,121 @@
+"""Atomic checkpoints, corrupt files, and exact resume after an interruption."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.errors import CheckpointError
+from nip_like.experiment import run_experiment
+from nip_like.logging import read_csv_metric
+from nip_like.trainers.rl import TensorDictRlTrainer
+from tests.conftest import REPO_ROOT, run_cli, smoke_config
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_atomic({"run_id": "a", "value": 1}, path)
+
+    def crash(obj, handle, *args, **kwargs):
+        handle.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        save_atomic({"run_id": "a", "value": 2}, path)
+    monkeypatch.undo()
+    assert load_checked(path, "a")["value"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_missing_corrupt_and_foreign_checkpoints_are_one_line_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checked(tmp_path / "nothing.pt")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="corrupt or unreadable") as error:
+        load_checked(corrupt)
+    assert "\n" not in str(error.value)
+    save_atomic({"run_id": "abc"}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="hyper-parameters differ"):
+        load_checked(tmp_path / "other.pt", "xyz")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
+    overrides = ("trainer.num_iterations=7", "run.checkpoint_every=2", "logger=csv", "trainer.eval.every=3")
+    reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
+
+    original = TensorDictRlTrainer._train_iteration
+
+    def stop_at_five(self):
+        if self.state.iteration == 5:
+            raise Interrupted
+        return original(self)
+
+    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", stop_at_five)
+    with pytest.raises(Interrupted):
+        run_experiment(smoke_config(*overrides), tmp_path / "resumed")
+    monkeypatch.undo()
+    resumed = run_experiment(smoke_config(*overrides), tmp_path / "resumed", resume=True)
+
+    assert resumed == reference
+    for metric in ("loss/policy", "train/reward", "eval/reward"):
+        assert read_csv_metric(tmp_path / "resumed", metric) == read_csv_metric(tmp_path / "reference", metric)
+
+
+def test_resume_refuses_other_hyper_parameters_and_settings(tmp_path):
+    run_experiment(smoke_config(), tmp_path)
+    with pytest.raises(CheckpointError, match="hyper-parameters differ"):
+        run_experiment(smoke_config("seed=5"), tmp_path, resume=True)
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        run_experiment(smoke_config(), tmp_path / "empty", resume=True)
+
+
+def _iteration_of(path):
+    try:
+        return torch.load(path, weights_only=False)["trainer"]["train_state"]["iteration"]
+    except Exception:
+        return -1
+
+
+def test_killed_process_resumes_to_the_same_final_metrics(tmp_path):
+    args = [
+        "preset=smoke", "trainer.num_iterations=40", "trainer.eval.every=10", "run.checkpoint_every=1",
+        "run.progress_bar=false",
+    ]
+    reference = run_cli([*args, f"hydra.run.dir={tmp_path / 'reference'}"])
+    assert reference.returncode == 0, reference.stderr
+
+    killed_dir = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nip_like", *args, f"hydra.run.dir={killed_dir}"],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.time() + 240
+    checkpoint = killed_dir / "checkpoints" / "last.pt"
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.is_file() and _iteration_of(checkpoint) >= 5:
+            break
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 0 < _iteration_of(checkpoint) < 40, "the run must be killed part-way"
+    assert not (killed_dir / "summary.json").exists()
+
+    resumed = run_cli([str(killed_dir), "run.progress_bar=false"], module="nip_like.resume")
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads((killed_dir / "summary.json").read_text())
+    expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    assert final["test_metrics"] == expected["test_metrics"]
+    assert final["frames"] == expected["frames"] and final["resumed"]
