@@ -160,7 +160,8 @@ class MultiAgentPPOLoss(LossModule):
         else:
             action_mask = tensordict.get(self.tensor_keys.action_mask)
             kl = _masked_categorical_kl(old_logits, dist.logits, action_mask)
-            surrogate = ratio * advantage - self.kl_beta * kl
+            # A copy: the coefficient adapts in place below, after the graph uses it.
+            surrogate = ratio * advantage - self.kl_beta.clone() * kl
         policy_loss = -per_agent_mean(surrogate, active)
         entropy = per_agent_mean(dist.entropy(), active)
 

@@ -1,0 +1,23 @@
+"""Learning claims, checked by training with a fixed seed (slow)."""
+
+import pytest
+
+from nip_like.experiment import run_experiment
+from tests.conftest import make_config
+
+QUIET = ("run.progress_bar=false", "logger=none", "run.num_threads=1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["ppo", "ppo_kl"])
+def test_ppo_reaches_95_percent_of_the_optimum_on_hidden_bits(tmp_path, trainer):
+    metrics = run_experiment(make_config(f"trainer={trainer}", "seed=0", *QUIET), tmp_path)
+    # Both agents share the verifier's reward; the optimum is 1 for 2 bits over 2 rounds of 4 symbols.
+    assert metrics["test/optimality/verifier"] >= 0.95, metrics
+    assert metrics["test/optimality/prover"] >= 0.95, metrics
+
+
+@pytest.mark.slow
+def test_solo_verifier_cannot_beat_guessing(tmp_path):
+    metrics = run_experiment(make_config("protocol=solo_verifier", "trainer.num_iterations=10", *QUIET), tmp_path)
+    assert metrics["test/accuracy"] < 0.35
