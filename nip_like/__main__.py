@@ -9,6 +9,7 @@ Examples
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def _run(config: DictConfig) -> None:
 def main() -> None:
     """Console entry point."""
     register_configs()
+    # TorchRL announces every storage allocation at INFO; keep the console for progress and results.
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
     # Let Hydra's config errors propagate, so that they are reported in one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with report_errors():
