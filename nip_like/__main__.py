@@ -36,6 +36,9 @@ def _run(config: DictConfig) -> None:
 def main() -> None:
     """Console entry point."""
     register_configs()
+    # Like ``python -m``, let a trainer in the current folder load by dotted path.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     # TorchRL announces every storage allocation at INFO; keep the console for progress and results.
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     # Let Hydra's config errors propagate, so that they are reported in one line.

@@ -11,8 +11,10 @@ Every field has a type, a default and a one-line comment. The YAML files under
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -182,6 +184,48 @@ class ExperimentConfig:
     protocol: Any = MISSING  # a protocol schema (config group "protocol")
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # metric loggers (run setting)
     run: RunSettings = field(default_factory=RunSettings)  # run settings
+
+
+#: Schema of each built-in scenario and protocol, for the unknown-key check.
+SCENARIO_SCHEMAS: dict[str, type] = {"hidden_bits": HiddenBitsConfig}
+PROTOCOL_SCHEMAS: dict[str, type] = {"prover_verifier": ProverVerifierConfig, "solo_verifier": SoloVerifierConfig}
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
+    hints = typing.get_type_hints(schema)
+    unknown = []
+    for key in node.keys():
+        if key not in hints:
+            unknown.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(node[key], DictConfig):
+            unknown += _unknown_keys(node[key], hints[key], f"{prefix}{key}.")
+    return unknown
+
+
+def check_known_keys(config: DictConfig) -> None:
+    """Fail on keys that no schema declares (Hydra's ``+key=value`` adds them silently).
+
+    Parameters
+    ----------
+    config : DictConfig
+        The whole experiment config. Scenario and protocol sections are checked
+        against their schemas when they are built in; free-form dicts
+        (``trainer.extra``, ``trainer.agent_updates``, ...) are not checked here.
+
+    Raises
+    ------
+    ConfigError
+        Naming the unknown keys.
+    """
+    from nip_like.errors import ConfigError
+
+    unknown = _unknown_keys(config, ExperimentConfig, "")
+    for section, schemas in (("scenario", SCENARIO_SCHEMAS), ("protocol", PROTOCOL_SCHEMAS)):
+        schema = schemas.get(config[section].get("name"))
+        if schema is not None:
+            unknown += _unknown_keys(config[section], schema, f"{section}.")
+    if unknown:
+        raise ConfigError(f"unknown config keys {unknown}; check the spelling (see docs: configuration)")
 
 
 def typed_entry(schema: type, value: Any, where: str) -> DictConfig:

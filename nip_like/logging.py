@@ -98,18 +98,21 @@ class MetricLogger:
             for logger in self.loggers.values():
                 logger.log_scalar(name, float(value), step=step)
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int, drop: tuple[str, ...] = ("test",)) -> None:
         """Drop CSV rows logged after ``step`` (used when a run resumes).
 
         A run killed after its last checkpoint has logged iterations that the
         resumed run logs again; keeping only rows up to the checkpoint's step
-        leaves each CSV file with one row per step.
+        leaves each CSV file with one row per step. Metrics under the top-level
+        folders in ``drop`` (the final test metrics, which the resumed run
+        writes again) lose every row.
         """
         if not self.csv_dir.is_dir():
             return
         for path in self.csv_dir.rglob("*.csv"):
+            dropped = path.relative_to(self.csv_dir).parts[0] in drop
             with open(path, newline="") as handle:
-                rows = [row for row in csv.reader(handle) if row and int(float(row[0])) <= step]
+                rows = [row for row in csv.reader(handle) if row and int(float(row[0])) <= step and not dropped]
             temporary = path.with_suffix(".csv.tmp")
             with open(temporary, "w", newline="") as handle:
                 csv.writer(handle).writerows(rows)

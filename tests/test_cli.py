@@ -31,6 +31,9 @@ def assert_one_line_error(result, *fragments):
         ("trainer.frames_per_batch=100", ["frames_per_batch (100) must be a multiple of trainer.num_envs (16)"]),
         ("logger=csv_and_more", ["Could not find 'logger/csv_and_more'"]),
         ("run.device=tpu", ["run.device 'tpu'"]),
+        ("+trainer.optimizer.lrr=0.1", ["unknown config keys ['trainer.optimizer.lrr']"]),
+        ("+scenario.num_bitz=3", ["unknown config keys ['scenario.num_bitz']"]),
+        ("logger=tensorboard", ["needs the 'tensorboard' package"]),
     ],
 )
 def test_bad_config_gives_one_line(tmp_path, override, fragments):
@@ -98,3 +101,18 @@ def test_main_job_in_test_run_mode_prints_test_metrics(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Final test metrics" in result.stdout and "test/accuracy" in result.stdout
     assert "Training" in result.stderr and "Testing" in result.stderr  # the progress bars
+
+
+@pytest.mark.parametrize(
+    "module, trainer, overrides",
+    [
+        ("segment_ppo_trainer", "SegmentPpoTrainer", ["trainer.minibatch_size=8"]),
+        ("value_regression_trainer", "ValueRegressionTrainer", []),
+    ],
+)
+def test_documented_example_trainers_run(tmp_path, module, trainer, overrides):
+    shutil.copy(REPO_ROOT / "docs" / "examples" / f"{module}.py", tmp_path)
+    result = run_cli([*QUICK, f"trainer.trainer_type={module}.{trainer}", *overrides, "hydra.run.dir=run"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()

@@ -26,17 +26,20 @@ class ProverVerifierProtocol(Protocol):
             raise ConfigError(
                 f"protocol.message_rounds must be at least 1, got {config.message_rounds}"
             )
+        # Plain values: the environment asks for them at every step.
+        self._num_rounds = int(config.message_rounds) + 1
+        self._shared_reward = bool(config.shared_reward)
 
     @property
     def num_rounds(self) -> int:
-        return int(self.config.message_rounds) + 1
+        return self._num_rounds
 
     def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
         deciding = self.decision_round(round_index)
         return torch.stack([~deciding, deciding], dim=-1)
 
     def rewards(self, verifier_correct: torch.Tensor) -> torch.Tensor:
-        prover = verifier_correct if self.config.shared_reward else torch.zeros_like(verifier_correct)
+        prover = verifier_correct if self._shared_reward else torch.zeros_like(verifier_correct)
         return torch.stack([prover, verifier_correct], dim=-1)
 
 

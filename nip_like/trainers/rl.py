@@ -73,8 +73,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
     otherwise the batch is flattened into transitions. The trainer never tests
     which algorithm it runs.
 
-    Attributes available to :meth:`_get_loss_module_and_gae`
-    ---------------------------------------------------------
+    Attributes
+    ----------
     policy : ProbabilisticActor
         The agents' stacked policy (``("agents", ...)`` keys, see :mod:`nip_like.agents`).
     value : TensorDictModule
@@ -83,6 +83,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         Agents, in the order of the agent dimension.
     config : DictConfig
         The whole experiment config (``self.config.trainer`` holds the RL options).
+
+    Notes
+    -----
+    The attributes above are ready when :meth:`_get_loss_module_and_gae` runs.
     """
 
     trainer_type = "rl"
@@ -111,6 +115,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.optimizer = build_optimizer(optimizer_config, agent_params)
         self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)
         self.update_schedule = AgentUpdateSchedule(self.trainer_config.agent_updates, self.agent_names)
+        # Read once: OmegaConf lookups are slow enough to show in the inner loop.
+        self._max_grad_norm = optimizer_config.max_grad_norm
+        self._accumulation = int(optimizer_config.grad_accumulation_steps)
 
         seed = int(config.seed)
         self.train_env = scenario.make_env(
@@ -275,6 +282,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self._fill_buffer(data)
 
         trained = self.update_schedule.trained_agents(iteration)
+        learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
         loss_stats = self._optimise(trained) if trained else {}
         self.scheduler.step()
         finished = time.perf_counter()
@@ -290,8 +298,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 "timers/update": finished - collected,
             }
         )
-        for group in self.optimizer.param_groups:
-            metrics[f"lr/{group['agent']}"] = group["lr"]
+        metrics.update(learning_rates)
         return metrics
 
     def _layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
@@ -307,6 +314,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 f"the loss laid out {size} items, fewer than trainer.minibatch_size "
                 f"({self.trainer_config.minibatch_size})"
             )
+        accumulation = self.trainer_config.optimizer.grad_accumulation_steps
+        if (size // self.trainer_config.minibatch_size) % accumulation:
+            raise TrainingError(
+                f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must divide the number of minibatches "
+                f"per epoch ({size // self.trainer_config.minibatch_size}: the loss laid out {size} items)"
+            )
         if self.buffer is None or len(self.buffer.storage) != size or self.buffer.storage.max_size != size:
             self.buffer = TensorDictReplayBuffer(
                 storage=LazyTensorStorage(size, device=self.device),
@@ -317,17 +330,17 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.buffer.extend(data)
 
     def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
-        tc = self.trainer_config
-        accumulation = tc.optimizer.grad_accumulation_steps
-        num_minibatches = len(self.buffer) // tc.minibatch_size
-        totals: dict[str, float] = {}
-        count = 0
+        # Statistics stay tensors until the end of the iteration: converting
+        # them per minibatch costs more than the bookkeeping is worth.
+        num_minibatches = len(self.buffer) // self.trainer_config.minibatch_size
+        accumulation = self._accumulation
+        records = []
+        norms = []
         self.optimizer.zero_grad(set_to_none=True)
-        for epoch in range(tc.num_epochs):
+        for epoch in range(self.trainer_config.num_epochs):
             for minibatch in range(num_minibatches):
-                sample = self.buffer.sample()
-                losses = self.loss_module(sample)
-                loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
+                losses = self.loss_module(self.buffer.sample())
+                loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
                 if not torch.isfinite(loss):
                     raise TrainingError(
                         f"the loss became {loss.item()} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
@@ -335,34 +348,33 @@ class TensorDictRlTrainer(TensorDictTrainer):
                     )
                 (loss / accumulation).backward()
                 if (minibatch + 1) % accumulation == 0:
-                    for name, norm in self._optimizer_step(trained).items():
-                        totals[f"train/grad_norm/{name}"] = totals.get(f"train/grad_norm/{name}", 0.0) + norm
-                for key, value in losses.detach().items(include_nested=True, leaves_only=True):
-                    name = self._stat_name(key)
-                    totals[name] = totals.get(name, 0.0) + float(value)
-                count += 1
-        steps = tc.num_epochs * (num_minibatches // accumulation)
-        return {
-            name: total / (steps if "grad_norm" in name else count) for name, total in totals.items()
+                    norms.append(self._optimizer_step(trained))
+                records.append(losses.detach())
+        stats = {
+            self._stat_name(key): float(value.float().mean())
+            for key, value in torch.stack(records).items(include_nested=True, leaves_only=True)
         }
+        for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
+            stats[f"train/grad_norm/{name}"] = values
+        return stats
 
-    def _optimizer_step(self, trained: tuple[str, ...]) -> dict[str, float]:
-        norms = {}
-        max_norm = self.trainer_config.optimizer.max_grad_norm
+    def _optimizer_step(self, trained: tuple[str, ...]) -> torch.Tensor:
+        """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order)."""
+        norms = []
         for group in self.optimizer.param_groups:
             if group["agent"] not in trained:
                 for param in group["params"]:
                     param.grad = None
                 continue
             grads = [param for param in group["params"] if param.grad is not None]
-            if max_norm is not None:
-                norms[group["agent"]] = float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+            if self._max_grad_norm is not None:
+                norms.append(torch.nn.utils.clip_grad_norm_(grads, self._max_grad_norm))
             else:
-                norms[group["agent"]] = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+                norms.append(torch.nn.utils.get_total_norm([param.grad for param in grads]))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.gradient_steps += 1
-        return norms
+        return torch.stack(norms)
 
     def _last_checkpoint_note(self) -> str:
         last = self.checkpoint_dir / "last.pt"

@@ -10,9 +10,10 @@ the whole string and the best expected reward is 1; otherwise it is
 ``message_vocab ** message_rounds / 2 ** num_bits``. Random play gets
 ``2 ** -num_bits``.
 
-Observation of each agent (length ``num_bits + rounds * vocab + rounds + 1``):
-the bits (zeros for the verifier), the one-hot messages sent so far, and the
-one-hot round number.
+Observation of each agent, of length ``num_bits + message_rounds * vocab +
+message_rounds + 2``: the bits (zeros for the verifier), the one-hot messages
+sent so far, and the one-hot round number (``0 .. message_rounds + 1``, the last
+value marking a finished episode).
 """
 
 from __future__ import annotations
