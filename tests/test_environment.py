@@ -101,6 +101,12 @@ def test_solo_verifier_decides_at_once_and_optimum():
     assert env.step(td)["next", "done"].all()
 
 
+def test_unshared_reward_leaves_the_prover_no_optimum():
+    config = OmegaConf.structured(ProverVerifierConfig(shared_reward=False))
+    scenario = HiddenBitsScenario(OmegaConf.structured(HiddenBitsConfig()), ProverVerifierProtocol(config))
+    assert scenario.optimal_rewards() == {"prover": 0.0, "verifier": 1.0}
+
+
 def test_optimum_is_capped_by_channel_capacity():
     assert make_scenario(num_bits=2, message_vocab=2).optimal_rewards()["verifier"] == 1.0
     assert make_scenario(num_bits=3, message_vocab=2).optimal_rewards()["verifier"] == 0.5

@@ -63,7 +63,10 @@ class HiddenBitsScenario(Scenario):
     def optimal_rewards(self) -> dict[str, float]:
         capacity = self.config.message_vocab ** self.protocol.message_rounds()
         best = min(1.0, capacity / 2**self.config.num_bits)
-        return {name: best for name in self.agent_names}
+        # Rewards are linear in the verifier's correctness, so the protocol maps
+        # the best accuracy to each agent's best expected return.
+        rewards = self.protocol.rewards(torch.tensor(best))
+        return {name: float(rewards[index]) for index, name in enumerate(self.agent_names)}
 
     def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
         metrics = super().episode_metrics(episodes)
