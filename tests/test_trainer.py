@@ -137,3 +137,21 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(tmp_path):
     checkpoint = tmp_path / "checkpoints" / "last.pt"
     assert checkpoint.is_file()
     assert torch.load(checkpoint, weights_only=False)["trainer"]["train_state"]["iteration"] == 1
+
+
+class SegmentLoss(PpoTrainer.loss_class):
+    def layout_rollouts(self, batch):
+        return batch  # one item per environment row of (time) steps
+
+
+class SegmentTrainer(PpoTrainer):
+    loss_class = SegmentLoss
+
+
+def test_loss_module_decides_the_buffer_layout(tmp_path):
+    config = smoke_config("trainer.trainer_type=tests.test_trainer.SegmentTrainer", "trainer.minibatch_size=8")
+    trainer = build_trainer(config, tmp_path)
+    trainer.train()
+    assert len(trainer.buffer) == 16  # num_envs segments, not 96 transitions
+    assert trainer.buffer.sample().batch_size == (8, 6)
+    assert trainer.state.gradient_steps == 3 * 2 * (16 // 8)

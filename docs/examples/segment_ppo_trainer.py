@@ -28,17 +28,4 @@ class SegmentPPOLoss(MultiAgentPPOLoss):
 class SegmentPpoTrainer(PpoTrainer):
     """The PPO trainer with :class:`SegmentPPOLoss` in place of the default loss."""
 
-    def _get_loss_module_and_gae(self):
-        settings = self.config.trainer
-        loss = SegmentPPOLoss(
-            self.policy,
-            self.value,
-            self.agent_names,
-            variant=settings.ppo.variant,
-            clip_epsilon=settings.ppo.clip_epsilon,
-            entropy_coeff=settings.entropy_coeff,
-            critic_coeff=settings.critic_coeff,
-            normalize_advantage=settings.ppo.normalize_advantage,
-        )
-        loss.make_value_estimator(gamma=settings.gamma, lmbda=settings.lmbda)
-        return loss, loss.value_estimator
+    loss_class = SegmentPPOLoss

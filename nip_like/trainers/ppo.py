@@ -9,11 +9,18 @@ from nip_like.trainers.rl import TensorDictRlTrainer
 
 @register_trainer("ppo")
 class PpoTrainer(TensorDictRlTrainer):
-    """Multi-agent PPO (options under ``trainer.ppo``)."""
+    """Multi-agent PPO (options under ``trainer.ppo``).
+
+    A subclass can swap in a loss with the same constructor by setting
+    :attr:`loss_class`.
+    """
+
+    #: The loss module class, called with the PPO options.
+    loss_class: type[MultiAgentPPOLoss] = MultiAgentPPOLoss
 
     def _get_loss_module_and_gae(self):
         tc = self.config.trainer
-        loss = MultiAgentPPOLoss(
+        loss = self.loss_class(
             self.policy,
             self.value,
             self.agent_names,

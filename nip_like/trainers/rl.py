@@ -308,19 +308,21 @@ class TensorDictRlTrainer(TensorDictTrainer):
         return batch.reshape(-1)
 
     def _fill_buffer(self, data: TensorDictBase) -> None:
-        size = data.numel()
+        # One buffer item per element of the first batch dimension (a
+        # transition, a segment, a pair, a group: whatever the loss laid out).
+        size = data.batch_size[0]
         if size < self.trainer_config.minibatch_size:
             raise TrainingError(
                 f"the loss laid out {size} items, fewer than trainer.minibatch_size "
                 f"({self.trainer_config.minibatch_size})"
             )
-        accumulation = self.trainer_config.optimizer.grad_accumulation_steps
+        accumulation = self._accumulation
         if (size // self.trainer_config.minibatch_size) % accumulation:
             raise TrainingError(
                 f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must divide the number of minibatches "
                 f"per epoch ({size // self.trainer_config.minibatch_size}: the loss laid out {size} items)"
             )
-        if self.buffer is None or len(self.buffer.storage) != size or self.buffer.storage.max_size != size:
+        if self.buffer is None or self.buffer.storage.max_size != size:
             self.buffer = TensorDictReplayBuffer(
                 storage=LazyTensorStorage(size, device=self.device),
                 sampler=SamplerWithoutReplacement(drop_last=True),
