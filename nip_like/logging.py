@@ -84,7 +84,12 @@ class MetricLogger:
             )
         from torchrl.record.loggers import MLFlowLogger
 
-        uri = config.mlflow_tracking_uri or (self.run_dir / "mlruns").resolve().as_uri()
+        uri = config.mlflow_tracking_uri
+        if uri is None:
+            # A folder inside the run folder, so that the run stays self-contained.
+            # MLflow 3 keeps its file store working only when asked to.
+            uri = (self.run_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         return MLFlowLogger(exp_name=experiment_name, tracking_uri=uri)
 
     @property

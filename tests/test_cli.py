@@ -33,7 +33,6 @@ def assert_one_line_error(result, *fragments):
         ("run.device=tpu", ["run.device 'tpu'"]),
         ("+trainer.optimizer.lrr=0.1", ["unknown config keys ['trainer.optimizer.lrr']"]),
         ("+scenario.num_bitz=3", ["unknown config keys ['scenario.num_bitz']"]),
-        ("logger=tensorboard", ["needs the 'tensorboard' package"]),
     ],
 )
 def test_bad_config_gives_one_line(tmp_path, override, fragments):

@@ -29,7 +29,7 @@ def test_smoke_run_writes_summary_metrics_and_checkpoints(tmp_path):
     assert (tmp_path / "checkpoints" / "best.pt").is_file()
     assert (tmp_path / "config.yaml").is_file()
     for name in ("loss/policy", "loss/value", "objective/entropy", "policy/clipfrac", "policy/approxkl", "SPS",
-                 "timers/collect", "eval/reward", "train/reward/prover", "agents/verifier/loss/policy"):
+                 "timers/collect", "eval/reward", "train/agents/prover/reward", "agents/verifier/loss/policy"):
         assert (tmp_path / "metrics" / "scalars" / f"{name}.csv").is_file(), name
 
 
@@ -155,3 +155,26 @@ def test_loss_module_decides_the_buffer_layout(tmp_path):
     assert len(trainer.buffer) == 16  # num_envs segments, not 96 transitions
     assert trainer.buffer.sample().batch_size == (8, 6)
     assert trainer.state.gradient_steps == 3 * 2 * (16 // 8)
+
+
+@pytest.mark.parametrize("backend, folder", [("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlruns")])
+def test_optional_logger_backends_write_metrics(tmp_path, monkeypatch, backend, folder):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_experiment(smoke_config(f"logger={backend}"), tmp_path)
+    written = [path for path in (tmp_path / folder).rglob("*") if path.is_file()]
+    assert written, f"{backend} wrote nothing"
+    # CSV stays on beside the optional backend.
+    assert (tmp_path / "metrics" / "scalars" / "loss" / "policy.csv").is_file()
+
+
+def test_missing_logger_package_is_a_config_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    from nip_like.logging import MetricLogger
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs the 'wandb' package: pip install 'nip_like\[wandb\]'"):
+        MetricLogger(smoke_config("logger=wandb").logger, tmp_path, "x")
+    with pytest.raises(ConfigError, match="unknown logger backend 'neptune'"):
+        MetricLogger(smoke_config("logger.backends=[neptune]").logger, tmp_path, "x")

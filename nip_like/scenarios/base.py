@@ -70,10 +70,10 @@ class Scenario(ABC):
         -------
         dict
             Metric name (without namespace) to value. The base class reports the
-            mean return of each agent as ``reward/<agent>`` and their mean over
+            mean return of each agent as ``agents/<agent>/reward`` and their mean over
             agents as ``reward``.
         """
         returns = episodes.get(EPISODE_RETURN_KEY).squeeze(-1).float()
-        metrics = {f"reward/{name}": returns[:, index].mean().item() for index, name in enumerate(self.agent_names)}
+        metrics = {f"agents/{name}/reward": returns[:, index].mean().item() for index, name in enumerate(self.agent_names)}
         metrics["reward"] = returns.mean().item()
         return metrics

@@ -456,8 +456,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         optimum = self.scenario.optimal_rewards()
         if optimum:
             for name, best in optimum.items():
-                if f"test/reward/{name}" in metrics and best > 0:
-                    metrics[f"test/optimality/{name}"] = metrics[f"test/reward/{name}"] / best
+                if f"test/agents/{name}/reward" in metrics and best > 0:
+                    metrics[f"test/agents/{name}/optimality"] = metrics[f"test/agents/{name}/reward"] / best
         return metrics
 
     # ------------------------------------------------------------ checkpoints
