@@ -87,6 +87,7 @@ def test_early_stopping_stops_training(tmp_path):
         ("trainer.optimizer.grad_accumulation_steps=2", "must divide"),
         ("trainer.num_epochs=0", "at least 1"),
         ("trainer.eval.mode=best", "'max' or 'min'"),
+        ("trainer.eval.metric=train/reward", "eval/..."),
         ("trainer.ppo.variant=trust", "variant"),
         ("trainer.optimizer.name=lion", "optimizer.name"),
     ],

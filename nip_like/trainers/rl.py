@@ -197,6 +197,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must divide the number of "
                 f"minibatches per epoch ({minibatches} = frames_per_batch // minibatch_size)"
             )
+        if not tc.eval.metric.startswith("eval/"):
+            raise ConfigError(f"trainer.eval.metric must name an evaluation metric (eval/...), got {tc.eval.metric!r}")
         if tc.eval.mode not in ("max", "min"):
             raise ConfigError(f"trainer.eval.mode must be 'max' or 'min', got {tc.eval.mode!r}")
         if tc.eval.test_checkpoint not in ("final", "best"):
