@@ -87,6 +87,7 @@ class TrainerConfig:
     num_envs: int = 64  # parallel environments in the vectorised train env
     frames_per_batch: int = 1024  # environment steps per iteration (a multiple of num_envs)
     num_epochs: int = 4  # passes over each collected batch
+    group_size: int = 1  # episodes played on the same datapoint, side by side (grouped rollouts; num_envs must be a multiple)
     minibatch_size: int = 256  # items per minibatch (transitions, pairs or groups, as the loss lays them out)
     gamma: float = 0.99  # discount factor
     lmbda: float = 0.95  # GAE lambda

@@ -125,3 +125,24 @@ def test_same_seed_same_episodes():
     first = make_scenario().make_env(8, "train", 7, "cpu").reset()["state", "bits"]
     second = make_scenario().make_env(8, "train", 7, "cpu").reset()["state", "bits"]
     assert torch.equal(first, second)
+
+
+def test_grouped_rollouts_share_datapoints_and_group_ids():
+    env = make_scenario(num_bits=8).make_env(12, "train", 3, "cpu", group_size=4)
+    check_env_specs(env)
+    state = env.reset()["state"]
+    bits, ids = state["bits"].view(3, 4, -1), state["group_id"].view(3, 4)
+    assert all(torch.equal(bits[g, k], bits[g, 0]) for g in range(3) for k in range(4))
+    assert (ids == ids[:, :1]).all() and ids[:, 0].unique().numel() == 3
+    # Resetting a whole block gives it a new shared datapoint; a lone member starts a group of one.
+    td = env.reset()
+    td["_reset"] = torch.tensor([True] * 4 + [True] + [False] * 7).unsqueeze(-1)
+    after = env.reset(td)["state"]
+    assert (after["group_id"][:4] == after["group_id"][0]).all()
+    assert after["group_id"][4] not in after["group_id"][5:8].tolist() + after["group_id"][:4].tolist()
+    assert torch.equal(after["bits"][5:], td["state", "bits"][5:])
+
+
+def test_group_size_must_divide_the_number_of_envs():
+    with pytest.raises(ConfigError, match="multiple of the group size"):
+        make_scenario().make_env(10, "train", 0, "cpu", group_size=4)

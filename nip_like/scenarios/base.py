@@ -34,7 +34,9 @@ class Scenario(ABC):
         return self.protocol.agent_names
 
     @abstractmethod
-    def make_env(self, num_envs: int, split: str, seed: int, device: torch.device | str) -> InteractionEnv:
+    def make_env(
+        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
+    ) -> InteractionEnv:
         """Build a vectorised environment.
 
         Parameters
@@ -47,6 +49,9 @@ class Scenario(ABC):
             Seed of the environment's generator.
         device : torch.device or str
             Where the environment's tensors live.
+        group_size : int
+            Consecutive environments that play the same datapoint (grouped
+            rollouts, for objectives that compare episodes that started alike).
         """
 
     @abstractmethod

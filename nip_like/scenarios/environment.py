@@ -12,6 +12,7 @@ number of agents, ``A`` the size of the shared action space):
 key                                shape           meaning
 =================================  ==============  =========================================
 ``("state", "round")``             ``B``           round about to be played (0-based)
+``("state", "group_id")``          ``B``           id shared by episodes on the same datapoint
 ``("state", ...)``                 ``B, ...``      scenario state (hidden datapoint, messages)
 ``("agents", "observation")``      ``B, N, F``     what each agent sees
 ``("agents", "action_mask")``      ``B, N, A``     which actions are legal for each agent
@@ -34,6 +35,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Binary, Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
+from nip_like.errors import ConfigError
 from nip_like.protocols.base import Protocol
 
 
@@ -59,6 +61,9 @@ class InteractionEnv(EnvBase):
         Where the tensors live.
     seed : int
         Seed of the environment's own random-number generator.
+    group_size : int
+        Number of consecutive environments that play the same datapoint (see
+        :meth:`_grouped_states`); 1 gives every episode its own.
     """
 
     batch_locked = True
@@ -71,8 +76,14 @@ class InteractionEnv(EnvBase):
         observation_size: int,
         device: torch.device | str = "cpu",
         seed: int = 0,
+        group_size: int = 1,
     ) -> None:
+        if group_size < 1 or num_envs % group_size:
+            raise ConfigError(
+                f"the number of environments ({num_envs}) must be a multiple of the group size ({group_size})"
+            )
         super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        self.group_size = group_size
         self.protocol = protocol
         self.num_envs = num_envs
         self.num_agents = protocol.num_agents
@@ -127,6 +138,7 @@ class InteractionEnv(EnvBase):
         batch, agents = self.batch_size, (*self.batch_size, self.num_agents)
         state = Composite(
             round=Unbounded(shape=batch, dtype=torch.int64, device=self.device),
+            group_id=Unbounded(shape=batch, dtype=torch.int64, device=self.device),
             **self._state_spec(),
             shape=batch,
             device=self.device,
@@ -190,6 +202,28 @@ class InteractionEnv(EnvBase):
     def _fresh_state(self, num_episodes: int) -> TensorDict:
         state = self._new_state(num_episodes).to(self.device)
         state["round"] = torch.zeros(num_episodes, dtype=torch.int64, device=self.device)
+        state["group_id"] = torch.randint(0, 2**62, (num_episodes,), generator=self.rng).to(self.device)
+        return state
+
+    def _grouped_states(self, reset: torch.Tensor, state: TensorDictBase | None) -> TensorDictBase:
+        """New episodes for the positions in ``reset``, grouped by datapoint.
+
+        Each block of ``group_size`` consecutive environments that is reset as
+        a whole starts its episodes on one shared datapoint, under one group
+        id. An environment reset without the rest of its block (possible when
+        episodes end at different rounds) starts alone, in a group of one.
+        """
+        blocks = reset.view(-1, self.group_size)
+        whole = blocks.all(-1)
+        in_whole = whole.repeat_interleave(self.group_size) & reset
+        alone = reset & ~in_whole
+        shared = self._fresh_state(int(whole.sum()))
+        copies = torch.arange(shared.batch_size[0], device=self.device).repeat_interleave(self.group_size)
+        if state is None:
+            return shared[copies]
+        state = state.clone()
+        state[in_whole] = shared[copies]
+        state[alone] = self._fresh_state(int(alone.sum()))
         return state
 
     def _reset(self, tensordict: TensorDictBase | None, **kwargs) -> TensorDictBase:
@@ -200,11 +234,10 @@ class InteractionEnv(EnvBase):
                 reset = tensordict.get(("agents", "_reset")).reshape(*self.batch_size, -1).any(-1)
         episode_return = torch.zeros(*self.batch_size, self.num_agents, 1, device=self.device)
         if reset is None or tensordict.get("state", None) is None:
-            state = self._fresh_state(self.num_envs)
+            state = self._grouped_states(torch.ones(self.batch_size, dtype=torch.bool, device=self.device), None)
         else:
             reset = reset.reshape(self.batch_size)
-            state = tensordict["state"].clone()
-            state[reset] = self._fresh_state(int(reset.sum()))
+            state = self._grouped_states(reset, tensordict["state"])
             kept = tensordict.get(("agents", "episode_return"))
             episode_return = torch.where(reset.view(-1, 1, 1), episode_return, kept)
         done, agent_done = self._done_entries(torch.zeros(self.batch_size, dtype=torch.bool, device=self.device))

@@ -121,7 +121,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
 
         seed = int(config.seed)
         self.train_env = scenario.make_env(
-            self.trainer_config.num_envs, "train", derive_seed(seed, "train_env"), self.device
+            self.trainer_config.num_envs,
+            "train",
+            derive_seed(seed, "train_env"),
+            self.device,
+            group_size=int(self.trainer_config.group_size),
         )
         self.eval_env = None  # built on first use
         self.collector = Collector(
@@ -178,6 +182,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         for name in positive:
             if tc[name] < 1:
                 raise ConfigError(f"trainer.{name} must be at least 1, got {tc[name]}")
+        if tc.group_size < 1 or tc.num_envs % tc.group_size:
+            raise ConfigError(
+                f"trainer.num_envs ({tc.num_envs}) must be a multiple of trainer.group_size ({tc.group_size})"
+            )
         if tc.frames_per_batch % tc.num_envs:
             raise ConfigError(
                 f"trainer.frames_per_batch ({tc.frames_per_batch}) must be a multiple of "

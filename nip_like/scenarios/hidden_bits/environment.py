@@ -44,6 +44,8 @@ class HiddenBitsEnv(InteractionEnv):
         Where the tensors live.
     seed : int
         Seed of the environment's generator.
+    group_size : int
+        Consecutive environments that play the same bit string.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class HiddenBitsEnv(InteractionEnv):
         message_vocab: int,
         device: torch.device | str = "cpu",
         seed: int = 0,
+        group_size: int = 1,
     ) -> None:
         self.num_bits = num_bits
         self.message_vocab = message_vocab
@@ -68,6 +71,7 @@ class HiddenBitsEnv(InteractionEnv):
             observation_size=observation_size,
             device=device,
             seed=seed,
+            group_size=group_size,
         )
 
     def _state_spec(self) -> dict[str, object]:

@@ -39,7 +39,9 @@ class HiddenBitsScenario(Scenario):
                 f"does not have; its agents are {list(protocol.agent_names)}"
             )
 
-    def make_env(self, num_envs: int, split: str, seed: int, device: torch.device | str) -> HiddenBitsEnv:
+    def make_env(
+        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
+    ) -> HiddenBitsEnv:
         return HiddenBitsEnv(
             self.protocol,
             num_envs=num_envs,
@@ -47,6 +49,7 @@ class HiddenBitsScenario(Scenario):
             message_vocab=self.config.message_vocab,
             device=device,
             seed=seed,
+            group_size=group_size,
         )
 
     def make_agents(self) -> AgentModules:
