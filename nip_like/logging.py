@@ -2,7 +2,10 @@
 
 Metric names are namespaced (``train/...``, ``eval/...``, ``test/...``,
 ``loss/...``, ``objective/...``, ``policy/...``, ``timers/...``, ``SPS``) and
-follow TRL's names where the quantity is the same.
+follow TRL's names where the quantity is the same. ``objective/kl`` and
+``objective/entropy`` are measured by the trainer on each collected batch, the
+same way whatever the objective; a loss's own entropy estimate is
+``policy/entropy``.
 """
 
 from __future__ import annotations
@@ -28,14 +31,19 @@ LOSS_METRIC_NAMES = {
     "loss_entropy": "loss/entropy",
     "loss_actor": "loss/policy",
     "loss_value": "loss/value",
-    "entropy": "objective/entropy",
+    "entropy": "policy/entropy",
     "kl_approx": "policy/approxkl",
     "clip_fraction": "policy/clipfrac",
 }
 
 
 def metric_name(loss_key: str) -> str:
-    """Return the namespaced metric name of a loss-module output."""
+    """Return the namespaced metric name of a loss-module output.
+
+    Names that already carry a namespace (``rewards/chosen``) are kept.
+    """
+    if "/" in loss_key:
+        return loss_key
     return LOSS_METRIC_NAMES.get(loss_key, f"train/{loss_key}")
 
 

@@ -28,7 +28,8 @@ def test_smoke_run_writes_summary_metrics_and_checkpoints(tmp_path):
     assert (tmp_path / "checkpoints" / "last.pt").is_file()
     assert (tmp_path / "checkpoints" / "best.pt").is_file()
     assert (tmp_path / "config.yaml").is_file()
-    for name in ("loss/policy", "loss/value", "objective/entropy", "policy/clipfrac", "policy/approxkl", "SPS",
+    for name in ("loss/policy", "loss/value", "objective/entropy", "objective/kl", "policy/entropy",
+                 "policy/clipfrac", "policy/approxkl", "SPS",
                  "timers/collect", "eval/reward", "train/agents/prover/reward", "agents/verifier/loss/policy"):
         assert (tmp_path / "metrics" / "scalars" / f"{name}.csv").is_file(), name
 
@@ -179,3 +180,14 @@ def test_missing_logger_package_is_a_config_error(tmp_path, monkeypatch):
         MetricLogger(smoke_config("logger=wandb").logger, tmp_path, "x")
     with pytest.raises(ConfigError, match="unknown logger backend 'neptune'"):
         MetricLogger(smoke_config("logger.backends=[neptune]").logger, tmp_path, "x")
+
+
+def test_kl_from_the_initial_policy_starts_at_zero_and_grows(tmp_path):
+    run_experiment(smoke_config("logger=csv", "trainer.num_iterations=4"), tmp_path)
+    from nip_like.logging import read_csv_metric
+
+    kl = [value for _, value in read_csv_metric(tmp_path, "objective/kl")]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7)  # the first batch is collected by the initial policy
+    assert kl[-1] > 0
+    entropy = [value for _, value in read_csv_metric(tmp_path, "objective/entropy")]
+    assert 0 < entropy[0] <= torch.log(torch.tensor(4.0)).item() + 1e-6

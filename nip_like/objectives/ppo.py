@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from tensordict.utils import NestedKey
@@ -17,6 +16,7 @@ from torchrl.objectives.value import GAE
 from nip_like import agents as keys
 from nip_like.errors import ConfigError
 from nip_like.objectives.masking import per_agent_mean, standardize_per_agent
+from nip_like.objectives.reference import categorical_kl
 
 PPO_VARIANTS = ("clip", "kl")
 
@@ -159,7 +159,7 @@ class MultiAgentPPOLoss(LossModule):
             surrogate = torch.minimum(ratio * advantage, clipped * advantage)
         else:
             action_mask = tensordict.get(self.tensor_keys.action_mask)
-            kl = _masked_categorical_kl(old_logits, dist.logits, action_mask)
+            kl = categorical_kl(old_logits, dist.logits, action_mask)
             # A copy: the coefficient adapts in place below, after the graph uses it.
             surrogate = ratio * advantage - self.kl_beta.clone() * kl
         policy_loss = -per_agent_mean(surrogate, active)
@@ -204,15 +204,6 @@ class MultiAgentPPOLoss(LossModule):
             self.kl_beta.mul_(2.0)
         elif kl < self.kl_target / 1.5:
             self.kl_beta.div_(2.0)
-
-
-def _masked_categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """KL(old || new) of two categoricals restricted to the legal actions in ``mask``."""
-    fill = torch.finfo(old_logits.dtype).min
-    old_log_p = F.log_softmax(old_logits.masked_fill(~mask, fill), dim=-1)
-    new_log_p = F.log_softmax(new_logits.masked_fill(~mask, fill), dim=-1)
-    terms = old_log_p.exp() * (old_log_p - new_log_p)
-    return torch.where(mask, terms, torch.zeros_like(terms)).sum(-1)
 
 
 def _explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,8 @@ from nip_like import agents as keys
 from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states
 from nip_like.errors import ConfigError, TrainingError
 from nip_like.logging import MetricLogger, metric_name
+from nip_like.objectives.masking import per_agent_mean
+from nip_like.objectives.reference import ReferencePolicy, categorical_entropy, categorical_kl
 from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
 from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
@@ -102,6 +104,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.agent_modules.modules().to(self.device)
         self.policy = self.agent_modules.policy
         self.value = self.agent_modules.value
+        # The initial policy, frozen: the common reference of objective/kl.
+        self.reference_policy = ReferencePolicy(self.policy)
 
         self.loss_module, self.advantage_module = self._get_loss_module_and_gae()
         if not isinstance(self.loss_module, LossModule):
@@ -284,6 +288,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         frames = batch.numel()
         self.state.frames += frames
         metrics = {f"train/{k}": v for k, v in self._episode_metrics(finished_episodes(batch)).items()}
+        metrics.update(self._policy_diagnostics(batch))
 
         with torch.no_grad():
             if self.advantage_module is not None:
@@ -309,6 +314,24 @@ class TensorDictRlTrainer(TensorDictTrainer):
             }
         )
         metrics.update(learning_rates)
+        return metrics
+
+    def _policy_diagnostics(self, batch: TensorDictBase) -> dict[str, float]:
+        """KL from the initial policy and entropy of the collecting policy, over active steps.
+
+        Both are exact for the categorical action distributions and use only
+        what the collector recorded, so they are measured the same way for
+        every objective.
+        """
+        active = batch.get(keys.ACTIVE_KEY)
+        mask = batch.get(keys.ACTION_MASK_KEY)
+        logits = batch.get(keys.LOGITS_KEY)
+        kl = per_agent_mean(categorical_kl(logits, self.reference_policy.logits(batch), mask), active)
+        entropy = per_agent_mean(categorical_entropy(logits, mask), active)
+        metrics = {"objective/kl": kl.mean().item(), "objective/entropy": entropy.mean().item()}
+        for index, name in enumerate(self.agent_names):
+            metrics[f"agents/{name}/objective/kl"] = kl[index].item()
+            metrics[f"agents/{name}/objective/entropy"] = entropy[index].item()
         return metrics
 
     def _layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
@@ -474,6 +497,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def state_dict(self) -> dict[str, Any]:
         return {
             "loss_module": self.loss_module.state_dict(),
+            "reference_policy": self.reference_policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
@@ -488,6 +512,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loss_module.load_state_dict(state["loss_module"])
+        self.reference_policy.load_state_dict(state["reference_policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.state = TrainState(**state["train_state"])

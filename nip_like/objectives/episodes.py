@@ -1,0 +1,66 @@
+"""Episode-level views of a collected ``(env, time)`` batch."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+
+
+def episode_ids(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+    """Number the episodes of a batch and find the complete ones.
+
+    Parameters
+    ----------
+    batch : TensorDictBase
+        Batch shape ``(env, time)``, with ``("state", "round")`` and
+        ``("next", "done")`` as written by :class:`~nip_like.scenarios.environment.InteractionEnv`.
+
+    Returns
+    -------
+    ids : torch.Tensor
+        ``(env, time)`` integers: steps of one episode share an id, ids are
+        unique across the batch.
+    complete : torch.Tensor
+        ``(env, time)`` booleans: the step belongs to an episode that both
+        starts (round 0) and ends (done) inside the batch.
+    """
+    starts = batch.get(("state", "round")) == 0
+    ends = batch.get(("next", "done")).squeeze(-1)
+    num_envs, num_steps = starts.shape
+    # Episode number within each environment's row; 0 marks a truncated beginning.
+    number = starts.long().cumsum(-1)
+    ids = number + torch.arange(num_envs, device=number.device).unsqueeze(-1) * (num_steps + 1)
+    finished = ids[ends & (number > 0)].unique()
+    return ids, torch.isin(ids, finished)
+
+
+def group_relative(values: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Standardise ``values`` within groups: (value - group mean) / group std.
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        ``(num_items, num_agents)`` values (e.g. episode returns).
+    groups : torch.Tensor
+        ``(num_items,)`` group ids.
+    eps : float
+        A group whose (sample) standard deviation is at most ``eps`` gets 0.
+
+    Returns
+    -------
+    torch.Tensor
+        Same shape as ``values``. A group of one, or one with no spread, gets 0
+        everywhere; the result is never NaN.
+    """
+    _, inverse, counts = groups.unique(return_inverse=True, return_counts=True)
+    num_groups = counts.numel()
+    sums = torch.zeros(num_groups, values.shape[-1], dtype=values.dtype, device=values.device)
+    sums.index_add_(0, inverse, values)
+    size = counts.to(values.dtype).unsqueeze(-1)
+    mean = sums / size
+    centred = values - mean[inverse]
+    squares = torch.zeros_like(sums).index_add_(0, inverse, centred**2)
+    std = (squares / (size - 1).clamp_min(1)).sqrt()
+    scale = std[inverse]
+    valid = (counts[inverse] > 1).unsqueeze(-1) & (scale > eps)
+    return torch.where(valid, centred / scale.clamp_min(eps), torch.zeros_like(values))
