@@ -66,6 +66,14 @@ class PPOConfig:
 
 
 @dataclass
+class GRPOConfig:
+    """Options of the GRPO objective."""
+
+    clip_epsilon: float = 0.2  # clip range of the probability ratio
+    kl_coeff: float = 0.0  # weight of the KL(pi || initial policy) penalty; 0 disables it
+
+
+@dataclass
 class EvalConfig:
     """Periodic evaluation during training, best checkpoint and early stopping."""
 
@@ -98,6 +106,7 @@ class TrainerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
     agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO options
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO options
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
 

@@ -34,6 +34,8 @@ LOSS_METRIC_NAMES = {
     "entropy": "policy/entropy",
     "kl_approx": "policy/approxkl",
     "clip_fraction": "policy/clipfrac",
+    "loss_kl": "loss/kl",
+    "kl_reference": "policy/kl_reference",
 }
 
 

@@ -9,8 +9,8 @@ QUIET = ("run.progress_bar=false", "logger=none", "run.num_threads=1")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["ppo", "ppo_kl"])
-def test_ppo_reaches_95_percent_of_the_optimum_on_hidden_bits(tmp_path, trainer):
+@pytest.mark.parametrize("trainer", ["ppo", "ppo_kl", "grpo"])
+def test_trainer_reaches_95_percent_of_the_optimum_on_hidden_bits(tmp_path, trainer):
     metrics = run_experiment(make_config(f"trainer={trainer}", "seed=0", *QUIET), tmp_path)
     # Both agents share the verifier's reward; the optimum is 1 for 2 bits over 2 rounds of 4 symbols.
     assert metrics["test/agents/verifier/optimality"] >= 0.95, metrics

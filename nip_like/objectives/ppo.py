@@ -146,17 +146,10 @@ class MultiAgentPPOLoss(LossModule):
         dist = self.actor_network.get_dist(tensordict.clone(False))
         log_prob = dist.log_prob(tensordict.get(self.tensor_keys.action))
         old_log_prob = tensordict.get(self.tensor_keys.sample_log_prob)
-        # Inactive entries are replaced, not multiplied, so they cannot turn into NaN.
-        log_ratio = torch.where(active, log_prob - old_log_prob, torch.zeros_like(log_prob))
-        ratio = log_ratio.exp()
-
-        with torch.no_grad():
-            kl_approx = per_agent_mean((ratio - 1) - log_ratio, active)
-            clip_fraction = per_agent_mean(((ratio - 1).abs() > self.clip_epsilon).float(), active)
+        ratio, kl_approx, clip_fraction = importance_ratio(log_prob, old_log_prob, active, self.clip_epsilon)
 
         if self.variant == "clip":
-            clipped = ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon)
-            surrogate = torch.minimum(ratio * advantage, clipped * advantage)
+            surrogate = clipped_surrogate(ratio, advantage, self.clip_epsilon)
         else:
             action_mask = tensordict.get(self.tensor_keys.action_mask)
             kl = categorical_kl(old_logits, dist.logits, action_mask)
@@ -204,6 +197,28 @@ class MultiAgentPPOLoss(LossModule):
             self.kl_beta.mul_(2.0)
         elif kl < self.kl_target / 1.5:
             self.kl_beta.div_(2.0)
+
+
+def importance_ratio(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, active: torch.Tensor, clip_epsilon: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return the ratio pi/pi_old and, per agent over active steps, approx KL and clip fraction.
+
+    Inactive entries get ratio 1: they are replaced, not multiplied, so they
+    cannot turn into NaN.
+    """
+    log_ratio = torch.where(active, log_prob - old_log_prob, torch.zeros_like(log_prob))
+    ratio = log_ratio.exp()
+    with torch.no_grad():
+        kl_approx = per_agent_mean((ratio - 1) - log_ratio, active)
+        clip_fraction = per_agent_mean(((ratio - 1).abs() > clip_epsilon).float(), active)
+    return ratio, kl_approx, clip_fraction
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_epsilon: float) -> torch.Tensor:
+    """PPO's pessimistic surrogate ``min(r A, clip(r, 1 - eps, 1 + eps) A)``, elementwise."""
+    clipped = ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon)
+    return torch.minimum(ratio * advantage, clipped * advantage)
 
 
 def _explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """Trainers: base classes, the standard RL loop, one short file per algorithm."""
 
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, Trainer, attach_progress_bar
+from nip_like.trainers.grpo import GrpoTrainer
 from nip_like.trainers.ppo import PpoTrainer
 from nip_like.trainers.rl import TensorDictRlTrainer
 
 __all__ = [
+    "GrpoTrainer",
     "IterationContext",
     "PpoTrainer",
     "TensorDictRlTrainer",
