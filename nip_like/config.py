@@ -74,6 +74,14 @@ class GRPOConfig:
 
 
 @dataclass
+class ReinforceConfig:
+    """Options of the REINFORCE objective."""
+
+    baseline: bool = True  # subtract a learned value baseline (the agents' value networks)
+    normalize_advantage: bool = True  # standardise advantages per agent over its active steps
+
+
+@dataclass
 class EvalConfig:
     """Periodic evaluation during training, best checkpoint and early stopping."""
 
@@ -107,6 +115,7 @@ class TrainerConfig:
     agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO options
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO options
+    reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)  # REINFORCE options
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
 

@@ -3,12 +3,14 @@
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, Trainer, attach_progress_bar
 from nip_like.trainers.grpo import GrpoTrainer
 from nip_like.trainers.ppo import PpoTrainer
+from nip_like.trainers.reinforce import ReinforceTrainer
 from nip_like.trainers.rl import TensorDictRlTrainer
 
 __all__ = [
     "GrpoTrainer",
     "IterationContext",
     "PpoTrainer",
+    "ReinforceTrainer",
     "TensorDictRlTrainer",
     "TensorDictTrainer",
     "Trainer",

@@ -1,0 +1,140 @@
+"""REINFORCE: Monte-Carlo returns of complete episodes, with an optional learned baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule
+from tensordict.utils import NestedKey
+from torchrl.modules import ProbabilisticActor
+from torchrl.objectives import LossModule
+
+from nip_like import agents as keys
+from nip_like.objectives.episodes import episode_ids
+from nip_like.objectives.masking import per_agent_mean, standardize_per_agent
+
+RETURN_KEY = ("agents", "return")
+
+
+def returns_to_go(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted returns from each step to the end of its episode.
+
+    Parameters
+    ----------
+    reward : torch.Tensor
+        ``(env, time, ...)`` rewards.
+    done : torch.Tensor
+        ``(env, time)`` booleans: the episode ends after this step.
+    gamma : float
+        Discount factor.
+
+    Returns
+    -------
+    torch.Tensor
+        Same shape as ``reward``. Steps of an episode cut off by the end of the
+        batch get the return of the part inside it.
+    """
+    carry = done.reshape(*done.shape, *([1] * (reward.ndim - done.ndim)))
+    returns = torch.zeros_like(reward)
+    following = torch.zeros_like(reward[:, 0])
+    for step in range(reward.shape[1] - 1, -1, -1):
+        following = reward[:, step] + gamma * following * (~carry[:, step])
+        returns[:, step] = following
+    return returns
+
+
+class MultiAgentReinforceLoss(LossModule):
+    """REINFORCE per agent over its active steps, with an optional value baseline.
+
+    The advantage of a step is its discounted return-to-go, minus the critic's
+    value when a critic is given (the critic then learns the returns by
+    regression over every step). Only episodes that start and end inside the
+    collected batch are used, so every return is a true Monte-Carlo return.
+
+    Parameters
+    ----------
+    actor_network : ProbabilisticActor
+        The policy.
+    critic_network : TensorDictModule, optional
+        The baseline; ``None`` for plain REINFORCE.
+    agent_names : tuple of str
+        Agents, for per-agent statistics.
+    gamma : float
+        Discount factor.
+    entropy_coeff, critic_coeff : float
+        Weights of the entropy bonus and of the baseline's regression loss.
+    normalize_advantage : bool
+        Standardise advantages per agent over its active steps.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        action: NestedKey = keys.ACTION_KEY
+        value: NestedKey = keys.VALUE_KEY
+        active: NestedKey = keys.ACTIVE_KEY
+        returns: NestedKey = RETURN_KEY
+        reward: NestedKey = keys.REWARD_KEY
+
+    default_keys = _AcceptedKeys
+
+    def __init__(
+        self,
+        actor_network: ProbabilisticActor,
+        critic_network: TensorDictModule | None,
+        agent_names: tuple[str, ...],
+        *,
+        gamma: float = 0.99,
+        entropy_coeff: float = 0.0,
+        critic_coeff: float = 0.5,
+        normalize_advantage: bool = True,
+    ) -> None:
+        super().__init__()
+        self.actor_network = actor_network
+        self.critic_network = critic_network
+        self.agent_names = tuple(agent_names)
+        self.gamma = gamma
+        self.entropy_coeff = entropy_coeff
+        self.critic_coeff = critic_coeff
+        self.normalize_advantage = normalize_advantage
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        pass
+
+    def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
+        """Return the steps of complete episodes with their returns-to-go."""
+        _, complete = episode_ids(batch)
+        reward = batch.get(("next", *self.tensor_keys.reward))
+        returns = returns_to_go(reward, batch.get(("next", "done")).squeeze(-1), self.gamma)
+        steps = batch[complete]
+        steps.set(self.tensor_keys.returns, returns[complete])
+        return steps
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """Compute the policy-gradient, entropy and baseline terms on a minibatch of steps."""
+        active = tensordict.get(self.tensor_keys.active)
+        returns = tensordict.get(self.tensor_keys.returns).squeeze(-1)
+        output = TensorDict()
+        advantage = returns
+        if self.critic_network is not None:
+            inputs = tensordict.select(*self.critic_network.in_keys).clone(False)
+            value = self.critic_network(inputs).get(self.tensor_keys.value).squeeze(-1)
+            value_loss = per_agent_mean((value - returns) ** 2)
+            output["loss_critic"] = self.critic_coeff * value_loss.sum()
+            advantage = returns - value.detach()
+        if self.normalize_advantage:
+            advantage = standardize_per_agent(advantage, active)
+        dist = self.actor_network.get_dist(tensordict.clone(False))
+        log_prob = dist.log_prob(tensordict.get(self.tensor_keys.action))
+        log_prob = torch.where(active, log_prob, torch.zeros_like(log_prob))
+        policy_loss = -per_agent_mean(log_prob * advantage, active)
+        entropy = per_agent_mean(dist.entropy(), active)
+        output["loss_objective"] = policy_loss.sum()
+        output["loss_entropy"] = -self.entropy_coeff * entropy.sum()
+        output["entropy"] = entropy.detach().mean()
+        for index, name in enumerate(self.agent_names):
+            output["agents", name] = TensorDict(
+                {"loss_objective": policy_loss[index].detach(), "entropy": entropy[index].detach()}
+            )
+        return output
