@@ -178,6 +178,7 @@ class LoggerConfig:
     wandb_mode: str = "offline"  # W&B mode: offline | online | disabled
     mlflow_tracking_uri: Optional[str] = None  # MLflow URI; null = a folder inside the run folder
     print_metrics: bool = True  # print the final test metrics to standard output
+    diagnostics_every: int = 1  # measure objective/kl and objective/entropy every N iterations; 0 = never
 
 
 @dataclass

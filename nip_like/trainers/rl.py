@@ -122,6 +122,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # Read once: OmegaConf lookups are slow enough to show in the inner loop.
         self._max_grad_norm = optimizer_config.max_grad_norm
         self._accumulation = int(optimizer_config.grad_accumulation_steps)
+        self._diagnostics_every = int(config.logger.diagnostics_every)
 
         seed = int(config.seed)
         self.train_env = scenario.make_env(
@@ -288,7 +289,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
         frames = batch.numel()
         self.state.frames += frames
         metrics = {f"train/{k}": v for k, v in self._episode_metrics(finished_episodes(batch)).items()}
-        metrics.update(self._policy_diagnostics(batch))
+        every = self._diagnostics_every
+        if every and iteration % every == 0:
+            metrics.update(self._policy_diagnostics(batch))
 
         with torch.no_grad():
             if self.advantage_module is not None:
