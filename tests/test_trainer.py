@@ -105,7 +105,7 @@ def test_unknown_eval_metric_is_reported(tmp_path):
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"choose one of \['ppo'") as error:
+    with pytest.raises(ConfigError, match=r"choose one of \['grpo', 'ppo', 'reinforce'\]") as error:
         TRAINERS.get("dpoo")
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="cannot import"):
