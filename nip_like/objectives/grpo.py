@@ -12,7 +12,7 @@ from torchrl.objectives import LossModule
 
 from nip_like import agents as keys
 from nip_like.objectives.episodes import episode_ids, group_relative
-from nip_like.objectives.masking import per_agent_mean
+from nip_like.objectives.masking import per_agent_mean, set_per_agent
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
 from nip_like.objectives.reference import ReferencePolicy, categorical_kl
 
@@ -113,13 +113,12 @@ class GRPOLoss(LossModule):
                 "clip_fraction": clip_fraction.mean(),
             }
         )
-        per_agent = {"loss_objective": policy_loss.detach(), "entropy": entropy.detach()}
+        per_agent = {"loss_objective": policy_loss, "entropy": entropy}
         if self.kl_coeff > 0:
             mask = tensordict.get(self.tensor_keys.action_mask)
             kl = per_agent_mean(categorical_kl(dist.logits, tensordict.get(REFERENCE_LOGITS_KEY), mask), active)
             output["loss_kl"] = self.kl_coeff * kl.sum()
             output["kl_reference"] = kl.detach().mean()
-            per_agent["kl_reference"] = kl.detach()
-        for index, name in enumerate(self.agent_names):
-            output["agents", name] = TensorDict({stat: values[index] for stat, values in per_agent.items()})
+            per_agent["kl_reference"] = kl
+        set_per_agent(output, self.agent_names, per_agent)
         return output

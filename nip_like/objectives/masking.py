@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
 
 
 def per_agent_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -27,6 +28,22 @@ def per_agent_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> to
     # Select rather than multiply, so that non-finite masked entries cannot leak in.
     total = torch.where(flat_mask, flat, torch.zeros_like(flat)).sum(0)
     return total / flat_mask.sum(0).clamp_min(1).to(flat.dtype)
+
+
+def set_per_agent(output: TensorDict, agent_names: tuple[str, ...], statistics: dict[str, torch.Tensor]) -> None:
+    """Write per-agent statistics into a loss output under ``("agents", <name>, <statistic>)``.
+
+    Parameters
+    ----------
+    output : TensorDict
+        The loss module's output.
+    agent_names : tuple of str
+        Agents, in the order of the agent dimension.
+    statistics : dict
+        Statistic name to a ``(num_agents,)`` tensor; it is detached.
+    """
+    for index, name in enumerate(agent_names):
+        output["agents", name] = TensorDict({stat: values[index].detach() for stat, values in statistics.items()})
 
 
 def standardize_per_agent(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torchrl.objectives.value import GAE
 
 from nip_like import agents as keys
 from nip_like.errors import ConfigError
-from nip_like.objectives.masking import per_agent_mean, standardize_per_agent
+from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.reference import categorical_kl
 
 PPO_VARIANTS = ("clip", "kl")
@@ -180,16 +180,17 @@ class MultiAgentPPOLoss(LossModule):
                 "kl_beta": self.kl_beta.clone(),
             }
         )
-        for index, name in enumerate(self.agent_names):
-            output["agents", name] = TensorDict(
-                {
-                    "loss_objective": policy_loss[index].detach(),
-                    "loss_critic": value_loss[index].detach(),
-                    "entropy": entropy[index].detach(),
-                    "kl_approx": kl_approx[index],
-                    "clip_fraction": clip_fraction[index],
-                }
-            )
+        set_per_agent(
+            output,
+            self.agent_names,
+            {
+                "loss_objective": policy_loss,
+                "loss_critic": value_loss,
+                "entropy": entropy,
+                "kl_approx": kl_approx,
+                "clip_fraction": clip_fraction,
+            },
+        )
         return output
 
     def _adapt_kl_beta(self, kl: float) -> None:

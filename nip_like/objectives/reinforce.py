@@ -13,7 +13,7 @@ from torchrl.objectives import LossModule
 
 from nip_like import agents as keys
 from nip_like.objectives.episodes import episode_ids
-from nip_like.objectives.masking import per_agent_mean, standardize_per_agent
+from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 
 RETURN_KEY = ("agents", "return")
 
@@ -133,8 +133,5 @@ class MultiAgentReinforceLoss(LossModule):
         output["loss_objective"] = policy_loss.sum()
         output["loss_entropy"] = -self.entropy_coeff * entropy.sum()
         output["entropy"] = entropy.detach().mean()
-        for index, name in enumerate(self.agent_names):
-            output["agents", name] = TensorDict(
-                {"loss_objective": policy_loss[index].detach(), "entropy": entropy[index].detach()}
-            )
+        set_per_agent(output, self.agent_names, {"loss_objective": policy_loss, "entropy": entropy})
         return output
