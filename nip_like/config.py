@@ -21,6 +21,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from nip_like.errors import ConfigError
+
 #: Top-level keys whose values change results and so identify a run.
 HYPER_PARAMETER_KEYS = ("seed", "trainer", "scenario", "protocol")
 
@@ -237,8 +239,6 @@ def check_known_keys(config: DictConfig) -> None:
     ConfigError
         Naming the unknown keys.
     """
-    from nip_like.errors import ConfigError
-
     unknown = _unknown_keys(config, ExperimentConfig, "")
     for section, schemas in (("scenario", SCENARIO_SCHEMAS), ("protocol", PROTOCOL_SCHEMAS)):
         schema = schemas.get(config[section].get("name"))
@@ -255,8 +255,6 @@ def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
     so such dicts are typed ``dict[str, Any]`` and their entries are checked
     here, with a one-line error naming the field.
     """
-    from nip_like.errors import ConfigError
-
     try:
         return OmegaConf.merge(OmegaConf.structured(schema), value)
     except Exception as error:  # OmegaConf raises several error types

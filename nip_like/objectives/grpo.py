@@ -98,10 +98,9 @@ class GRPOLoss(LossModule):
         """Compute the clipped surrogate, entropy bonus and KL penalty on a minibatch of steps."""
         active = tensordict.get(self.tensor_keys.active)
         advantage = tensordict.get(self.tensor_keys.advantage).squeeze(-1)
-        dist = self.actor_network.get_dist(tensordict.clone(False))
-        log_prob = dist.log_prob(tensordict.get(self.tensor_keys.action))
-        old_log_prob = tensordict.get(self.tensor_keys.sample_log_prob)
-        ratio, kl_approx, clip_fraction = importance_ratio(log_prob, old_log_prob, active, self.clip_epsilon)
+        dist, ratio, kl_approx, clip_fraction = importance_ratio(
+            self.actor_network, tensordict, self.tensor_keys, active, self.clip_epsilon
+        )
         policy_loss = -per_agent_mean(clipped_surrogate(ratio, advantage, self.clip_epsilon), active)
         entropy = per_agent_mean(dist.entropy(), active)
         output = TensorDict(

@@ -143,10 +143,9 @@ class MultiAgentPPOLoss(LossModule):
             advantage = standardize_per_agent(advantage, active)
 
         old_logits = tensordict.get(self.tensor_keys.logits)
-        dist = self.actor_network.get_dist(tensordict.clone(False))
-        log_prob = dist.log_prob(tensordict.get(self.tensor_keys.action))
-        old_log_prob = tensordict.get(self.tensor_keys.sample_log_prob)
-        ratio, kl_approx, clip_fraction = importance_ratio(log_prob, old_log_prob, active, self.clip_epsilon)
+        dist, ratio, kl_approx, clip_fraction = importance_ratio(
+            self.actor_network, tensordict, self.tensor_keys, active, self.clip_epsilon
+        )
 
         if self.variant == "clip":
             surrogate = clipped_surrogate(ratio, advantage, self.clip_epsilon)
@@ -201,19 +200,41 @@ class MultiAgentPPOLoss(LossModule):
 
 
 def importance_ratio(
-    log_prob: torch.Tensor, old_log_prob: torch.Tensor, active: torch.Tensor, clip_epsilon: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Return the ratio pi/pi_old and, per agent over active steps, approx KL and clip fraction.
+    actor: ProbabilisticActor, tensordict: TensorDictBase, tensor_keys, active: torch.Tensor, clip_epsilon: float
+) -> tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Evaluate the current policy on stored actions against their behaviour log-probs.
 
-    Inactive entries get ratio 1: they are replaced, not multiplied, so they
-    cannot turn into NaN.
+    Parameters
+    ----------
+    actor : ProbabilisticActor
+        The current policy.
+    tensordict : TensorDictBase
+        Steps with the actions (``tensor_keys.action``) and their log-probs
+        at collection (``tensor_keys.sample_log_prob``).
+    tensor_keys
+        The loss's keys.
+    active : torch.Tensor
+        ``(*batch, num_agents)``: who acted.
+    clip_epsilon : float
+        Clip range, for the clip fraction.
+
+    Returns
+    -------
+    tuple
+        The current distribution, the ratio ``pi / pi_old``, and per agent over
+        active steps the approximate KL and the clip fraction. Inactive entries
+        get ratio 1: they are replaced, not multiplied, so they cannot turn
+        into NaN.
     """
+    dist = actor.get_dist(tensordict.clone(False))
+    log_prob = dist.log_prob(tensordict.get(tensor_keys.action))
+    old_log_prob = tensordict.get(tensor_keys.sample_log_prob)
     log_ratio = torch.where(active, log_prob - old_log_prob, torch.zeros_like(log_prob))
     ratio = log_ratio.exp()
     with torch.no_grad():
         kl_approx = per_agent_mean((ratio - 1) - log_ratio, active)
         clip_fraction = per_agent_mean(((ratio - 1).abs() > clip_epsilon).float(), active)
-    return ratio, kl_approx, clip_fraction
+    return dist, ratio, kl_approx, clip_fraction
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_epsilon: float) -> torch.Tensor:
