@@ -84,6 +84,19 @@ class ReinforceConfig:
 
 
 @dataclass
+class DPOConfig:
+    """Options of the preference objectives (DPO, IPO, hinge) on episode pairs."""
+
+    loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo | hinge
+    beta: float = 0.3  # inverse temperature (sigmoid, hinge) or regularisation strength (ipo)
+    margin: float = 0.0  # drop pairs whose return gap is below this (a zero gap is always dropped)
+    length_normalize: bool = False  # mean instead of summed log-probs over the agent's steps
+    label_smoothing: float = 0.0  # assumed preference-flip probability, conservative DPO (sigmoid only)
+    ref_sync_every: int = 0  # move the reference towards the policy every N iterations; 0 keeps the initial policy
+    ref_mixup_alpha: float = 1.0  # weight of the policy in that move: 1 copies it, below 1 is an EMA step
+
+
+@dataclass
 class EvalConfig:
     """Periodic evaluation during training, best checkpoint and early stopping."""
 
@@ -118,6 +131,7 @@ class TrainerConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO options
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO options
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)  # REINFORCE options
+    dpo: DPOConfig = field(default_factory=DPOConfig)  # DPO / IPO / hinge options
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer
@@ -31,7 +32,8 @@ def rollout(num_envs=8, steps=7, group_size=4, seed=0):
     scenario = make_scenario()
     agents = scenario.make_agents()
     env = scenario.make_env(num_envs, "train", seed, "cpu", group_size=group_size)
-    with torch.no_grad():
+    # Sampled actions, as the collector takes them: episodes of a group then differ.
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
         return agents, env.rollout(steps, agents.policy, break_when_any_done=False)
 
 

@@ -1,5 +1,7 @@
 """Learning claims, checked by training with a fixed seed (slow)."""
 
+from pathlib import Path
+
 import pytest
 
 from nip_like.experiment import run_experiment
@@ -9,7 +11,7 @@ QUIET = ("run.progress_bar=false", "logger=none", "run.num_threads=1")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["ppo", "ppo_kl", "grpo"])
+@pytest.mark.parametrize("trainer", ["ppo", "ppo_kl", "grpo", "dpo", "ipo"])
 def test_trainer_reaches_95_percent_of_the_optimum_on_hidden_bits(tmp_path, trainer):
     metrics = run_experiment(make_config(f"trainer={trainer}", "seed=0", *QUIET), tmp_path)
     # Both agents share the verifier's reward; the optimum is 1 for 2 bits over 2 rounds of 4 symbols.
@@ -28,3 +30,12 @@ def test_reinforce_with_baseline_clears_the_local_optimum_bar(tmp_path):
     # REINFORCE often settles at 0.75 (two strings share a message); 0.7 is far above chance (0.25).
     metrics = run_experiment(make_config("trainer=reinforce", "seed=0", *QUIET), tmp_path)
     assert metrics["test/agents/verifier/optimality"] >= 0.7, metrics
+
+
+@pytest.mark.slow
+def test_documented_simpo_example_solves_hidden_bits(tmp_path, monkeypatch):
+    # docs/new_trainer.rst: the SimPO example on the DPO config reaches 1.0 with seed 0.
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "docs" / "examples"))
+    config = make_config("trainer=dpo", "trainer.trainer_type=simpo_trainer.SimpoTrainer", "seed=0", *QUIET)
+    metrics = run_experiment(config, tmp_path)
+    assert metrics["test/agents/verifier/optimality"] >= 0.95, metrics

@@ -48,6 +48,23 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
     assert trainer.state.gradient_steps == 3 * 2
 
 
+@pytest.mark.parametrize(
+    "items, steps_per_epoch",
+    # 3 minibatches: a window of 2, then one of 1; 2 minibatches (a remainder of 16 is dropped): one
+    # window; fewer items than a minibatch: one minibatch of all of them.
+    [(96, 2), (80, 1), (20, 1)],
+)
+def test_layouts_of_any_size_make_whole_accumulation_windows(tmp_path, items, steps_per_epoch):
+    # Preference pairs and complete episodes vary in number from batch to batch.
+    trainer = build_trainer(smoke_config("trainer.optimizer.grad_accumulation_steps=2", "trainer.eval.every=0"), tmp_path)
+    trainer.loss_module.layout_rollouts = lambda batch: batch.reshape(-1)[:items]
+    metrics = trainer._train_iteration()
+    assert metrics["train/layout_items"] == items
+    assert trainer.state.gradient_steps == 2 * steps_per_epoch
+    assert trainer.buffer.batch_size == min(items, 32)
+    assert all(param.grad is None for param in trainer.policy.parameters())  # nothing left over
+
+
 def test_agent_update_schedule_freezes_an_agent(tmp_path):
     trainer = build_trainer(smoke_config("+trainer.agent_updates.prover={start:100}"), tmp_path)
     prover = [p.detach().clone() for p in trainer.agent_modules.agent_parameters("prover")]
@@ -85,7 +102,7 @@ def test_early_stopping_stops_training(tmp_path):
     [
         ("trainer.minibatch_size=200", "larger than the batch"),
         ("trainer.frames_per_batch=100", "multiple of trainer.num_envs"),
-        ("trainer.optimizer.grad_accumulation_steps=2", "must divide"),
+        ("trainer.optimizer.grad_accumulation_steps=0", "at least 1"),
         ("trainer.num_epochs=0", "at least 1"),
         ("trainer.eval.mode=best", "'max' or 'min'"),
         ("trainer.eval.metric=train/reward", "eval/..."),
@@ -105,7 +122,7 @@ def test_unknown_eval_metric_is_reported(tmp_path):
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"choose one of \['grpo', 'ppo', 'reinforce'\]") as error:
+    with pytest.raises(ConfigError, match=r"choose one of \['dpo', 'grpo', 'ipo', 'ppo', 'reinforce'\]") as error:
         TRAINERS.get("dpoo")
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="cannot import"):

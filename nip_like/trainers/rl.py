@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from abc import abstractmethod
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -204,12 +205,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
         accumulation = tc.optimizer.grad_accumulation_steps
         if accumulation < 1:
             raise ConfigError(f"trainer.optimizer.grad_accumulation_steps must be at least 1, got {accumulation}")
-        minibatches = tc.frames_per_batch // tc.minibatch_size
-        if minibatches % accumulation:
-            raise ConfigError(
-                f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must divide the number of "
-                f"minibatches per epoch ({minibatches} = frames_per_batch // minibatch_size)"
-            )
         if not tc.eval.metric.startswith("eval/"):
             raise ConfigError(f"trainer.eval.metric must name an evaluation metric (eval/...), got {tc.eval.metric!r}")
         if tc.eval.mode not in ("max", "min"):
@@ -297,12 +292,17 @@ class TensorDictRlTrainer(TensorDictTrainer):
             if self.advantage_module is not None:
                 self.advantage_module(batch)
         data = self._layout_rollouts(batch)
+        metrics["train/layout_items"] = data.batch_size[0]
+        metrics.update({f"train/{k}": v for k, v in getattr(self.loss_module, "layout_metrics", {}).items()})
         self._fill_buffer(data)
 
         trained = self.update_schedule.trained_agents(iteration)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
-        loss_stats = self._optimise(trained) if trained else {}
-        self.scheduler.step()
+        loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
+        with warnings.catch_warnings():
+            # The schedule follows iterations, also those that made no update.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         finished = time.perf_counter()
 
         metrics.update(loss_stats)
@@ -346,36 +346,34 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def _fill_buffer(self, data: TensorDictBase) -> None:
         # One buffer item per element of the first batch dimension (a
         # transition, a segment, a pair, a group: whatever the loss laid out).
+        # A layout smaller than a minibatch (preference pairs can be few) is
+        # one minibatch; an empty one leaves nothing to optimise.
         size = data.batch_size[0]
-        if size < self.trainer_config.minibatch_size:
-            raise TrainingError(
-                f"the loss laid out {size} items, fewer than trainer.minibatch_size "
-                f"({self.trainer_config.minibatch_size})"
-            )
-        accumulation = self._accumulation
-        if (size // self.trainer_config.minibatch_size) % accumulation:
-            raise TrainingError(
-                f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must divide the number of minibatches "
-                f"per epoch ({size // self.trainer_config.minibatch_size}: the loss laid out {size} items)"
-            )
-        if self.buffer is None or self.buffer.storage.max_size != size:
+        minibatch_size = max(1, min(self.trainer_config.minibatch_size, size))
+        if self.buffer is None or self.buffer.storage.max_size != max(size, 1) or self.buffer.batch_size != minibatch_size:
             self.buffer = TensorDictReplayBuffer(
-                storage=LazyTensorStorage(size, device=self.device),
+                storage=LazyTensorStorage(max(size, 1), device=self.device),
                 sampler=SamplerWithoutReplacement(drop_last=True),
-                batch_size=self.trainer_config.minibatch_size,
+                batch_size=minibatch_size,
             )
         self.buffer.empty()
-        self.buffer.extend(data)
+        if size:
+            self.buffer.extend(data)
 
     def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
         # Statistics stay tensors until the end of the iteration: converting
         # them per minibatch costs more than the bookkeeping is worth.
-        num_minibatches = len(self.buffer) // self.trainer_config.minibatch_size
-        accumulation = self._accumulation
+        num_minibatches = len(self.buffer) // self.buffer.batch_size
+        # Gradients of `accumulation` minibatches make one step; when the
+        # layout's size leaves a shorter last window, it steps on its own mean.
+        starts = range(0, num_minibatches, self._accumulation)
+        windows = [min(self._accumulation, num_minibatches - start) for start in starts]
+        window_of = [length for length in windows for _ in range(length)]
         records = []
         norms = []
         self.optimizer.zero_grad(set_to_none=True)
         for epoch in range(self.trainer_config.num_epochs):
+            position = 0
             for minibatch in range(num_minibatches):
                 losses = self.loss_module(self.buffer.sample())
                 loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
@@ -384,9 +382,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
                         f"the loss became {loss.item()} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
                         f"minibatch {minibatch + 1} ({self._loss_terms(losses)}); {self._last_checkpoint_note()}"
                     )
-                (loss / accumulation).backward()
-                if (minibatch + 1) % accumulation == 0:
+                (loss / window_of[minibatch]).backward()
+                position += 1
+                if position == window_of[minibatch]:
                     norms.append(self._optimizer_step(trained))
+                    position = 0
                 records.append(losses.detach())
         stats = {
             self._stat_name(key): float(value.float().mean())

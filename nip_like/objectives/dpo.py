@@ -1,0 +1,353 @@
+"""Direct preference optimisation over whole episodes (DPO, IPO, hinge).
+
+Online and multi-agent: episodes that started on the same datapoint (a group,
+see ``trainer.group_size``) are paired per agent, best return against worst,
+and each agent's policy is pushed towards its chosen episode relative to a
+reference policy. Nothing here needs a critic or an advantage estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
+from torchrl.modules import ProbabilisticActor
+from torchrl.objectives import LossModule
+
+from nip_like import agents as keys
+from nip_like.objectives.episodes import episode_ids
+from nip_like.objectives.reference import ReferencePolicy, masked_log_softmax
+
+#: The loss variants :func:`preference_loss` knows.
+LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+
+CHOSEN, REJECTED = "chosen", "rejected"
+PAIR_AGENT_KEY = "agent"
+REFERENCE_LOGPS_KEY = "reference_logps"
+RETURN_GAP_KEY = "return_gap"
+
+
+def preference_loss(
+    logits: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """The per-pair preference loss of a log-ratio difference.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(pi_c - pi_r) - (ref_c - ref_r)``: how much more the policy than the
+        reference prefers the chosen episode (log-probabilities).
+    beta : float
+        Inverse temperature (DPO, hinge) or regularisation strength (IPO).
+    loss_type : str
+        ``"sigmoid"``: ``-log sigmoid(beta * logits)`` (DPO, Rafailov et al.
+        2023), with ``label_smoothing`` the conservative DPO mix;
+        ``"ipo"``: ``(logits - 1 / (2 beta))^2`` (Azar et al. 2023);
+        ``"hinge"``: ``max(0, 1 - beta * logits)`` (SLiC, Zhao et al. 2023).
+    label_smoothing : float
+        Assumed probability that a preference is flipped (sigmoid only).
+
+    Returns
+    -------
+    torch.Tensor
+        The loss of each pair, shape of ``logits``.
+    """
+    if loss_type == "sigmoid":
+        return -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
+    if loss_type == "ipo":
+        return (logits - 1 / (2 * beta)) ** 2
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * logits)
+    raise ValueError(f"unknown preference loss type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")
+
+
+def action_log_probs(logits: torch.Tensor, mask: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """Log-probability of ``action`` under masked categorical ``logits``; shape ``action.shape``."""
+    return masked_log_softmax(logits, mask).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def episode_log_probs(
+    logits: torch.Tensor, steps: TensorDictBase, agent: torch.Tensor, length_normalize: bool
+) -> torch.Tensor:
+    """An agent's log-probability of its own actions over an episode.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``(pairs, time, num_agents, num_actions)`` policy logits on ``steps``.
+    steps : TensorDictBase
+        ``(pairs, time)`` steps with action, action mask and active flags;
+        padding steps are marked inactive for every agent.
+    agent : torch.Tensor
+        ``(pairs,)`` index of the agent whose actions count.
+    length_normalize : bool
+        Divide by the number of steps the agent acted in (its mean log-prob).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(pairs,)``: the sum (or mean) over the agent's active steps.
+    """
+    log_probs = action_log_probs(logits, steps.get(keys.ACTION_MASK_KEY), steps.get(keys.ACTION_KEY))
+    index = agent.view(-1, 1, 1).expand(-1, log_probs.shape[1], 1)
+    mine = log_probs.gather(-1, index).squeeze(-1)
+    active = steps.get(keys.ACTIVE_KEY).gather(-1, index).squeeze(-1)
+    total = torch.where(active, mine, torch.zeros_like(mine)).sum(-1)
+    if length_normalize:
+        total = total / active.sum(-1).clamp_min(1).to(total.dtype)
+    return total
+
+
+def group_extremes(returns: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each group, the first episode with the highest and with the lowest return.
+
+    Parameters
+    ----------
+    returns : torch.Tensor
+        ``(episodes,)`` returns of one agent.
+    groups : torch.Tensor
+        ``(episodes,)`` group ids.
+
+    Returns
+    -------
+    best, worst, gap : torch.Tensor
+        ``(num_groups,)`` episode indices of the best and worst episode of each
+        group (the lowest index among ties) and the return gap between them.
+    """
+    _, inverse = groups.unique(return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    high = returns.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, returns, "amax")
+    low = returns.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, returns, "amin")
+    index = torch.arange(returns.numel(), device=returns.device)
+    sentinel = returns.numel()
+
+    def first(where: torch.Tensor) -> torch.Tensor:
+        candidates = torch.where(where, index, torch.full_like(index, sentinel))
+        return torch.full((num_groups,), sentinel, device=returns.device).scatter_reduce(0, inverse, candidates, "amin")
+
+    best = first(returns == high[inverse])
+    worst = first(returns == low[inverse])
+    return best, worst, high - low
+
+
+def pad_episodes(batch: TensorDictBase, ids: torch.Tensor, episodes: torch.Tensor) -> TensorDictBase:
+    """Gather whole episodes into an ``(episodes, max_length)`` TensorDict.
+
+    Parameters
+    ----------
+    batch : TensorDictBase
+        ``(env, time)`` steps.
+    ids : torch.Tensor
+        ``(env, time)`` episode ids (see :func:`~nip_like.objectives.episodes.episode_ids`).
+    episodes : torch.Tensor
+        ``(n,)`` ids of complete episodes to gather.
+
+    Returns
+    -------
+    TensorDictBase
+        Step ``j`` of each episode; positions past an episode's end repeat its
+        last step with every agent marked inactive, so they count for nothing.
+    """
+    num_envs, num_steps = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.arange(flat.numel(), device=ids.device)
+    match = flat.unsqueeze(0) == episodes.unsqueeze(-1)
+    length = match.sum(-1)
+    start = torch.where(match, order, torch.full_like(order, flat.numel())).amin(-1)
+    max_length = int(length.max()) if length.numel() else 0
+    offset = torch.arange(max_length, device=ids.device)
+    position = start.unsqueeze(-1) + torch.minimum(offset, (length - 1).unsqueeze(-1))
+    steps = batch.exclude("next").reshape(-1)[position]
+    padding = (offset.unsqueeze(0) >= length.unsqueeze(-1)).unsqueeze(-1)
+    steps.set(keys.ACTIVE_KEY, steps.get(keys.ACTIVE_KEY) & ~padding)
+    return steps
+
+
+class DPOLoss(LossModule):
+    """Online DPO (and IPO, hinge) on preference pairs of whole episodes.
+
+    :meth:`layout_rollouts` turns a collected batch into pairs: within each
+    group of episodes that started alike, for each agent, the episode with the
+    highest return is chosen and the one with the lowest is rejected; pairs
+    whose return gap is below ``margin`` (or zero) are dropped and counted. An
+    episode's log-probability for an agent is the sum of its log-probs over the
+    steps where it acted. The reference policy's log-probs are computed there,
+    without gradients; the reference is optionally moved towards the policy
+    every ``ref_sync_every`` layouts (iterations) by
+    ``ref <- alpha * policy + (1 - alpha) * ref``.
+
+    Parameters
+    ----------
+    actor_network : ProbabilisticActor
+        The policy; it must write ``("agents", "logits")``.
+    agent_names : tuple of str
+        Agents, in the order of the agent dimension.
+    reference : ReferencePolicy
+        The reference policy (a frozen copy of the initial policy).
+    beta : float
+        See :func:`preference_loss`.
+    loss_type : str
+        ``"sigmoid"`` (DPO), ``"ipo"`` or ``"hinge"``.
+    margin : float
+        Pairs whose return gap is below this are dropped.
+    length_normalize : bool
+        Use mean rather than summed log-probs over the agent's steps (IPO's usual choice).
+    label_smoothing : float
+        Conservative DPO's flip probability (sigmoid only).
+    ref_sync_every : int
+        Move the reference towards the policy every this many layouts; 0 never.
+    ref_mixup_alpha : float
+        Weight of the policy in that move: 1 copies it, below 1 is an EMA step.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        action: NestedKey = keys.ACTION_KEY
+        action_mask: NestedKey = keys.ACTION_MASK_KEY
+        active: NestedKey = keys.ACTIVE_KEY
+        logits: NestedKey = keys.LOGITS_KEY
+
+    default_keys = _AcceptedKeys
+
+    #: Whether :meth:`layout_rollouts` computes the reference's log-probs
+    #: (a reference-free subclass sets it to ``False``).
+    uses_reference: bool = True
+
+    def __init__(
+        self,
+        actor_network: ProbabilisticActor,
+        agent_names: tuple[str, ...],
+        reference: ReferencePolicy,
+        *,
+        beta: float = 0.1,
+        loss_type: str = "sigmoid",
+        margin: float = 0.0,
+        length_normalize: bool = False,
+        label_smoothing: float = 0.0,
+        ref_sync_every: int = 0,
+        ref_mixup_alpha: float = 1.0,
+    ) -> None:
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown preference loss type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")
+        if beta <= 0:
+            raise ValueError(f"beta must be positive, got {beta}")
+        if not 0.0 <= label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+        if ref_sync_every < 0 or not 0.0 < ref_mixup_alpha <= 1.0:
+            raise ValueError(
+                f"ref_sync_every must be >= 0 and ref_mixup_alpha in (0, 1], got {ref_sync_every} and {ref_mixup_alpha}"
+            )
+        super().__init__()
+        self.actor_network = actor_network
+        self.reference = reference
+        self.agent_names = tuple(agent_names)
+        self.beta = beta
+        self.loss_type = loss_type
+        self.margin = margin
+        self.length_normalize = length_normalize
+        self.label_smoothing = label_smoothing
+        self.ref_sync_every = ref_sync_every
+        self.ref_mixup_alpha = ref_mixup_alpha
+        # Layouts so far: when to sync the reference; saved with the loss's state.
+        self.register_buffer("num_layouts", torch.zeros((), dtype=torch.long))
+        #: Pair counts and mean return gap of the last layout, logged by the trainer under ``train/``.
+        self.layout_metrics: dict[str, float] = {}
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        pass
+
+    # ------------------------------------------------------------------ layout
+    def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
+        """Pair the batch's complete episodes; one buffer item per (group, agent) pair.
+
+        Returns
+        -------
+        TensorDictBase
+            Batch ``(pairs,)`` with ``"chosen"`` and ``"rejected"`` steps
+            ``(pairs, max_length)``, the pair's agent index, the reference's
+            episode log-probs and the return gap.
+        """
+        self.num_layouts += 1
+        if self.ref_sync_every and int(self.num_layouts) % self.ref_sync_every == 0:
+            self.reference.refresh(self.actor_network, decay=1.0 - self.ref_mixup_alpha)
+        ids, complete = episode_ids(batch)
+        ends = batch.get(("next", "done")).squeeze(-1) & complete
+        episodes = ids[ends]
+        returns = batch.get(("next", *keys.EPISODE_RETURN_KEY))[ends].squeeze(-1)
+        groups = batch.get(("state", "group_id"))[ends]
+        chosen, rejected, agents = [], [], []
+        self.layout_metrics = {}
+        for index, name in enumerate(self.agent_names):
+            best, worst, gap = group_extremes(returns[..., index], groups)
+            keep = (gap > 0) & (gap >= self.margin)
+            chosen.append(best[keep])
+            rejected.append(worst[keep])
+            agents.append(torch.full((int(keep.sum()),), index, device=gap.device))
+            self.layout_metrics[f"agents/{name}/pairs/kept"] = float(keep.sum())
+            self.layout_metrics[f"agents/{name}/pairs/dropped"] = float((~keep).sum())
+        chosen, rejected, agent = torch.cat(chosen), torch.cat(rejected), torch.cat(agents)
+        kept = sum(v for k, v in self.layout_metrics.items() if k.endswith("/kept"))
+        dropped = sum(v for k, v in self.layout_metrics.items() if k.endswith("/dropped"))
+        self.layout_metrics.update({"pairs/kept": kept, "pairs/dropped": dropped})
+        pairs = TensorDict(
+            {
+                CHOSEN: pad_episodes(batch, ids, episodes[chosen]),
+                REJECTED: pad_episodes(batch, ids, episodes[rejected]),
+                PAIR_AGENT_KEY: agent,
+                RETURN_GAP_KEY: (returns[chosen] - returns[rejected]).gather(-1, agent.unsqueeze(-1)).squeeze(-1),
+            },
+            batch_size=[agent.numel()],
+            device=batch.device,
+        )
+        if agent.numel():
+            self.layout_metrics["pairs/return_gap"] = float(pairs.get(RETURN_GAP_KEY).float().mean())
+        if agent.numel() and self.uses_reference:
+            reference = self.pair_log_probs(pairs, self.reference.logits)
+            pairs.set(REFERENCE_LOGPS_KEY, TensorDict(reference, batch_size=pairs.batch_size))
+        return pairs
+
+    def pair_log_probs(
+        self, pairs: TensorDictBase, logits_of: Callable[[TensorDictBase], torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Episode log-probs of each pair's agent, ``{"chosen": (pairs,), "rejected": (pairs,)}``.
+
+        ``logits_of`` maps steps to logits: :meth:`policy_logits` (with
+        gradients) or the reference's ``logits`` (without).
+        """
+        both = torch.stack([pairs.get(CHOSEN), pairs.get(REJECTED)], dim=1)  # (pairs, 2, time)
+        flat = both.reshape(-1, both.shape[-1])
+        logits = logits_of(flat)
+        agent = pairs.get(PAIR_AGENT_KEY).repeat_interleave(2)
+        log_probs = episode_log_probs(logits, flat, agent, self.length_normalize).view(-1, 2)
+        return {CHOSEN: log_probs[:, 0], REJECTED: log_probs[:, 1]}
+
+    def policy_logits(self, steps: TensorDictBase) -> torch.Tensor:
+        """The policy's logits on ``steps``, with gradients."""
+        inputs = steps.select(*self.actor_network.in_keys, strict=False).clone(False)
+        return self.actor_network.get_dist_params(inputs).get(self.tensor_keys.logits)
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """The preference loss on a minibatch of pairs, with TRL's statistics."""
+        policy = self.pair_log_probs(tensordict, self.policy_logits)
+        reference = tensordict.get(REFERENCE_LOGPS_KEY)
+        chosen_ratio = policy[CHOSEN] - reference.get(CHOSEN)
+        rejected_ratio = policy[REJECTED] - reference.get(REJECTED)
+        losses = preference_loss(chosen_ratio - rejected_ratio, self.beta, self.loss_type, self.label_smoothing)
+        chosen_rewards = (self.beta * chosen_ratio).detach()
+        rejected_rewards = (self.beta * rejected_ratio).detach()
+        return TensorDict(
+            {
+                "loss_objective": losses.mean(),
+                "rewards/chosen": chosen_rewards.mean(),
+                "rewards/rejected": rejected_rewards.mean(),
+                "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
+                "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
+                "logps/chosen": policy[CHOSEN].detach().mean(),
+                "logps/rejected": policy[REJECTED].detach().mean(),
+            }
+        )
