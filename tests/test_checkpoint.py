@@ -51,8 +51,17 @@ class Interrupted(Exception):
     pass
 
 
-def test_interrupted_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
-    overrides = ("trainer.num_iterations=7", "run.checkpoint_every=2", "logger=csv", "trainer.eval.every=3")
+@pytest.mark.parametrize(
+    "objective",
+    [
+        (),
+        # DPO's moving reference (an EMA step every 3 iterations) and its count live in the loss's state.
+        ("trainer=dpo", "trainer.dpo.ref_sync_every=3", "trainer.dpo.ref_mixup_alpha=0.5", "trainer.minibatch_size=4"),
+    ],
+    ids=["ppo", "dpo_ema_reference"],
+)
+def test_interrupted_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch, objective):
+    overrides = (*objective, "trainer.num_iterations=7", "run.checkpoint_every=2", "logger=csv", "trainer.eval.every=3")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
 
     original = TensorDictRlTrainer._train_iteration
