@@ -39,20 +39,28 @@ class PerAgent(nn.Module):
     ----------
     networks : Mapping[str, nn.Module]
         One network per agent, in the order of the agent dimension.
+    agent_dims : tuple of int
+        For each input, the (negative) position of its agent dimension.
 
     Notes
     -----
-    ``forward`` takes a tensor of shape ``(*batch, num_agents, features)`` and
-    returns ``(*batch, num_agents, out_features)``.
+    By default ``forward`` takes one tensor of shape ``(*batch, num_agents,
+    features)`` and returns ``(*batch, num_agents, out_features)``. With
+    several inputs (graphs, masks, ...), ``agent_dims`` says where each one's
+    agent dimension is; each network gets its agent's slices, in order.
     """
 
-    def __init__(self, networks: Mapping[str, nn.Module]) -> None:
+    def __init__(self, networks: Mapping[str, nn.Module], agent_dims: tuple[int, ...] = (-2,)) -> None:
         super().__init__()
         self.agent_names = tuple(networks)
         self.networks = nn.ModuleDict(networks)
+        self.agent_dims = tuple(agent_dims)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        outputs = [self.networks[name](inputs[..., index, :]) for index, name in enumerate(self.agent_names)]
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        outputs = [
+            self.networks[name](*(x.select(dim, index) for x, dim in zip(inputs, self.agent_dims)))
+            for index, name in enumerate(self.agent_names)
+        ]
         return torch.stack(outputs, dim=-2)
 
 
@@ -104,11 +112,18 @@ class AgentModules:
     agent_names: tuple[str, ...]
 
     def agent_parameters(self, name: str) -> Iterator[nn.Parameter]:
-        """Yield the parameters (policy and value) that belong to agent ``name``."""
+        """Yield the parameters (policy and value) that belong to agent ``name``, each once.
+
+        A body shared by an agent's policy and value networks is yielded once.
+        """
+        seen: set[int] = set()
         for module in (self.policy, self.value):
             for per_agent in module.modules():
                 if isinstance(per_agent, PerAgent):
-                    yield from per_agent.networks[name].parameters()
+                    for param in per_agent.networks[name].parameters():
+                        if id(param) not in seen:
+                            seen.add(id(param))
+                            yield param
 
     def modules(self) -> nn.ModuleDict:
         """Return the policy and value as one module (for state dicts and devices)."""
@@ -137,13 +152,31 @@ def build_actor_critic(
     """
     policy_net = PerAgent({name: network(name, observation_size, num_actions) for name in agent_names})
     value_net = PerAgent({name: network(name, observation_size, 1) for name in agent_names})
+    return actor_critic_from_networks(agent_names, policy_net, value_net, [OBSERVATION_KEY])
+
+
+def actor_critic_from_networks(
+    agent_names: tuple[str, ...], policy_net: PerAgent, value_net: PerAgent, in_keys: list
+) -> AgentModules:
+    """Wrap per-agent policy and value networks into the masked-categorical actor and the critic.
+
+    Parameters
+    ----------
+    agent_names : tuple of str
+        Agents, in the order of the agent dimension.
+    policy_net, value_net : PerAgent
+        Map the entries ``in_keys`` to ``(*batch, num_agents, num_actions)``
+        logits and ``(*batch, num_agents, 1)`` values.
+    in_keys : list
+        The TensorDict entries both networks read, in the order of their inputs.
+    """
     policy = ProbabilisticActor(
-        TensorDictModule(policy_net, in_keys=[OBSERVATION_KEY], out_keys=[LOGITS_KEY]),
+        TensorDictModule(policy_net, in_keys=list(in_keys), out_keys=[LOGITS_KEY]),
         in_keys={"logits": LOGITS_KEY, "mask": ACTION_MASK_KEY},
         out_keys=[ACTION_KEY],
         distribution_class=MaskedCategorical,
         return_log_prob=True,
         log_prob_key=LOG_PROB_KEY,
     )
-    value = TensorDictModule(value_net, in_keys=[OBSERVATION_KEY], out_keys=[VALUE_KEY])
+    value = TensorDictModule(value_net, in_keys=list(in_keys), out_keys=[VALUE_KEY])
     return AgentModules(policy=policy, value=value, agent_names=tuple(agent_names))

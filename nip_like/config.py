@@ -163,6 +163,34 @@ class HiddenBitsConfig(ScenarioConfig):
 
 
 @dataclass
+class GraphAgentConfig:
+    """Size of one graph-isomorphism agent's networks."""
+
+    hidden_size: int = 32  # width of the node embeddings
+    gin_layers: int = 2  # rounds of GIN message passing
+    attention_heads: int = 2  # heads of the attention across both graphs' nodes; 0 skips it
+    shared_body: bool = False  # the policy and value heads share one body
+
+
+@dataclass
+class GraphIsomorphismConfig(ScenarioConfig):
+    """The graph-isomorphism scenario (see :mod:`nip_like.scenarios.graph_isomorphism`)."""
+
+    name: str = "graph_isomorphism"  # scenario name
+    num_pairs: int = 2000  # graph pairs in the dataset, before the splits
+    dataset_seed: int = 0  # seed of the dataset generator (the run's seed does not change the data)
+    min_nodes: int = 7  # fewest nodes of a graph
+    max_nodes: int = 11  # most nodes of a graph
+    edge_probabilities: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8])  # Erdos-Renyi edge probabilities
+    wl_fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.7])  # non-isomorphic pairs told apart by 1-WL in 1, 2, >2 rounds
+    val_fraction: float = 0.1  # share of pairs in the validation split (periodic evaluation)
+    test_fraction: float = 0.2  # share of pairs in the held-out test split
+    cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
+    agents: dict[str, Any] = field(default_factory=dict)  # per-agent GraphAgentConfig entries; others use default_agent
+    default_agent: GraphAgentConfig = field(default_factory=GraphAgentConfig)  # network size of agents not in agents
+
+
+@dataclass
 class ProtocolConfig:
     """Base of the protocol schemas; ``name`` selects the registered protocol."""
 
@@ -179,10 +207,26 @@ class ProverVerifierConfig(ProtocolConfig):
 
 
 @dataclass
-class SoloVerifierConfig(ProtocolConfig):
+class ProofProtocolConfig(ProtocolConfig):
+    """Turns, decisions and rewards of the interactive-proof protocols (nip, adp, debate, mnip, ...)."""
+
+    name: str = "nip"  # protocol name
+    min_rounds: int = 1  # the verifier may decide from this step on (1-based)
+    max_rounds: int = 8  # the verifier must decide on its last turn within this many steps
+    first_speaker: str = "verifier"  # verifier | prover: who opens (nip, debate, mnip)
+    shared_reward: bool = False  # every agent gets the verifier's reward (cooperative)
+    verifier_reward: float = 1.0  # the verifier's reward for a correct decision
+    verifier_incorrect_penalty: float = 0.0  # subtracted from the verifier's reward for a wrong decision
+    verifier_continue_reward: float = 0.0  # the verifier's reward for each turn it lets pass (small; negative = a cost)
+    prover_reward: float = 1.0  # a prover's reward when the verifier decides its side
+
+
+@dataclass
+class SoloVerifierConfig(ProofProtocolConfig):
     """No prover: the verifier decides at once. A baseline."""
 
     name: str = "solo_verifier"  # protocol name
+    max_rounds: int = 1  # one step: the decision
 
 
 @dataclass
@@ -223,8 +267,12 @@ class ExperimentConfig:
 
 
 #: Schema of each built-in scenario and protocol, for the unknown-key check.
-SCENARIO_SCHEMAS: dict[str, type] = {"hidden_bits": HiddenBitsConfig}
-PROTOCOL_SCHEMAS: dict[str, type] = {"prover_verifier": ProverVerifierConfig, "solo_verifier": SoloVerifierConfig}
+SCENARIO_SCHEMAS: dict[str, type] = {"hidden_bits": HiddenBitsConfig, "graph_isomorphism": GraphIsomorphismConfig}
+PROTOCOL_SCHEMAS: dict[str, type] = {
+    "prover_verifier": ProverVerifierConfig,
+    "solo_verifier": SoloVerifierConfig,
+    **{name: ProofProtocolConfig for name in ("nip", "adp", "debate", "mnip", "merlin_arthur")},
+}
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
@@ -285,8 +333,10 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="experiment_schema", node=ExperimentConfig)
     store.store(group="scenario", name="hidden_bits_schema", node=HiddenBitsConfig)
+    store.store(group="scenario", name="graph_isomorphism_schema", node=GraphIsomorphismConfig)
     store.store(group="protocol", name="prover_verifier_schema", node=ProverVerifierConfig)
     store.store(group="protocol", name="solo_verifier_schema", node=SoloVerifierConfig)
+    store.store(group="protocol", name="proof_schema", node=ProofProtocolConfig)
     store.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     store.store(group="logger", name="logger_schema", node=LoggerConfig)
 

@@ -24,7 +24,7 @@ def assert_one_line_error(result, *fragments):
     [
         ("trainer.trainer_type=dpoo", ["unknown trainer 'dpoo'", "'ppo'"]),
         ("scenario.name=mazes", ["unknown scenario 'mazes'", "'hidden_bits'"]),
-        ("protocol=debate", ["Could not find 'protocol/debate'", "prover_verifier", "solo_verifier"]),
+        ("protocol=judge", ["Could not find 'protocol/judge'", "prover_verifier", "solo_verifier"]),
         ("trainer.num_epochs=four", ["trainer.num_epochs", "Integer"]),
         ("trainer.num_epoch=4", ["Key 'num_epoch' not in 'TrainerConfig'"]),
         ("trainer.minibatch_size=1000", ["minibatch_size (1000) is larger than the batch"]),

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 from omegaconf import DictConfig
+from tensordict import TensorDictBase
 
 
 class Protocol(ABC):
@@ -55,6 +56,22 @@ class Protocol(ABC):
         torch.Tensor
             Boolean tensor of shape ``(*S, num_agents)``.
         """
+
+    def active_agents_in(self, state: TensorDictBase) -> torch.Tensor:
+        """Who acts in each episode of ``state`` (``(B, num_agents)`` booleans).
+
+        By default this depends on the round only; a protocol whose turns
+        depend on the episode (a randomly drawn speaker) overrides it.
+        """
+        return self.active_agents(state["round"])
+
+    def state_spec(self, batch: torch.Size, device: torch.device) -> dict[str, object]:
+        """Specs of the protocol's own entries under ``"state"`` (none by default)."""
+        return {}
+
+    def initial_state(self, num_episodes: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The protocol's own state entries for new episodes (none by default)."""
+        return {}
 
     def decision_round(self, round_index: torch.Tensor) -> torch.Tensor:
         """Return a boolean tensor: is the verifier deciding in this round?"""

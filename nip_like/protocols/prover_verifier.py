@@ -1,4 +1,4 @@
-"""The prover-verifier protocol and its no-prover baseline."""
+"""The prover-verifier protocol of the hidden-bits scenario."""
 
 from __future__ import annotations
 
@@ -41,17 +41,3 @@ class ProverVerifierProtocol(Protocol):
     def rewards(self, verifier_correct: torch.Tensor) -> torch.Tensor:
         prover = verifier_correct if self._shared_reward else torch.zeros_like(verifier_correct)
         return torch.stack([prover, verifier_correct], dim=-1)
-
-
-@register_protocol("solo_verifier")
-class SoloVerifierProtocol(Protocol):
-    """The verifier decides in the first and only round, with no messages."""
-
-    agent_names = ("verifier",)
-
-    @property
-    def num_rounds(self) -> int:
-        return 1
-
-    def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
-        return torch.ones(*round_index.shape, 1, dtype=torch.bool, device=round_index.device)

@@ -24,6 +24,9 @@ class Scenario(ABC):
         The interaction protocol the agents play under.
     """
 
+    #: The data split that periodic evaluation plays (a scenario with a validation split names it).
+    eval_split: str = "train"
+
     def __init__(self, config: DictConfig, protocol: Protocol) -> None:
         self.config = config
         self.protocol = protocol

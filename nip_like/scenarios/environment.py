@@ -133,6 +133,18 @@ class InteractionEnv(EnvBase):
             which episodes ended early (before the protocol's last round).
         """
 
+    def _agent_observation_spec(self) -> dict[str, object]:
+        """Specs of extra per-agent observation entries, shape ``(B, N, ...)`` (none by default).
+
+        A scenario whose agents see more than a flat vector (graphs, message
+        histories) declares the entries here and returns them from :meth:`_observe_extra`.
+        """
+        return {}
+
+    def _observe_extra(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        """Extra per-agent observation entries for ``state`` (see :meth:`_agent_observation_spec`)."""
+        return {}
+
     # ----------------------------------------------------------------- specs
     def _make_specs(self) -> None:
         batch, agents = self.batch_size, (*self.batch_size, self.num_agents)
@@ -140,10 +152,12 @@ class InteractionEnv(EnvBase):
             round=Unbounded(shape=batch, dtype=torch.int64, device=self.device),
             group_id=Unbounded(shape=batch, dtype=torch.int64, device=self.device),
             **self._state_spec(),
+            **self.protocol.state_spec(batch, self.device),
             shape=batch,
             device=self.device,
         )
         agent_obs = Composite(
+            **self._agent_observation_spec(),
             observation=Unbounded(shape=(*agents, self.observation_size), device=self.device),
             action_mask=Binary(n=self.num_actions, shape=(*agents, self.num_actions), dtype=torch.bool, device=self.device),
             active=Binary(n=self.num_agents, shape=agents, dtype=torch.bool, device=self.device),
@@ -184,9 +198,10 @@ class InteractionEnv(EnvBase):
     def _agent_entries(self, state: TensorDictBase, episode_return: torch.Tensor) -> dict:
         observation, action_mask = self._observe(state)
         return {
+            **self._observe_extra(state),
             "observation": observation,
             "action_mask": action_mask,
-            "active": self.protocol.active_agents(state["round"]),
+            "active": self.protocol.active_agents_in(state),
             "episode_return": episode_return,
         }
 
@@ -200,7 +215,9 @@ class InteractionEnv(EnvBase):
         return TensorDict(entries, batch_size=(*self.batch_size, self.num_agents), device=self.device)
 
     def _fresh_state(self, num_episodes: int) -> TensorDict:
-        state = self._new_state(num_episodes).to(self.device)
+        state = self._new_state(num_episodes)
+        state.update(self.protocol.initial_state(num_episodes, self.rng))
+        state = state.to(self.device)
         state["round"] = torch.zeros(num_episodes, dtype=torch.int64, device=self.device)
         state["group_id"] = torch.randint(0, 2**62, (num_episodes,), generator=self.rng).to(self.device)
         return state
@@ -250,7 +267,7 @@ class InteractionEnv(EnvBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         state = tensordict["state"]
-        active = self.protocol.active_agents(state["round"])
+        active = self.protocol.active_agents_in(state)
         action = tensordict["agents", "action"]
         new_state, reward, ended = self._advance(state.clone(), action, active)
         new_state["round"] = state["round"] + 1

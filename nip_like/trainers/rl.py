@@ -448,7 +448,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics."""
         num_episodes = 8 if self.test_run else self.trainer_config.eval.num_episodes
         if self.eval_env is None or self.eval_env.num_envs != num_episodes:
-            self.eval_env = self.scenario.make_env(num_episodes, "train", 0, self.device)
+            self.eval_env = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
         # The same episodes at every evaluation, and no draw from the training generators.
         self.eval_env.rng.manual_seed(derive_seed(int(self.config.seed), "eval_env"))
         episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)

@@ -1,0 +1,118 @@
+"""The interactive-proof protocols of the NIP paper (Hammond and Adam-Day, 2025).
+
+Each is a :class:`~nip_like.protocols.proof.ProofProtocol`: a turn pattern, the
+sides the provers argue for and, for MNIP, private channels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchrl.data import Unbounded
+
+from nip_like.protocols.proof import VERIFIER, ProofProtocol
+from nip_like.registry import register_protocol
+
+SPEAKER_KEY = "speaker"
+
+
+@register_protocol("nip")
+class NipProtocol(ProofProtocol):
+    """Neural interactive proof: the verifier and one prover alternate.
+
+    The prover argues for acceptance. With ``first_speaker: prover`` the prover
+    opens.
+    """
+
+    agent_names = ("prover", VERIFIER)
+    turns = ((VERIFIER,), ("prover",))
+    prover_sides = {"prover": True}
+
+
+@register_protocol("adp")
+class AdpProtocol(ProofProtocol):
+    """Abstract decision problem: the prover sends one message, then the verifier decides.
+
+    Always two steps; ``min_rounds`` and ``max_rounds`` do not apply.
+    """
+
+    agent_names = ("prover", VERIFIER)
+    turns = ((VERIFIER,), ("prover",))
+    prover_sides = {"prover": True}
+    fixed_rounds = 2
+
+    def __init__(self, config) -> None:
+        super().__init__(_prover_first(config))
+
+
+@register_protocol("debate")
+class DebateProtocol(ProofProtocol):
+    """Debate: two provers argue opposite sides, every message public.
+
+    ``prover0`` argues for acceptance and ``prover1`` for rejection; in a
+    prover turn both answer at once.
+    """
+
+    agent_names = ("prover0", "prover1", VERIFIER)
+    turns = ((VERIFIER,), ("prover0", "prover1"))
+    prover_sides = {"prover0": True, "prover1": False}
+
+
+@register_protocol("mnip")
+class MnipProtocol(ProofProtocol):
+    """Multi-prover NIP: two provers, each alone in a private channel with the verifier.
+
+    Both argue for acceptance and answer at once; neither sees the other's
+    messages, so the verifier can check one against the other.
+    """
+
+    agent_names = ("prover0", "prover1", VERIFIER)
+    turns = ((VERIFIER,), ("prover0", "prover1"))
+    prover_sides = {"prover0": True, "prover1": True}
+    channels = (("prover0", VERIFIER), ("prover1", VERIFIER))
+
+
+@register_protocol("merlin_arthur")
+class MerlinArthurProtocol(ProofProtocol):
+    """Merlin-Arthur classifier: one of two provers, drawn at random, speaks once.
+
+    Merlin (``prover0``) argues for acceptance, Morgana (``prover1``) for
+    rejection; the verifier does not know which spoke. Two steps.
+    """
+
+    agent_names = ("prover0", "prover1", VERIFIER)
+    turns = ((VERIFIER,), ("prover0", "prover1"))
+    prover_sides = {"prover0": True, "prover1": False}
+    fixed_rounds = 2
+
+    def __init__(self, config) -> None:
+        super().__init__(_prover_first(config))
+
+    def state_spec(self, batch: torch.Size, device: torch.device) -> dict[str, object]:
+        return {SPEAKER_KEY: Unbounded(shape=batch, dtype=torch.int64, device=device)}
+
+    def initial_state(self, num_episodes: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return {SPEAKER_KEY: torch.randint(0, 2, (num_episodes,), generator=generator)}
+
+    def active_agents_in(self, state) -> torch.Tensor:
+        active = self.active_agents(state["round"]).clone()
+        prover_turn = ~active[..., self.verifier_index]
+        speaker = state[SPEAKER_KEY]
+        active[..., 0] = prover_turn & (speaker == 0)
+        active[..., 1] = prover_turn & (speaker == 1)
+        return active
+
+
+@register_protocol("solo_verifier")
+class SoloVerifierProtocol(ProofProtocol):
+    """No prover: the verifier decides in the first and only step. The baseline."""
+
+    agent_names = (VERIFIER,)
+    turns = ((VERIFIER,),)
+    fixed_rounds = 1
+
+
+def _prover_first(config):
+    """A copy of ``config`` with the prover opening (for two-step protocols)."""
+    config = config.copy()
+    config.first_speaker = "prover"
+    return config

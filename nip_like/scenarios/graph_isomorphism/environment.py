@@ -1,0 +1,182 @@
+"""The graph-isomorphism environment: provers and a verifier exchange nodes.
+
+Each episode draws a pair of graphs (same number of nodes, at most ``n``)
+from a dataset. Every agent sees both graphs. An action is one of ``2 n + 2``:
+a node of graph 0 (``0 .. n-1``), a node of graph 1 (``n .. 2n-1``), *reject*
+(``2n``) or *accept* (``2n + 1``). Provers send nodes; the verifier sends a
+node (and so lets the turn pass) or decides, when the protocol allows
+(:class:`~nip_like.protocols.proof.ProofProtocol`). Absent nodes are never
+legal; on its last turn the verifier must decide.
+
+Per-agent entries (``B`` episodes, ``N`` agents, ``T`` steps per episode):
+
+====================================  ====================  ==========================================
+key                                   shape                 meaning
+====================================  ====================  ==========================================
+``("agents", "adjacency")``           ``B, N, 2, n, n``     the two graphs (bool, symmetric)
+``("agents", "node_mask")``           ``B, N, 2, n``        which nodes exist
+``("agents", "messages")``            ``B, N, 2, n, T*N``   message history the agent can see: entry
+                                                            ``[g, v, t*N + j]`` is 1 if agent ``j``
+                                                            sent node ``v`` of graph ``g`` in step ``t``
+                                                            and the agent shares a channel with ``j``
+``("agents", "observation")``         ``B, N, T + 1``       one-hot step number (``T``: finished)
+====================================  ====================  ==========================================
+
+State (under ``"state"``): ``pair_index``, ``adjacency``, ``node_mask``,
+``label`` (True: isomorphic, the verifier should accept), ``sent`` (``B, T,
+N`` node actions, -1 for none) and ``decision`` (-1 none, 0 reject, 1 accept).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Binary, Unbounded
+
+from nip_like.protocols.proof import ProofProtocol
+from nip_like.scenarios.environment import InteractionEnv
+
+
+class GraphIsomorphismEnv(InteractionEnv):
+    """Vectorised graph-isomorphism interactive proof (see the module docstring).
+
+    Parameters
+    ----------
+    protocol : ProofProtocol
+        Turns, channels and rewards.
+    adjacency : torch.Tensor
+        ``(P, 2, n, n)`` bool: the dataset's graph pairs.
+    node_mask : torch.Tensor
+        ``(P, 2, n)`` bool.
+    label : torch.Tensor
+        ``(P,)`` bool: True for isomorphic pairs.
+    num_envs : int
+        Parallel episodes.
+    device : torch.device or str
+        Where the tensors live (the dataset is moved there).
+    seed : int
+        Seed of the environment's generator.
+    group_size : int
+        Consecutive environments that play the same pair.
+    """
+
+    def __init__(
+        self,
+        protocol: ProofProtocol,
+        adjacency: torch.Tensor,
+        node_mask: torch.Tensor,
+        label: torch.Tensor,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        group_size: int = 1,
+    ) -> None:
+        self.max_nodes = int(adjacency.shape[-1])
+        self.num_pairs = int(adjacency.shape[0])
+        self.data = {"adjacency": adjacency.bool(), "node_mask": node_mask.bool(), "label": label.bool()}
+        self.verifier_index = protocol.verifier_index
+        self.num_steps = protocol.num_rounds
+        self.visibility = protocol.visibility()
+        super().__init__(
+            protocol,
+            num_envs=num_envs,
+            num_actions=2 * self.max_nodes + 2,
+            observation_size=protocol.num_rounds + 1,
+            device=device,
+            seed=seed,
+            group_size=group_size,
+        )
+        self.data = {key: value.to(self.device) for key, value in self.data.items()}
+        self.visibility = self.visibility.to(self.device)
+
+    @property
+    def reject_action(self) -> int:
+        """The verifier's *reject* action."""
+        return 2 * self.max_nodes
+
+    @property
+    def accept_action(self) -> int:
+        """The verifier's *accept* action."""
+        return 2 * self.max_nodes + 1
+
+    # ----------------------------------------------------------------- specs
+    def _state_spec(self) -> dict[str, object]:
+        b, n, device = self.batch_size, self.max_nodes, self.device
+        return {
+            "pair_index": Unbounded(shape=b, dtype=torch.int64, device=device),
+            "adjacency": Binary(shape=(*b, 2, n, n), dtype=torch.bool, device=device),
+            "node_mask": Binary(shape=(*b, 2, n), dtype=torch.bool, device=device),
+            "label": Binary(shape=b, dtype=torch.bool, device=device),
+            "sent": Unbounded(shape=(*b, self.num_steps, self.num_agents), dtype=torch.int64, device=device),
+            "decision": Unbounded(shape=b, dtype=torch.int64, device=device),
+        }
+
+    def _agent_observation_spec(self) -> dict[str, object]:
+        agents, n, device = (*self.batch_size, self.num_agents), self.max_nodes, self.device
+        return {
+            "adjacency": Binary(shape=(*agents, 2, n, n), dtype=torch.bool, device=device),
+            "node_mask": Binary(shape=(*agents, 2, n), dtype=torch.bool, device=device),
+            "messages": Unbounded(shape=(*agents, 2, n, self.num_steps * self.num_agents), device=device),
+        }
+
+    # ------------------------------------------------------------ the game
+    def _new_state(self, num_episodes: int) -> TensorDict:
+        index = torch.randint(0, self.num_pairs, (num_episodes,), generator=self.rng).to(self.device)
+        return TensorDict(
+            {
+                "pair_index": index,
+                "adjacency": self.data["adjacency"][index],
+                "node_mask": self.data["node_mask"][index],
+                "label": self.data["label"][index],
+                "sent": torch.full((num_episodes, self.num_steps, self.num_agents), -1, device=self.device),
+                "decision": torch.full((num_episodes,), -1, device=self.device),
+            },
+            batch_size=[num_episodes],
+            device=self.device,
+        )
+
+    def _observe(self, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        round_index = state["round"]
+        batch = round_index.shape[0]
+        observation = F.one_hot(round_index.clamp(max=self.num_steps), self.num_steps + 1).float()
+        observation = observation.unsqueeze(1).expand(batch, self.num_agents, -1)
+        nodes = state["node_mask"].reshape(batch, 2 * self.max_nodes)
+        may_decide = self.protocol.may_decide(round_index)
+        must_decide = round_index >= self.num_steps - 1
+        mask = torch.zeros(batch, self.num_agents, self.num_actions, dtype=torch.bool, device=self.device)
+        mask[..., : 2 * self.max_nodes] = nodes.unsqueeze(1)
+        verifier = self.verifier_index
+        mask[:, verifier, : 2 * self.max_nodes] &= ~must_decide.unsqueeze(-1)
+        mask[:, verifier, 2 * self.max_nodes :] = (may_decide | must_decide).unsqueeze(-1)
+        return observation.contiguous(), mask
+
+    def _observe_extra(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        batch, agents, n = state.batch_size[0], self.num_agents, self.max_nodes
+        sent = state["sent"]  # (B, T, N): -1 for no node
+        one_hot = F.one_hot((sent + 1).clamp(min=0), 2 * n + 1)[..., 1:].float()  # (B, T, N_sender, 2n)
+        # visible[i, j]: agent i sees agent j's messages.
+        seen = one_hot.unsqueeze(1) * self.visibility.view(1, agents, 1, agents, 1).float()  # (B, N, T, N, 2n)
+        messages = seen.permute(0, 1, 4, 2, 3).reshape(batch, agents, 2, n, self.num_steps * agents)
+        expand = (batch, agents)
+        return {
+            "adjacency": state["adjacency"].unsqueeze(1).expand(*expand, 2, n, n),
+            "node_mask": state["node_mask"].unsqueeze(1).expand(*expand, 2, n),
+            "messages": messages,
+        }
+
+    def _advance(
+        self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor
+    ) -> tuple[TensorDictBase, torch.Tensor, torch.Tensor]:
+        round_index = state["round"]
+        node_action = action < 2 * self.max_nodes
+        verifier_acted = active[:, self.verifier_index]
+        decided = verifier_acted & ~node_action[:, self.verifier_index]
+        accept = action[:, self.verifier_index] == self.accept_action
+        # Record each active agent's node; a decision is not a message.
+        step = round_index.clamp(max=self.num_steps - 1)
+        sent = torch.where(active & node_action, action, torch.full_like(action, -1))
+        state["sent"] = state["sent"].scatter(1, step.view(-1, 1, 1).expand(-1, 1, self.num_agents), sent.unsqueeze(1))
+        state["decision"] = torch.where(decided, accept.long(), state["decision"])
+        reward = self.protocol.step_rewards(decided, accept, state["label"], verifier_acted)
+        return state, reward, decided

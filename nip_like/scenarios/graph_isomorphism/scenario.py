@@ -1,0 +1,136 @@
+"""The graph-isomorphism scenario: data, environments, graph agents and metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tensordict import TensorDictBase
+
+from nip_like.agents import AgentModules
+from nip_like.config import GraphAgentConfig, typed_entry
+from nip_like.errors import ConfigError
+from nip_like.protocols.proof import ProofProtocol
+from nip_like.registry import register_scenario
+from nip_like.scenarios.base import Scenario
+from nip_like.scenarios.graph_isomorphism.agents import build_graph_agents
+from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
+from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
+
+SPLITS = ("train", "val", "test")
+
+
+@register_scenario("graph_isomorphism")
+class GraphIsomorphismScenario(Scenario):
+    """Decide whether two graphs are isomorphic, helped (or misled) by provers.
+
+    The dataset is generated once per generation config and cached
+    (:func:`~nip_like.scenarios.graph_isomorphism.data.load_or_generate`), then
+    split into disjoint train, validation and test pairs. Periodic evaluation
+    plays the validation split; the final test loop the test split.
+    """
+
+    eval_split = "val"
+
+    def __init__(self, config, protocol) -> None:
+        super().__init__(config, protocol)
+        if not isinstance(protocol, ProofProtocol):
+            raise ConfigError(
+                f"scenario graph_isomorphism needs an interactive-proof protocol "
+                f"(nip, adp, debate, mnip, merlin_arthur, solo_verifier), got {protocol.config.name!r}"
+            )
+        unknown = sorted(set(config.agents) - set(protocol.agent_names))
+        if unknown:
+            raise ConfigError(
+                f"scenario.agents names {unknown}, which protocol {protocol.config.name!r} "
+                f"does not have; its agents are {list(protocol.agent_names)}"
+            )
+        fractions = (config.val_fraction, config.test_fraction)
+        if min(fractions) <= 0 or sum(fractions) >= 1:
+            raise ConfigError(
+                f"scenario.val_fraction and scenario.test_fraction must be positive and sum to less than 1, "
+                f"got {config.val_fraction} and {config.test_fraction}"
+            )
+        self.spec = GraphPairSpec(
+            num_pairs=int(config.num_pairs),
+            seed=int(config.dataset_seed),
+            min_nodes=int(config.min_nodes),
+            max_nodes=int(config.max_nodes),
+            edge_probabilities=tuple(float(p) for p in config.edge_probabilities),
+            wl_fractions=tuple(float(f) for f in config.wl_fractions),
+        )
+        self._splits: dict[str, GraphPairs] | None = None
+
+    # -------------------------------------------------------------------- data
+    def splits(self) -> dict[str, GraphPairs]:
+        """The train, validation and test pairs (generated or read from the cache once)."""
+        if self._splits is None:
+            pairs = load_or_generate(self.spec, Path(self.config.cache_dir).expanduser())
+            val, test = float(self.config.val_fraction), float(self.config.test_fraction)
+            fractions = {"train": 1.0 - val - test, "val": val, "test": test}
+            self._splits = split_pairs(pairs, fractions, seed=self.spec.seed)
+        return self._splits
+
+    def make_env(
+        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
+    ) -> GraphIsomorphismEnv:
+        if split not in SPLITS:
+            raise ConfigError(f"unknown data split {split!r}; the graph-isomorphism splits are {list(SPLITS)}")
+        pairs = self.splits()[split]
+        return GraphIsomorphismEnv(
+            self.protocol,
+            pairs.adjacency,
+            pairs.node_mask,
+            pairs.label,
+            num_envs=num_envs,
+            device=device,
+            seed=seed,
+            group_size=group_size,
+        )
+
+    # ------------------------------------------------------------------ agents
+    def agent_sizes(self) -> dict[str, object]:
+        """Each agent's network sizes (``scenario.agents.<name>`` or ``scenario.default_agent``)."""
+        return {
+            name: typed_entry(GraphAgentConfig, self.config.agents[name], f"scenario.agents.{name}")
+            if name in self.config.agents
+            else self.config.default_agent
+            for name in self.agent_names
+        }
+
+    def make_agents(self) -> AgentModules:
+        sizes = self.agent_sizes()
+        for name, size in sizes.items():
+            if size.attention_heads and size.hidden_size % size.attention_heads:
+                raise ConfigError(
+                    f"agent {name}: hidden_size ({size.hidden_size}) must be a multiple of "
+                    f"attention_heads ({size.attention_heads})"
+                )
+        steps = self.protocol.num_rounds
+        return build_graph_agents(self.agent_names, steps * self.protocol.num_agents, steps + 1, sizes)
+
+    # ----------------------------------------------------------------- metrics
+    def optimal_rewards(self) -> dict[str, float] | None:
+        return None
+
+    def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
+        """Verifier accuracy (per episode, per datapoint, worst datapoint), precision, recall, length.
+
+        Precision and recall treat *accept* (isomorphic) as the positive class.
+        """
+        metrics = super().episode_metrics(episodes)
+        state = episodes.get("state")
+        label = state["label"]
+        accept = state["decision"] == 1
+        correct = (accept == label) & (state["decision"] >= 0)
+        metrics["accuracy"] = correct.float().mean().item()
+        _, datapoint = state["pair_index"].unique(return_inverse=True)
+        per_datapoint = torch.zeros(int(datapoint.max()) + 1).index_add_(0, datapoint.cpu(), correct.float().cpu())
+        per_datapoint /= torch.bincount(datapoint.cpu()).float()
+        metrics["accuracy_per_datapoint"] = per_datapoint.mean().item()
+        metrics["accuracy_worst_datapoint"] = per_datapoint.min().item()
+        true_positive = (accept & label).sum().item()
+        metrics["precision"] = true_positive / max(int(accept.sum()), 1)
+        metrics["recall"] = true_positive / max(int(label.sum()), 1)
+        metrics["episode_length"] = state["round"].float().mean().item()
+        return metrics

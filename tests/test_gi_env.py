@@ -1,0 +1,225 @@
+"""Graph-isomorphism protocols and environment on hand-built graphs: turns, visibility, rewards, masks."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from torchrl.envs.utils import check_env_specs
+
+from nip_like.config import GraphAgentConfig, ProofProtocolConfig
+from nip_like.errors import ConfigError
+from nip_like.protocols.proofs import (
+    AdpProtocol,
+    DebateProtocol,
+    MerlinArthurProtocol,
+    MnipProtocol,
+    NipProtocol,
+    SoloVerifierProtocol,
+)
+from nip_like.scenarios.graph_isomorphism.agents import build_graph_agents
+from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
+
+PROTOCOLS = {
+    "nip": NipProtocol,
+    "adp": AdpProtocol,
+    "debate": DebateProtocol,
+    "mnip": MnipProtocol,
+    "merlin_arthur": MerlinArthurProtocol,
+    "solo_verifier": SoloVerifierProtocol,
+}
+N = 4  # nodes per graph in the hand-built data
+
+
+def protocol(name, **fields):
+    return PROTOCOLS[name](OmegaConf.structured(ProofProtocolConfig(name=name, **fields)))
+
+
+def graphs():
+    """Pair 0: a 4-path and a relabelled 4-path (isomorphic). Pair 1: a 3-path and a triangle (3 nodes)."""
+    adjacency = torch.zeros(2, 2, N, N, dtype=torch.bool)
+    for g, edges in enumerate([[(0, 1), (1, 2), (2, 3)], [(2, 0), (0, 3), (3, 1)]]):
+        for u, v in edges:
+            adjacency[0, g, u, v] = adjacency[0, g, v, u] = True
+    for g, edges in enumerate([[(0, 1), (1, 2)], [(0, 1), (1, 2), (0, 2)]]):
+        for u, v in edges:
+            adjacency[1, g, u, v] = adjacency[1, g, v, u] = True
+    node_mask = torch.ones(2, 2, N, dtype=torch.bool)
+    node_mask[1, :, 3] = False
+    return adjacency, node_mask, torch.tensor([True, False])
+
+
+def make_env(proto, num_envs=2):
+    env = GraphIsomorphismEnv(proto, *graphs(), num_envs=num_envs)
+    return env
+
+
+def play(env, td, actions):
+    """Step with ``actions`` (one list per agent, same for every episode); return the next root."""
+    td = td.clone()
+    td["agents", "action"] = torch.tensor(actions).expand(env.num_envs, -1).clone()
+    return env.step(td)["next"]
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_every_protocol_passes_check_env_specs(name):
+    env = make_env(protocol(name, max_rounds=1 if name == "solo_verifier" else 6))
+    check_env_specs(env)
+
+
+def test_turn_orders():
+    def pattern(proto, steps):
+        return proto.active_agents(torch.arange(steps)).int().tolist()
+
+    # Agents: (prover, verifier).
+    assert pattern(protocol("nip", max_rounds=5), 4) == [[0, 1], [1, 0], [0, 1], [1, 0]]
+    assert pattern(protocol("nip", max_rounds=5, first_speaker="prover"), 2) == [[1, 0], [0, 1]]
+    assert pattern(protocol("adp", max_rounds=9), 2) == [[1, 0], [0, 1]]
+    # Agents: (prover0, prover1, verifier); the two provers answer together.
+    assert pattern(protocol("debate", max_rounds=4), 3) == [[0, 0, 1], [1, 1, 0], [0, 0, 1]]
+    assert pattern(protocol("mnip", max_rounds=4), 2) == [[0, 0, 1], [1, 1, 0]]
+    # Episodes end on the verifier's last turn within max_rounds.
+    assert protocol("nip", max_rounds=6).num_rounds == 5
+    assert protocol("nip", max_rounds=6, first_speaker="prover").num_rounds == 6
+    assert protocol("adp").num_rounds == 2 and protocol("merlin_arthur").num_rounds == 2
+    assert protocol("solo_verifier").num_rounds == 1
+
+
+def test_merlin_arthur_draws_one_speaker_per_episode():
+    env = make_env(protocol("merlin_arthur"), num_envs=64)
+    td = env.reset()
+    active = td["agents", "active"]
+    speaker = td["state", "speaker"]
+    assert (active[:, 2] == False).all()  # noqa: E712 - the provers speak first
+    assert (active[:, 0] == (speaker == 0)).all() and (active[:, 1] == (speaker == 1)).all()
+    assert 0 < int(speaker.sum()) < 64
+
+
+def test_bad_round_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="min_rounds"):
+        protocol("nip", min_rounds=7, max_rounds=5)
+    with pytest.raises(ConfigError, match="first_speaker"):
+        protocol("nip", first_speaker="judge")
+    with pytest.raises(ConfigError, match="leaves the verifier no turn"):
+        protocol("nip", max_rounds=1, first_speaker="prover")
+
+
+def test_action_masks_follow_nodes_and_decision_rules():
+    env = make_env(protocol("nip", min_rounds=3, max_rounds=5))
+    env = GraphIsomorphismEnv(env.protocol, *graphs(), num_envs=16)
+    td = env.reset()
+    mask = td["agents", "action_mask"]
+    # Step 0 (verifier's turn, before min_rounds): the existing nodes only (pair 1 has no node 3).
+    nodes = td["state", "node_mask"].reshape(16, 2 * N)
+    assert (mask[:, 1, : 2 * N] == nodes).all() and not mask[:, 1, 2 * N :].any()
+    assert (td["state", "pair_index"] == 1).any() and not nodes[td["state", "pair_index"] == 1][:, N - 1].any()
+    # Decisions are never the prover's.
+    assert not mask[:, 0, 8:].any()
+    nxt = play(env, td, [0, 0])
+    nxt = play(env, nxt, [1, 0])
+    # Step 2: the verifier may decide (min_rounds = 3), and still send nodes.
+    assert nxt["agents", "action_mask"][0, 1, -2:].all() and nxt["agents", "action_mask"][0, 1, :8].any()
+    nxt = play(env, nxt, [0, 2])
+    nxt = play(env, nxt, [3, 0])
+    # Step 4 is the verifier's last turn: it must decide.
+    assert nxt["agents", "action_mask"][0, 1].tolist() == [False] * 8 + [True, True]
+
+
+def test_messages_are_recorded_and_private_channels_stay_private():
+    env = make_env(protocol("mnip", max_rounds=4))
+    td = env.reset()
+    # Step 0: the verifier sends node 1 of graph 1 (action N + 1).
+    nxt = play(env, td, [0, 0, N + 1])
+    # Step 1: prover0 sends node 2 of graph 0, prover1 node 3 of graph 1.
+    nxt = play(env, nxt, [2, N + 3, 0])
+    messages = nxt["agents", "messages"]  # (B, agents, 2, n, steps * agents)
+    steps, agents = env.num_steps, 3
+    assert messages.shape == (2, agents, 2, N, steps * agents)
+
+    def seen(agent, graph, node, step, sender):
+        return messages[0, agent, graph, node, step * agents + sender].item()
+
+    for agent in range(3):
+        assert seen(agent, 1, 1, 0, 2) == 1  # everyone hears the verifier
+    assert seen(2, 0, 2, 1, 0) == 1 and seen(2, 1, 3, 1, 1) == 1  # the verifier hears both provers
+    assert seen(0, 0, 2, 1, 0) == 1 and seen(0, 1, 3, 1, 1) == 0  # prover0 does not hear prover1
+    assert seen(1, 0, 2, 1, 0) == 0 and seen(1, 1, 3, 1, 1) == 1
+    assert messages[0].sum() == 3 + 2 + 2  # nothing else was recorded
+    assert nxt["state", "sent"][0, :2].tolist() == [[-1, -1, N + 1], [2, N + 3, -1]]
+
+    # Debate: all messages public.
+    env = make_env(protocol("debate", max_rounds=4))
+    nxt = play(env, play(env, env.reset(), [0, 0, 1]), [2, N + 3, 0])
+    assert nxt["agents", "messages"][0, 0, 1, 3, 1 * agents + 1] == 1
+
+
+@pytest.mark.parametrize(
+    "name, shared, decision, label, expected",
+    [
+        # nip: (prover, verifier). The prover wants acceptance.
+        ("nip", False, "accept", True, [1.0, 1.0]),
+        ("nip", False, "accept", False, [1.0, -0.5]),
+        ("nip", False, "reject", False, [0.0, 1.0]),
+        ("nip", True, "accept", False, [-0.5, -0.5]),
+        # debate: (prover0 for accept, prover1 for reject, verifier).
+        ("debate", False, "reject", True, [0.0, 1.0, -0.5]),
+        ("debate", False, "accept", True, [1.0, 0.0, 1.0]),
+        # mnip: both provers want acceptance.
+        ("mnip", False, "reject", False, [0.0, 0.0, 1.0]),
+    ],
+)
+def test_decision_rewards(name, shared, decision, label, expected):
+    proto = protocol(name, shared_reward=shared, verifier_incorrect_penalty=0.5, verifier_continue_reward=-0.1)
+    decided = torch.tensor([True])
+    accept = torch.tensor([decision == "accept"])
+    rewards = proto.step_rewards(decided, accept, torch.tensor([label]), verifier_acted=torch.tensor([True]))
+    assert rewards[0].tolist() == pytest.approx(expected)
+    # A verifier turn without a decision costs the continue reward; a prover turn costs nothing.
+    idle = proto.step_rewards(torch.tensor([False, False]), torch.tensor([False, False]), torch.tensor([True, True]),
+                              verifier_acted=torch.tensor([True, False]))
+    verifier = proto.verifier_index
+    assert idle[0, verifier].item() == pytest.approx(-0.1) and idle[1, verifier].item() == 0.0
+
+
+def test_episode_ends_when_the_verifier_decides():
+    env = make_env(protocol("nip", max_rounds=7))
+    td = env.reset()
+    td["state", "label"] = torch.tensor([True, False])
+    nxt = play(env, td, [0, env.accept_action])
+    assert nxt["done"].squeeze(-1).tolist() == [True, True]
+    assert nxt["state", "decision"].tolist() == [1, 1]
+    # Verifier right on the isomorphic pair only; the prover is paid for acceptance on both.
+    assert nxt["agents", "reward"].squeeze(-1).tolist() == [[1.0, 1.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("shared_body", [False, True])
+def test_graph_agents_act_legally_for_any_batch_shape(shared_body):
+    proto = protocol("debate", max_rounds=4)
+    env = make_env(proto, num_envs=4)
+    sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16, shared_body=shared_body)) for name in proto.agent_names}
+    agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
+    rollout = env.rollout(6, agents.policy, break_when_any_done=False)
+    chosen = rollout["agents", "action"]
+    legal = rollout["agents", "action_mask"].gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    assert legal.all()
+    values = agents.value(rollout.clone())["agents", "state_value"]
+    assert values.shape == (4, 6, 3, 1)
+    names = list(agents.agent_parameters("verifier"))
+    assert len(names) == len({id(p) for p in names})  # a shared body is counted once
+    flat = agents.value(rollout.reshape(-1).clone())["agents", "state_value"]
+    torch.testing.assert_close(flat.reshape(values.shape), values)
+
+
+def test_agents_see_only_their_own_observation_slices():
+    # Changing what prover1 sees must not change prover0's logits.
+    proto = protocol("mnip", max_rounds=4)
+    env = make_env(proto)
+    sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
+    agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
+    td = env.reset()
+    before = agents.policy.get_dist_params(td.clone())["agents", "logits"]
+    changed = td.clone()
+    changed["agents", "messages"][:, 1] = 1.0
+    after = agents.policy.get_dist_params(changed)["agents", "logits"]
+    torch.testing.assert_close(after[:, 0], before[:, 0])
+    assert not torch.allclose(after[:, 1], before[:, 1])
+    assert isinstance(td, TensorDict)
