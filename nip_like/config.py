@@ -97,6 +97,13 @@ class DPOConfig:
 
 
 @dataclass
+class SoloAgentConfig:
+    """Options of the supervised solo-agent trainer."""
+
+    agent: str = "verifier"  # the agent trained on the labels
+
+
+@dataclass
 class EvalConfig:
     """Periodic evaluation during training, best checkpoint and early stopping."""
 
@@ -132,6 +139,7 @@ class TrainerConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)  # GRPO options
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)  # REINFORCE options
     dpo: DPOConfig = field(default_factory=DPOConfig)  # DPO / IPO / hinge options
+    solo_agent: SoloAgentConfig = field(default_factory=SoloAgentConfig)  # supervised solo-agent options
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
 

@@ -6,6 +6,7 @@ from nip_like.trainers.grpo import GrpoTrainer
 from nip_like.trainers.ppo import PpoTrainer
 from nip_like.trainers.reinforce import ReinforceTrainer
 from nip_like.trainers.rl import TensorDictRlTrainer
+from nip_like.trainers.solo_agent import SoloAgentTrainer
 
 __all__ = [
     "DpoTrainer",
@@ -14,6 +15,7 @@ __all__ = [
     "IterationContext",
     "PpoTrainer",
     "ReinforceTrainer",
+    "SoloAgentTrainer",
     "TensorDictRlTrainer",
     "TensorDictTrainer",
     "Trainer",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from nip_like.agents import AgentModules
 from nip_like.config import GraphAgentConfig, typed_entry
@@ -108,6 +108,53 @@ class GraphIsomorphismScenario(Scenario):
                 )
         steps = self.protocol.num_rounds
         return build_graph_agents(self.agent_names, steps * self.protocol.num_agents, steps + 1, sizes)
+
+    # -------------------------------------------------------- supervised data
+    def supervised_data(self, split: str) -> TensorDict:
+        """Labelled first observations of every pair of ``split``, for the solo-agent trainer.
+
+        Returns
+        -------
+        TensorDict
+            Batch ``(pairs,)``: each agent's observation entries at the first
+            step (no messages yet), ``"target_action"`` (accept for isomorphic
+            pairs, reject otherwise), ``"target_mask"`` (only the two decisions)
+            and ``"label"``.
+        """
+        pairs = self.splits()[split]
+        env = self.make_env(1, split, 0, "cpu")
+        count = len(pairs)
+        state = TensorDict(
+            {
+                "round": torch.zeros(count, dtype=torch.int64),
+                "pair_index": torch.arange(count),
+                "adjacency": pairs.adjacency,
+                "node_mask": pairs.node_mask,
+                "label": pairs.label,
+                "sent": torch.full((count, env.num_steps, env.num_agents), -1),
+                "decision": torch.full((count,), -1),
+            },
+            batch_size=[count],
+        )
+        observation, _ = env._observe(state)
+        agents = TensorDict({**env._observe_extra(state), "observation": observation}, batch_size=[count, env.num_agents])
+        target_mask = torch.zeros(count, env.num_actions, dtype=torch.bool)
+        target_mask[:, [env.reject_action, env.accept_action]] = True
+        target = torch.where(pairs.label, env.accept_action, env.reject_action)
+        return TensorDict(
+            {"agents": agents, "target_mask": target_mask, "target_action": target, "label": pairs.label},
+            batch_size=[count],
+        )
+
+    def supervised_metrics(self, predicted: torch.Tensor, data: TensorDictBase) -> dict[str, float]:
+        """Precision and recall (accept = positive) of supervised predictions."""
+        accept = predicted == data["target_mask"].shape[-1] - 1
+        label = data["label"]
+        true_positive = (accept & label).sum().item()
+        return {
+            "precision": true_positive / max(int(accept.sum()), 1),
+            "recall": true_positive / max(int(label.sum()), 1),
+        }
 
     # ----------------------------------------------------------------- metrics
     def optimal_rewards(self) -> dict[str, float] | None:

@@ -1,0 +1,174 @@
+"""Supervised training of one agent on the labels: a baseline without interaction."""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+
+from nip_like.checkpoint import derive_seed, get_rng_states, set_rng_states
+from nip_like.errors import ConfigError
+from nip_like.objectives.reference import masked_log_softmax
+from nip_like.optim import build_optimizer
+from nip_like.registry import register_trainer
+from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
+
+#: Entries of a scenario's supervised data besides the agents' observations.
+TARGET_KEY = "target_action"
+TARGET_MASK_KEY = "target_mask"
+
+
+@dataclass
+class SoloState:
+    """Counters of the supervised loop, saved in checkpoints."""
+
+    iteration: int = 0  # completed epochs
+    gradient_steps: int = 0  # optimiser steps taken
+    best_metric: float | None = None  # best validation accuracy
+    best_iteration: int | None = None  # epoch of the best validation accuracy
+    train_seconds: float = 0.0  # wall time in the train loop
+
+
+@register_trainer("solo_agent")
+class SoloAgentTrainer(TensorDictTrainer):
+    """Train one agent's policy to output the right decision straight from the datapoint.
+
+    The scenario supplies labelled data (``scenario.supervised_data(split)``):
+    each agent's first observation of every datapoint, the correct action
+    (``"target_action"``) and the actions to choose among (``"target_mask"``,
+    e.g. accept and reject). The agent named ``trainer.solo_agent.agent`` is
+    fitted by cross-entropy for ``trainer.num_iterations`` epochs of
+    minibatches of ``trainer.minibatch_size`` datapoints, evaluated on the
+    validation split every ``trainer.eval.every`` epochs, and tested on the
+    test split: a baseline of what the agent can learn without interaction.
+    """
+
+    trainer_type = "solo_agent"
+
+    def __init__(self, config, scenario, run_dir, logger) -> None:
+        super().__init__(config, scenario, run_dir, logger)
+        if not hasattr(scenario, "supervised_data"):
+            raise ConfigError(f"trainer solo_agent needs labelled data; scenario {scenario.config.name!r} has none")
+        tc = config.trainer
+        self.agent = str(tc.solo_agent.agent)
+        if self.agent not in scenario.agent_names:
+            raise ConfigError(
+                f"trainer.solo_agent.agent {self.agent!r} is not an agent of the protocol; "
+                f"choose one of {list(scenario.agent_names)}"
+            )
+        self.agent_index = scenario.agent_names.index(self.agent)
+        self.device = torch.device(config.run.device)
+        self.agents = scenario.make_agents()
+        self.agents.modules().to(self.device)
+        parameters = {self.agent: list(self.agents.agent_parameters(self.agent))}
+        self.optimizer = build_optimizer(tc.optimizer, parameters)
+        self.data = {split: scenario.supervised_data(split).to(self.device) for split in ("train", "val", "test")}
+        self.generator = torch.Generator().manual_seed(derive_seed(int(config.seed), "solo_agent"))
+        self.state = SoloState()
+        self.num_iterations = 1 if config.run.test_run else int(tc.num_iterations)
+
+    def trainable_modules(self) -> list[torch.nn.Module]:
+        return [self.agents.modules()]
+
+    # ------------------------------------------------------------------ loss
+    def _log_probs(self, batch: TensorDictBase) -> torch.Tensor:
+        logits = self.agents.policy.get_dist_params(batch.clone(False)).get(("agents", "logits"))
+        return masked_log_softmax(logits[:, self.agent_index], batch.get(TARGET_MASK_KEY))
+
+    def _loss_and_accuracy(self, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = self._log_probs(batch)
+        target = batch.get(TARGET_KEY)
+        return F.nll_loss(log_probs, target), (log_probs.argmax(-1) == target).float().mean()
+
+    def _evaluate(self, split: str) -> dict[str, float]:
+        data = self.data[split]
+        predicted = torch.cat([self._log_probs(chunk).argmax(-1) for chunk in data.split(1024)])
+        target = data.get(TARGET_KEY)
+        metrics = {"accuracy": (predicted == target).float().mean().item()}
+        metrics.update(self.scenario.supervised_metrics(predicted, data) if hasattr(self.scenario, "supervised_metrics") else {})
+        return {f"{'eval' if split == 'val' else split}/{k}": v for k, v in metrics.items()}
+
+    # ----------------------------------------------------------------- loops
+    def train(self) -> dict[str, float]:
+        if self.state.iteration < self.num_iterations:
+            with ExitStack() as stack:
+                self._build_train_context(stack)
+                self._run_train_loop()
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            metrics = self._run_test_loop()
+        self.logger.log(metrics, step=self.state.iteration)
+        return metrics
+
+    @attach_progress_bar(lambda self: self.num_iterations)
+    def _run_train_loop(self, iteration_context: IterationContext) -> None:
+        iteration_context.set_description("Training")
+        tc = self.config.trainer
+        data = self.data["train"]
+        size = min(int(tc.minibatch_size), data.batch_size[0])
+        while self.state.iteration < self.num_iterations:
+            started = time.perf_counter()
+            order = torch.randperm(data.batch_size[0], generator=self.generator).to(self.device)
+            losses, accuracies = [], []
+            for start in range(0, data.batch_size[0] - size + 1, size):
+                loss, accuracy = self._loss_and_accuracy(data[order[start : start + size]])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if tc.optimizer.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(self.agents.agent_parameters(self.agent), tc.optimizer.max_grad_norm)
+                self.optimizer.step()
+                self.state.gradient_steps += 1
+                losses.append(loss.detach())
+                accuracies.append(accuracy)
+            self.state.iteration += 1
+            metrics = {
+                "loss/policy": torch.stack(losses).mean().item(),
+                "train/accuracy": torch.stack(accuracies).mean().item(),
+                "train/gradient_steps": self.state.gradient_steps,
+            }
+            every = int(tc.eval.every)
+            last = self.state.iteration == self.num_iterations
+            if every and (self.state.iteration % every == 0 or last):
+                with ExitStack() as stack:
+                    self._build_test_context(stack)
+                    metrics.update(self._evaluate("val"))
+                if self.state.best_metric is None or metrics["eval/accuracy"] > self.state.best_metric:
+                    self.state.best_metric = metrics["eval/accuracy"]
+                    self.state.best_iteration = self.state.iteration
+            self.state.train_seconds += time.perf_counter() - started
+            self.logger.log(metrics, step=self.state.iteration)
+            iteration_context.set_postfix(**{k: f"{v:.3g}" for k, v in metrics.items() if "accuracy" in k})
+            iteration_context.step()
+            checkpoint_every = self.config.run.checkpoint_every
+            if last or (checkpoint_every and self.state.iteration % checkpoint_every == 0):
+                self.save_checkpoint("last")
+
+    @attach_progress_bar(lambda self: 1)
+    def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
+        iteration_context.set_description("Testing")
+        metrics = self._evaluate("test")
+        iteration_context.step()
+        return metrics
+
+    # ----------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "agents": self.agents.modules().state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_state": asdict(self.state),
+            "generator": self.generator.get_state(),
+            "rng": get_rng_states(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.agents.modules().load_state_dict(state["agents"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.state = SoloState(**state["train_state"])
+        self.generator.set_state(state["generator"])
+        set_rng_states(state["rng"])
+        self.progress_initial = {"_run_train_loop": self.state.iteration}
