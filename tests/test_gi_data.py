@@ -1,18 +1,43 @@
-"""Graph-isomorphism data: exact isomorphism test and 1-WL rounds."""
+"""Graph-isomorphism data: exact isomorphism test, 1-WL rounds, generator, splits and cache."""
 
 from __future__ import annotations
 
 import itertools
+import os
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from nip_like.checkpoint import save_atomic
+from nip_like.errors import ConfigError
+from nip_like.scenarios.graph_isomorphism import data
+from nip_like.scenarios.graph_isomorphism.data import (
+    ISOMORPHIC,
+    WL_MORE,
+    WL_ROUND_1,
+    WL_ROUND_2,
+    CacheRebuildWarning,
+    DatasetFileError,
+    GraphPairs,
+    GraphPairSpec,
+    cache_path,
+    generate_pairs,
+    load_or_generate,
+    split_pairs,
+    wl_stratum,
+)
 from nip_like.scenarios.graph_isomorphism.isomorphism import (
+    WL_NEVER,
     are_isomorphic,
     permute,
     wl_colours,
     wl_rounds_to_distinguish,
 )
+
+SMALL = GraphPairSpec(num_pairs=300, seed=1, min_nodes=5, max_nodes=8)
 
 
 def graph(size: int, edges: list[tuple[int, int]]) -> np.ndarray:
@@ -161,3 +186,247 @@ def test_wl_colours_of_round_one_are_degree_classes():
     colours = wl_colours(star, 1)
     assert colours[1] == colours[2] == colours[3] == colours[4] != colours[0]
     assert (wl_colours(star, 0) == 0).all()
+
+
+# ---------------------------------------------------------------- spec
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"num_pairs": 0}, "num_pairs"),
+        ({"num_pairs": 10, "min_nodes": 9, "max_nodes": 7}, "min_nodes"),
+        ({"num_pairs": 10, "min_nodes": 1}, "min_nodes"),
+        ({"num_pairs": 10, "max_nodes": 65}, "max_nodes"),
+        ({"num_pairs": 10, "seed": -1}, "seed"),
+        ({"num_pairs": 10, "edge_probabilities": (0.0, 0.5)}, "edge_probabilities"),
+        ({"num_pairs": 10, "edge_probabilities": (0.5, 1.0)}, "edge_probabilities"),
+        ({"num_pairs": 10, "edge_probabilities": ()}, "edge_probabilities"),
+        ({"num_pairs": 10, "isomorphic_fraction": 1.5}, "isomorphic_fraction"),
+        ({"num_pairs": 10, "wl_fractions": (0.5, 0.5, 0.5)}, "wl_fractions"),
+        ({"num_pairs": 10, "wl_fractions": (0.5, 0.5)}, "wl_fractions"),
+        ({"num_pairs": 10, "wl_fractions": (-0.5, 0.5, 1.0)}, "wl_fractions"),
+        ({"num_pairs": 2.5}, "num_pairs"),
+    ],
+)
+def test_bad_specs_are_rejected_in_one_line_naming_the_field(fields, named):
+    with pytest.raises(ConfigError) as caught:
+        GraphPairSpec(**fields)
+    message = str(caught.value)
+    assert f"GraphPairSpec.{named}" in message and "\n" not in message
+
+
+def test_key_is_stable_and_covers_every_field():
+    spec = GraphPairSpec(num_pairs=10)
+    assert spec.key() == GraphPairSpec(num_pairs=10, edge_probabilities=[0.2, 0.4, 0.6, 0.8]).key()
+    assert spec.key() == GraphPairSpec(num_pairs=10, isomorphic_fraction=0.5, wl_fractions=(0.1, 0.2, 0.7)).key()
+    assert len(spec.key()) == 16 and int(spec.key(), 16) >= 0
+    changed = [
+        {"num_pairs": 11},
+        {"seed": 1},
+        {"min_nodes": 6},
+        {"max_nodes": 12},
+        {"edge_probabilities": (0.3,)},
+        {"isomorphic_fraction": 0.4},
+        {"wl_fractions": (0.2, 0.2, 0.6)},
+    ]
+    keys = {GraphPairSpec(**{"num_pairs": 10, **change}).key() for change in changed}
+    assert len(keys) == len(changed) and spec.key() not in keys
+
+
+def test_infeasible_stratum_raises_a_config_error(monkeypatch):
+    monkeypatch.setattr(data, "ATTEMPTS_PER_DRAW", 5)
+    monkeypatch.setattr(data, "DRAWS_PER_PAIR", 4)
+    # No two non-isomorphic graphs on 4 nodes need more than one round of 1-WL.
+    spec = GraphPairSpec(num_pairs=1, min_nodes=4, max_nodes=4, isomorphic_fraction=0.0, wl_fractions=(0, 0, 1))
+    with pytest.raises(ConfigError, match="round > 2"):
+        generate_pairs(spec)
+
+
+# ---------------------------------------------------------------- generator
+
+
+@pytest.fixture(scope="module")
+def small_pairs() -> GraphPairs:
+    return generate_pairs(SMALL)
+
+
+def pair_keys(pairs: GraphPairs) -> list[bytes]:
+    return [
+        bytes([int(n)]) + adjacency.numpy().tobytes() for n, adjacency in zip(pairs.num_nodes, pairs.adjacency)
+    ]
+
+
+def test_generated_tensors_are_well_formed(small_pairs):
+    pairs = small_pairs
+    assert len(pairs) == SMALL.num_pairs and pairs.max_nodes == SMALL.max_nodes
+    adjacency = pairs.adjacency
+    assert torch.equal(adjacency, adjacency.transpose(-1, -2))
+    assert not adjacency.diagonal(dim1=-2, dim2=-1).any()
+    expected_mask = torch.arange(SMALL.max_nodes) < pairs.num_nodes[:, None, None]
+    assert torch.equal(pairs.node_mask, expected_mask.expand(-1, 2, -1))
+    outside = ~(pairs.node_mask[..., :, None] & pairs.node_mask[..., None, :])
+    assert not (adjacency & outside).any()
+    assert pairs.num_nodes.min() >= SMALL.min_nodes and pairs.num_nodes.max() <= SMALL.max_nodes
+    assert set(pairs.edge_probability.tolist()) <= {np.float32(p) for p in SMALL.edge_probabilities}
+    assert torch.equal(pairs.label, pairs.wl_rounds == 0)
+
+
+def test_generated_labels_and_wl_rounds_are_exact(small_pairs):
+    for adjacency, size, label, rounds in zip(
+        small_pairs.adjacency, small_pairs.num_nodes, small_pairs.label, small_pairs.wl_rounds
+    ):
+        adj_a, adj_b = adjacency[0, :size, :size].numpy(), adjacency[1, :size, :size].numpy()
+        exact = brute_force_isomorphic(adj_a, adj_b) if size <= 6 else are_isomorphic(adj_a, adj_b)
+        assert exact == bool(label)
+        expected_rounds = wl_rounds_to_distinguish(adj_a, adj_b)
+        if label:
+            assert expected_rounds is None and rounds == 0
+        else:
+            assert rounds == (WL_NEVER if expected_rounds is None else expected_rounds)
+
+
+def test_stratum_counts_follow_the_spec(small_pairs):
+    strata = wl_stratum(small_pairs.wl_rounds)
+    counts = {stratum: int((strata == stratum).sum()) for stratum in (ISOMORPHIC, WL_ROUND_1, WL_ROUND_2, WL_MORE)}
+    assert counts == SMALL.stratum_counts() == {ISOMORPHIC: 150, WL_ROUND_1: 15, WL_ROUND_2: 30, WL_MORE: 105}
+    # Every size occurs in an easy stratum (hard pairs need at least 6 nodes).
+    assert set(small_pairs.num_nodes[strata == WL_ROUND_1].tolist()) >= {5, 6, 7, 8}
+
+
+def test_isomorphic_pairs_are_relabelled(small_pairs):
+    isomorphic = small_pairs[small_pairs.label]
+    same = (isomorphic.adjacency[:, 0] == isomorphic.adjacency[:, 1]).flatten(1).all(1)
+    assert same.float().mean() < 0.2
+
+
+def test_no_two_pairs_are_identical(small_pairs):
+    keys = pair_keys(small_pairs)
+    assert len(set(keys)) == len(keys)
+
+
+def test_generation_is_deterministic():
+    spec = GraphPairSpec(num_pairs=40, seed=5, min_nodes=5, max_nodes=7)
+    first, second = generate_pairs(spec), generate_pairs(spec)
+    assert first.checksum() == second.checksum()
+    for name, tensor in first.tensors().items():
+        assert torch.equal(tensor, getattr(second, name)), name
+    other = generate_pairs(GraphPairSpec(num_pairs=40, seed=6, min_nodes=5, max_nodes=7))
+    assert not torch.equal(first.adjacency, other.adjacency)
+
+
+def test_wl_stratum_maps_rounds():
+    rounds = torch.tensor([0, 1, 2, 3, 7, WL_NEVER])
+    assert wl_stratum(rounds).tolist() == [ISOMORPHIC, WL_ROUND_1, WL_ROUND_2, WL_MORE, WL_MORE, WL_MORE]
+
+
+# ---------------------------------------------------------------- GraphPairs and splits
+
+
+def test_indexing_and_device(small_pairs):
+    assert len(small_pairs[2:7]) == 5
+    assert len(small_pairs[3]) == len(small_pairs[np.int64(3)]) == len(small_pairs[torch.tensor(3)]) == 1
+    assert torch.equal(small_pairs[[4, 1]].adjacency[1], small_pairs.adjacency[1])
+    assert len(small_pairs[small_pairs.label]) == int(small_pairs.label.sum())
+    assert small_pairs.to("cpu").checksum() == small_pairs.checksum()
+    with pytest.raises(ValueError, match="wl_rounds"):
+        GraphPairs(**{**small_pairs.tensors(), "wl_rounds": small_pairs.wl_rounds.int()})
+
+
+def test_splits_are_disjoint_complete_and_stratified(small_pairs):
+    fractions = {"train": 0.8, "val": 0.1, "test": 0.1}
+    splits = split_pairs(small_pairs, fractions, seed=3)
+    keys = {name: pair_keys(split) for name, split in splits.items()}
+    assert sorted(sum(keys.values(), [])) == sorted(pair_keys(small_pairs))
+    assert {name: len(split) for name, split in splits.items()} == {"train": 240, "val": 30, "test": 30}
+    overall = small_pairs.label.float().mean().item()
+    for split in splits.values():
+        assert abs(split.label.float().mean().item() - overall) <= 0.04
+    again = split_pairs(small_pairs, fractions, seed=3)
+    assert all(again[name].checksum() == splits[name].checksum() for name in fractions)
+    assert split_pairs(small_pairs, fractions, seed=4)["train"].checksum() != splits["train"].checksum()
+    with pytest.raises(ConfigError, match="sum to 1"):
+        split_pairs(small_pairs, {"train": 0.8, "val": 0.1}, seed=0)
+
+
+def test_save_and_load_round_trip_and_detect_tampering(small_pairs, tmp_path):
+    path = tmp_path / "pairs.pt"
+    small_pairs.save(path, metadata={"note": "x"})
+    assert GraphPairs.load(path).checksum() == small_pairs.checksum()
+    state = torch.load(path, weights_only=True)
+    state["tensors"]["label"] = ~state["tensors"]["label"]
+    torch.save(state, path)
+    with pytest.raises(DatasetFileError, match="checksum"):
+        GraphPairs.load(path)
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(DatasetFileError, match="unreadable"):
+        GraphPairs.load(path)
+    save_atomic({"something": "else"}, path)
+    with pytest.raises(DatasetFileError, match="not a graph-pairs file"):
+        GraphPairs.load(path)
+    with pytest.raises(DatasetFileError, match="no checkpoint"):
+        GraphPairs.load(tmp_path / "missing.pt")
+
+
+# ---------------------------------------------------------------- cache
+
+CACHED = GraphPairSpec(num_pairs=30, seed=2, min_nodes=5, max_nodes=7)
+
+
+def forbid_generation(monkeypatch):
+    def fail(spec):
+        raise AssertionError("generate_pairs was called")
+
+    monkeypatch.setattr(data, "generate_pairs", fail)
+
+
+def test_second_call_loads_from_the_cache(tmp_path, monkeypatch):
+    first = load_or_generate(CACHED, tmp_path)
+    assert cache_path(CACHED, tmp_path).name == f"gi_pairs_{CACHED.key()}.pt"
+    assert cache_path(CACHED, tmp_path).is_file()
+    forbid_generation(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = load_or_generate(CACHED, tmp_path)
+    assert second.checksum() == first.checksum()
+
+
+def corrupt_truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def corrupt_garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(2000))
+
+
+def corrupt_checksum(path: Path) -> None:
+    state = torch.load(path, weights_only=True)
+    state["tensors"]["adjacency"][0] = ~state["tensors"]["adjacency"][0]
+    torch.save(state, path)
+
+
+def corrupt_other_spec(path: Path) -> None:
+    other = GraphPairSpec(num_pairs=30, seed=99, min_nodes=5, max_nodes=7)
+    generate_pairs(other).save(path, metadata=data._cache_metadata(other))
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "reason"),
+    [
+        (corrupt_truncated, "corrupt or unreadable"),
+        (corrupt_garbage, "corrupt or unreadable"),
+        (corrupt_checksum, "checksum"),
+        (corrupt_other_spec, "another spec .*seed=99 not 2"),
+    ],
+)
+def test_a_bad_cache_file_is_reported_and_rebuilt(tmp_path, monkeypatch, corrupt, reason):
+    fresh = load_or_generate(CACHED, tmp_path)
+    path = cache_path(CACHED, tmp_path)
+    corrupt(path)
+    with pytest.warns(CacheRebuildWarning, match=reason) as caught:
+        rebuilt = load_or_generate(CACHED, tmp_path)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert rebuilt.checksum() == fresh.checksum()
+    assert not list(tmp_path.glob(".*.tmp"))
+    forbid_generation(monkeypatch)
+    assert load_or_generate(CACHED, tmp_path).checksum() == fresh.checksum()
