@@ -1,9 +1,12 @@
-"""Graph-isomorphism data: exact isomorphism test, 1-WL rounds, generator, splits and cache."""
+"""Graph-isomorphism data: exact isomorphism test, 1-WL rounds, generator, splits, cache and script."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -37,6 +40,7 @@ from nip_like.scenarios.graph_isomorphism.isomorphism import (
     wl_rounds_to_distinguish,
 )
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = GraphPairSpec(num_pairs=300, seed=1, min_nodes=5, max_nodes=8)
 
 
@@ -430,3 +434,59 @@ def test_a_bad_cache_file_is_reported_and_rebuilt(tmp_path, monkeypatch, corrupt
     assert not list(tmp_path.glob(".*.tmp"))
     forbid_generation(monkeypatch)
     assert load_or_generate(CACHED, tmp_path).checksum() == fresh.checksum()
+
+
+# ---------------------------------------------------------------- script
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "generate_gi_dataset.py"), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def load_script():
+    """Import the script as a module, to run its ``main`` in this process."""
+    location = REPO_ROOT / "scripts" / "generate_gi_dataset.py"
+    module_spec = importlib.util.spec_from_file_location("generate_gi_dataset", location)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_script_generates_then_loads(tmp_path, capsys):
+    args = ["--name", "small", "--num-pairs", "20", "--seed", "4", "--cache-dir", str(tmp_path)]
+    first = run_script(*args)
+    assert first.returncode == 0, first.stderr
+    spec = GraphPairSpec(num_pairs=20, seed=4, min_nodes=5, max_nodes=8)
+    assert f"cache: {cache_path(spec, tmp_path)} (generated)" in first.stdout
+    assert "pairs: 20 (isomorphic 10, non-isomorphic 10)" in first.stdout
+    assert "non-isomorphic, 1-WL round 2: 2" in first.stdout and "wall time:" in first.stdout
+    assert load_script().main(args) == 0
+    assert "(loaded)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--name", "nope", "--num-pairs", "5"],
+        ["--name", "small"],
+        ["--name", "small", "--num-pairs", "many"],
+        ["--name", "small", "--num-pairs", "0"],
+    ],
+)
+def test_script_rejects_bad_arguments_in_one_line(args, tmp_path, capsys):
+    try:
+        status = load_script().main([*args, "--cache-dir", str(tmp_path)])
+    except SystemExit as exit_:
+        status = exit_.code
+    assert status == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
+    assert captured.out == ""
