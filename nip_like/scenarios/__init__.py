@@ -2,6 +2,7 @@
 
 from nip_like.scenarios.base import Scenario
 from nip_like.scenarios.environment import InteractionEnv
+from nip_like.scenarios.graph_isomorphism import GraphIsomorphismScenario
 from nip_like.scenarios.hidden_bits import HiddenBitsScenario
 
-__all__ = ["InteractionEnv", "Scenario", "HiddenBitsScenario"]
+__all__ = ["GraphIsomorphismScenario", "HiddenBitsScenario", "InteractionEnv", "Scenario"]
