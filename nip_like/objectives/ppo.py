@@ -132,6 +132,9 @@ class MultiAgentPPOLoss(LossModule):
         value_type = value_type or self.default_value_estimator
         if value_type != ValueEstimators.GAE:
             raise NotImplementedError(f"MultiAgentPPOLoss supports GAE only, not {value_type}")
+        # Two plain calls (observation, next observation) instead of torch.vmap:
+        # vmap has no batching rule for attention on the CPU and falls back to a slow path.
+        hyperparams.setdefault("deactivate_vmap", True)
         self._value_estimator = GAE(value_network=self.critic_network, **hyperparams)
         self._forward_value_estimator_keys()
 

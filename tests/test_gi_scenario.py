@@ -1,0 +1,101 @@
+"""The graph-isomorphism scenario end to end: every protocol under PPO, the solo-agent trainer, metrics."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from nip_like.errors import ConfigError
+from nip_like.experiment import build_trainer, run_experiment
+from nip_like.logging import read_csv_metric
+from tests.conftest import smoke_config
+
+PROTOCOLS = ["nip", "adp", "debate", "mnip", "merlin_arthur", "solo_verifier"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gi_cache")
+
+
+def gi_config(cache_dir, *overrides):
+    """A tiny graph-isomorphism dataset (80 pairs of 7-8 nodes) and small agents."""
+    return smoke_config(
+        "scenario=graph_isomorphism",
+        "scenario.num_pairs=80",
+        "scenario.min_nodes=7",
+        "scenario.max_nodes=8",
+        f"scenario.cache_dir={cache_dir}",
+        "scenario.default_agent.hidden_size=16",
+        *overrides,
+    )
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol):
+    rounds = [] if protocol == "solo_verifier" else ["protocol.max_rounds=4"]
+    metrics = run_experiment(gi_config(cache_dir, f"protocol={protocol}", *rounds, "logger=csv"), tmp_path)
+    for name in ("accuracy", "precision", "recall", "episode_length", "accuracy_worst_datapoint"):
+        assert f"test/{name}" in metrics, name
+    assert 0.0 <= metrics["test/accuracy"] <= 1.0
+    # Periodic evaluation played the validation split.
+    assert read_csv_metric(tmp_path, "eval/accuracy")
+
+
+def test_splits_are_disjoint_and_evaluation_uses_validation(tmp_path, cache_dir):
+    trainer = build_trainer(gi_config(cache_dir, "protocol=nip", "protocol.max_rounds=4"), tmp_path)
+    splits = trainer.scenario.splits()
+    assert sum(len(part) for part in splits.values()) == 80
+    keys = {name: {part.adjacency[i].numpy().tobytes() for i in range(len(part))} for name, part in splits.items()}
+    assert keys["train"].isdisjoint(keys["test"]) and keys["val"].isdisjoint(keys["test"])
+    assert trainer.scenario.eval_split == "val"
+    with pytest.raises(ConfigError, match="splits are"):
+        trainer.scenario.make_env(4, "dev", 0, "cpu")
+
+
+def test_gi_needs_a_proof_protocol(tmp_path, cache_dir):
+    with pytest.raises(ConfigError, match="interactive-proof protocol"):
+        build_trainer(gi_config(cache_dir, "protocol=prover_verifier"), tmp_path)
+
+
+def test_episode_metrics_closed_form(tmp_path, cache_dir):
+    trainer = build_trainer(gi_config(cache_dir, "protocol=nip", "protocol.max_rounds=4"), tmp_path)
+    # Five episodes: pair 0 twice (right, wrong), pairs 1-3 once; decisions 1 = accept, 0 = reject.
+    label = torch.tensor([True, True, False, True, False])
+    decision = torch.tensor([1, 0, 0, 1, 1])
+    episodes = TensorDict(
+        {
+            "state": {
+                "label": label,
+                "decision": decision,
+                "pair_index": torch.tensor([0, 0, 1, 2, 3]),
+                "round": torch.tensor([3, 1, 3, 3, 1]),
+            },
+            "agents": {"episode_return": torch.zeros(5, 2, 1)},
+        },
+        batch_size=[5],
+    )
+    metrics = trainer.scenario.episode_metrics(episodes)
+    assert metrics["accuracy"] == pytest.approx(3 / 5)
+    assert metrics["accuracy_per_datapoint"] == pytest.approx((0.5 + 1 + 1 + 0) / 4)
+    assert metrics["accuracy_worst_datapoint"] == 0.0
+    assert metrics["precision"] == pytest.approx(2 / 3)  # accepted 3, 2 of them isomorphic
+    assert metrics["recall"] == pytest.approx(2 / 3)  # 3 isomorphic, 2 accepted
+    assert metrics["episode_length"] == pytest.approx(11 / 5)
+
+
+def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir):
+    overrides = ("trainer=solo_agent", "protocol=solo_verifier", "trainer.num_iterations=4", "trainer.eval.every=2")
+    metrics = run_experiment(gi_config(cache_dir, *overrides, "logger=csv"), tmp_path / "a")
+    assert {"test/accuracy", "test/precision", "test/recall"} <= set(metrics)
+    assert len(read_csv_metric(tmp_path / "a", "loss/policy")) == 4
+    assert len(read_csv_metric(tmp_path / "a", "eval/accuracy")) == 2
+    # Resuming the finished run restores the agent from its checkpoint: the same test metrics.
+    resumed = run_experiment(gi_config(cache_dir, *overrides, "logger=csv"), tmp_path / "a", resume=True)
+    assert resumed == metrics
+    with pytest.raises(ConfigError, match="not an agent of the protocol"):
+        build_trainer(gi_config(cache_dir, *overrides, "trainer.solo_agent.agent=prover"), tmp_path / "c")
+
+
+def test_solo_agent_needs_labelled_data(tmp_path):
+    with pytest.raises(ConfigError, match="needs labelled data"):
+        build_trainer(smoke_config("trainer=solo_agent"), tmp_path)
