@@ -20,7 +20,14 @@ register_configs()
 
 
 def make_config(*overrides: str) -> DictConfig:
-    """Compose the experiment config with ``overrides`` (no Hydra run folder)."""
+    """Compose the experiment config with ``overrides`` (no Hydra run folder).
+
+    Unless the overrides pick a preset, ``preset=none``: tests start from the
+    group defaults (the seconds-long hidden-bits game), not from the main job's
+    graph-isomorphism preset.
+    """
+    if not any(override.startswith("preset=") for override in overrides):
+        overrides = ("preset=none", *overrides)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 

@@ -96,9 +96,11 @@ def test_user_trainer_in_its_own_file_trains_by_config_override(tmp_path):
 
 
 def test_main_job_in_test_run_mode_prints_test_metrics(tmp_path):
-    result = run_cli(["run.test_run=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    # The main job: graph isomorphism (NIP protocol, PPO), one iteration of each loop.
+    result = run_cli(["run.test_run=true", f"scenario.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 0, result.stderr
     assert "Final test metrics" in result.stdout and "test/accuracy" in result.stdout
+    assert "test/precision" in result.stdout  # a graph-isomorphism metric
     assert "Training" in result.stderr and "Testing" in result.stderr  # the progress bars
 
 

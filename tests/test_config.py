@@ -44,6 +44,20 @@ def test_group_options_compose():
     assert make_config().name == "hidden_bits_prover_verifier"
 
 
+def test_main_job_default_is_the_graph_isomorphism_quick_preset():
+    from hydra import compose, initialize_config_dir
+
+    from nip_like.cli import CONFIG_DIR
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        config = compose("config")  # what `python -m nip_like` runs with no overrides
+    assert (config.scenario.name, config.protocol.name, config.trainer.trainer_type) == ("graph_isomorphism", "nip", "ppo")
+    assert config.trainer.num_iterations == 150 and config.protocol.min_rounds == 3
+    paper = make_config("preset=paper")
+    assert (paper.trainer.frames_per_batch, paper.trainer.num_epochs, paper.trainer.optimizer.lr) == (2048, 10, 0.0003)
+    assert (paper.trainer.gamma, paper.trainer.lmbda, paper.protocol.max_rounds) == (0.95, 0.95, 8)
+
+
 def test_schema_defaults_match_the_dataclasses():
     config = make_config("trainer=ppo")
     defaults = config_module.PPOConfig()

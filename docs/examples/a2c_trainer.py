@@ -2,7 +2,7 @@
 
 Run it from the folder holding this file, with no edit to nip_like:
 
-    python -m nip_like trainer.trainer_type=a2c_trainer.A2CTrainer trainer.num_epochs=1 trainer.minibatch_size=1536
+    python -m nip_like preset=none trainer.trainer_type=a2c_trainer.A2CTrainer trainer.num_epochs=1 trainer.minibatch_size=1536
 
 A2C is on-policy, so each batch is used for one full-batch gradient step.
 """

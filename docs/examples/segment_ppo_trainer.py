@@ -8,7 +8,7 @@ holds ``trainer.minibatch_size`` segments instead of that many transitions
 
 Run it from the folder holding this file:
 
-    python -m nip_like trainer.trainer_type=segment_ppo_trainer.SegmentPpoTrainer trainer.minibatch_size=8
+    python -m nip_like preset=none trainer.trainer_type=segment_ppo_trainer.SegmentPpoTrainer trainer.minibatch_size=8
 """
 
 from tensordict import TensorDictBase

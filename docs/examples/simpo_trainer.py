@@ -11,7 +11,7 @@ the loss inherits :class:`~nip_like.objectives.dpo.DPOLoss`'s
 holding this file, on the DPO trainer config (grouped rollouts, minibatches of
 pairs):
 
-    python -m nip_like trainer=dpo trainer.trainer_type=simpo_trainer.SimpoTrainer +trainer.extra.gamma=0.5
+    python -m nip_like preset=none trainer=dpo trainer.trainer_type=simpo_trainer.SimpoTrainer +trainer.extra.gamma=0.5
 """
 
 import torch.nn.functional as F

@@ -1,0 +1,110 @@
+"""Train every graph-isomorphism protocol with PPO over several seeds and tabulate held-out accuracy.
+
+Each (protocol, seed) is one ``python -m nip_like`` run of the chosen preset
+(``quick`` by default) in its own folder under ``--out``; up to ``--jobs``
+run at once, each on one thread. A run whose ``summary.json`` exists is not
+run again, so an interrupted call can simply be repeated. The table (Markdown,
+printed and written to ``<out>/results.md``, with ``results.json``) gives per
+protocol the mean, standard deviation, minimum and maximum of the final
+held-out test accuracy over seeds, the frames and the mean wall time of a run,
+beside the final accuracies the NIP paper reports.
+
+Run it from the repository root::
+
+    python scripts/gi_protocol_results.py                                  # quick preset, 3 seeds, all protocols
+    python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 --jobs 2
+    python scripts/gi_protocol_results.py --preset paper --out outputs/gi_paper   # hours per run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROTOCOLS = ["nip", "adp", "debate", "mnip", "merlin_arthur", "solo_verifier"]
+#: Final test accuracy reported by Hammond and Adam-Day (NIP paper), graph isomorphism.
+PAPER = {"nip": 0.945, "adp": 0.61, "debate": 0.64, "mnip": 0.67}
+
+
+def run_one(args: argparse.Namespace, protocol: str, seed: int) -> dict:
+    """Run (or reuse) one training run; return its summary, or the error."""
+    folder = Path(args.out) / f"{protocol}_seed{seed}"
+    summary = folder / "summary.json"
+    if summary.is_file():
+        return json.loads(summary.read_text())
+    if folder.exists():
+        folder.rename(folder.with_name(f"{folder.name}.incomplete.{int(time.time())}"))
+    command = [
+        sys.executable, "-m", "nip_like", f"preset={args.preset}", f"protocol={protocol}", f"seed={seed}",
+        "run.num_threads=1", "run.progress_bar=false", f"hydra.run.dir={folder}", *args.overrides,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if result.returncode or not summary.is_file():
+        lines = result.stderr.strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit status {result.returncode}"}
+    return json.loads(summary.read_text())
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    """The Markdown results table."""
+    rows = [
+        "| protocol | test accuracy, mean ± sd | min | max | seeds | frames per run | wall time per run | NIP paper |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for protocol, runs in results.items():
+        done = [run for run in runs if "error" not in run]
+        if not done:
+            rows.append(f"| {protocol} | failed | | | 0 | | | {PAPER.get(protocol, '')} |")
+            continue
+        accuracy = [run["test_metrics"]["test/accuracy"] for run in done]
+        spread = statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0
+        seconds = statistics.mean(run["train_seconds"] for run in done)
+        rows.append(
+            f"| {protocol} | {statistics.mean(accuracy):.3f} ± {spread:.3f} | {min(accuracy):.3f} | "
+            f"{max(accuracy):.3f} | {len(done)} | {done[0]['frames']:,} | {seconds / 60:.1f} min | "
+            f"{PAPER.get(protocol, '')} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
+    """Run the grid, print and write the table, return the summaries."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--protocols", nargs="+", default=PROTOCOLS, choices=PROTOCOLS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--preset", default="quick", help="config preset of every run (quick or paper)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
+    parser.add_argument("--out", default="outputs/gi_protocol_results", help="folder of the runs and the table")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    grid = [(protocol, seed) for protocol in args.protocols for seed in args.seeds]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        outcomes = list(pool.map(lambda job: run_one(args, *job), grid))
+    results: dict[str, list[dict]] = {protocol: [] for protocol in args.protocols}
+    for (protocol, seed), outcome in zip(grid, outcomes):
+        results[protocol].append({"seed": seed, **outcome})
+        if "error" in outcome:
+            print(f"failed: {protocol} seed {seed}: {outcome['error']}", file=sys.stderr)
+    text = table(results)
+    print(text)
+    print(f"\n{len(grid)} runs, {(time.perf_counter() - started) / 60:.1f} min in this call")
+    (Path(args.out) / "results.md").write_text(text + "\n")
+    (Path(args.out) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
