@@ -90,6 +90,7 @@ TARGET_RATIO = 1.05
 
 #: Overrides that switch off everything that is not training.
 BASE_OVERRIDES = (
+    "preset=none",
     "scenario=hidden_bits",
     "protocol=prover_verifier",
     "trainer=ppo",
