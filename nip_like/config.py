@@ -104,6 +104,17 @@ class SoloAgentConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """Supervised pretraining of agents on the labels before RL (scenarios with labelled data)."""
+
+    agents: list[str] = field(default_factory=list)  # agents whose policy networks are first fitted to the labels
+    epochs: int = 10  # passes over the train split
+    lr: float = 0.001  # Adam learning rate of the pretraining
+    minibatch_size: int = 64  # datapoints per pretraining minibatch
+    cache_dir: str = "~/.cache/nip_like/pretrained"  # where pretrained agents are cached, keyed by what determines them
+
+
+@dataclass
 class EvalConfig:
     """Periodic evaluation during training, best checkpoint and early stopping."""
 
@@ -140,6 +151,7 @@ class TrainerConfig:
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)  # REINFORCE options
     dpo: DPOConfig = field(default_factory=DPOConfig)  # DPO / IPO / hinge options
     solo_agent: SoloAgentConfig = field(default_factory=SoloAgentConfig)  # supervised solo-agent options
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
 

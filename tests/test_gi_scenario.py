@@ -99,3 +99,42 @@ def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir):
 def test_solo_agent_needs_labelled_data(tmp_path):
     with pytest.raises(ConfigError, match="needs labelled data"):
         build_trainer(smoke_config("trainer=solo_agent"), tmp_path)
+
+
+def test_pretraining_fits_once_then_loads_from_the_cache(tmp_path, cache_dir):
+    overrides = (
+        "protocol=nip",
+        "protocol.max_rounds=4",
+        "trainer.pretrain.agents=[verifier]",
+        "trainer.pretrain.epochs=2",
+        f"trainer.pretrain.cache_dir={tmp_path / 'pretrained'}",
+    )
+    first = build_trainer(gi_config(cache_dir, *overrides), tmp_path / "a")
+    assert first.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
+    assert 0.0 <= first.pretrain_metrics["pretrain/verifier/train_accuracy"] <= 1.0
+    second = build_trainer(gi_config(cache_dir, *overrides), tmp_path / "b")
+    assert second.pretrain_metrics["pretrain/verifier/from_cache"] == 1.0
+    verifier = lambda trainer: trainer.agent_modules.policy.module[0].module.networks["verifier"]  # noqa: E731
+    for a, b in zip(verifier(first).parameters(), verifier(second).parameters()):
+        torch.testing.assert_close(a, b)
+    # The value body starts from the pretrained policy body; the reference is the pretrained policy.
+    value = second.agent_modules.value.module.networks["verifier"]
+    for a, b in zip(value.body.parameters(), verifier(second).body.parameters()):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(second.reference_policy.policy.parameters(), second.policy.parameters()):
+        torch.testing.assert_close(a, b)
+    # A different setting is a different cache entry; a corrupt entry is rebuilt with a warning.
+    other = build_trainer(gi_config(cache_dir, *overrides, "trainer.pretrain.epochs=1"), tmp_path / "c")
+    assert other.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
+    for path in (tmp_path / "pretrained").iterdir():
+        path.write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="rebuilding the pretrained verifier"):
+        rebuilt = build_trainer(gi_config(cache_dir, *overrides), tmp_path / "d")
+    assert rebuilt.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
+
+
+def test_pretraining_errors(tmp_path, cache_dir):
+    with pytest.raises(ConfigError, match="pretrain.agents names \\['judge'\\]"):
+        build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.pretrain.agents=[judge]"), tmp_path / "a")
+    with pytest.raises(ConfigError, match="needs labelled data"):
+        build_trainer(smoke_config("trainer.pretrain.agents=[verifier]"), tmp_path / "b")

@@ -31,6 +31,7 @@ from nip_like.errors import ConfigError, TrainingError
 from nip_like.logging import MetricLogger, metric_name
 from nip_like.objectives.masking import per_agent_mean
 from nip_like.objectives.reference import ReferencePolicy, categorical_entropy, categorical_kl
+from nip_like.pretrain import pretrain_agents
 from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
 from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
@@ -105,6 +106,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.agent_modules.modules().to(self.device)
         self.policy = self.agent_modules.policy
         self.value = self.agent_modules.value
+        # Optional supervised pretraining (cached); the reference below is then the pretrained policy.
+        self.pretrain_metrics = (
+            pretrain_agents(config, scenario, self.agent_modules, self.device)
+            if self.trainer_config.pretrain.agents
+            else {}
+        )
         # The initial policy, frozen: the common reference of objective/kl.
         self.reference_policy = ReferencePolicy(self.policy)
 
@@ -284,6 +291,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         frames = batch.numel()
         self.state.frames += frames
         metrics = {f"train/{k}": v for k, v in self._episode_metrics(finished_episodes(batch)).items()}
+        if iteration == 0:
+            metrics.update(self.pretrain_metrics)
         every = self._diagnostics_every
         if every and iteration % every == 0:
             metrics.update(self._policy_diagnostics(batch))

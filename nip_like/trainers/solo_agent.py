@@ -8,19 +8,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from tensordict import TensorDictBase
 
 from nip_like.checkpoint import derive_seed, get_rng_states, set_rng_states
 from nip_like.errors import ConfigError
-from nip_like.objectives.reference import masked_log_softmax
 from nip_like.optim import build_optimizer
+from nip_like.pretrain import TARGET_KEY, decision_log_probs, supervised_epoch
 from nip_like.registry import register_trainer
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
-
-#: Entries of a scenario's supervised data besides the agents' observations.
-TARGET_KEY = "target_action"
-TARGET_MASK_KEY = "target_mask"
 
 
 @dataclass
@@ -75,22 +69,15 @@ class SoloAgentTrainer(TensorDictTrainer):
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.agents.modules()]
 
-    # ------------------------------------------------------------------ loss
-    def _log_probs(self, batch: TensorDictBase) -> torch.Tensor:
-        logits = self.agents.policy.get_dist_params(batch.clone(False)).get(("agents", "logits"))
-        return masked_log_softmax(logits[:, self.agent_index], batch.get(TARGET_MASK_KEY))
-
-    def _loss_and_accuracy(self, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs = self._log_probs(batch)
-        target = batch.get(TARGET_KEY)
-        return F.nll_loss(log_probs, target), (log_probs.argmax(-1) == target).float().mean()
-
+    # ------------------------------------------------------------ evaluation
     def _evaluate(self, split: str) -> dict[str, float]:
         data = self.data[split]
-        predicted = torch.cat([self._log_probs(chunk).argmax(-1) for chunk in data.split(1024)])
+        chunks = data.split(1024)
+        predicted = torch.cat([decision_log_probs(self.agents, self.agent_index, chunk).argmax(-1) for chunk in chunks])
         target = data.get(TARGET_KEY)
         metrics = {"accuracy": (predicted == target).float().mean().item()}
-        metrics.update(self.scenario.supervised_metrics(predicted, data) if hasattr(self.scenario, "supervised_metrics") else {})
+        if hasattr(self.scenario, "supervised_metrics"):
+            metrics.update(self.scenario.supervised_metrics(predicted, data))
         return {f"{'eval' if split == 'val' else split}/{k}": v for k, v in metrics.items()}
 
     # ----------------------------------------------------------------- loops
@@ -110,25 +97,17 @@ class SoloAgentTrainer(TensorDictTrainer):
         iteration_context.set_description("Training")
         tc = self.config.trainer
         data = self.data["train"]
-        size = min(int(tc.minibatch_size), data.batch_size[0])
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
-            order = torch.randperm(data.batch_size[0], generator=self.generator).to(self.device)
-            losses, accuracies = [], []
-            for start in range(0, data.batch_size[0] - size + 1, size):
-                loss, accuracy = self._loss_and_accuracy(data[order[start : start + size]])
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if tc.optimizer.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(self.agents.agent_parameters(self.agent), tc.optimizer.max_grad_norm)
-                self.optimizer.step()
-                self.state.gradient_steps += 1
-                losses.append(loss.detach())
-                accuracies.append(accuracy)
+            loss, accuracy, steps = supervised_epoch(
+                self.agents, self.agent_index, data, self.optimizer, tc.minibatch_size, self.generator,
+                tc.optimizer.max_grad_norm,
+            )
+            self.state.gradient_steps += steps
             self.state.iteration += 1
             metrics = {
-                "loss/policy": torch.stack(losses).mean().item(),
-                "train/accuracy": torch.stack(accuracies).mean().item(),
+                "loss/policy": loss,
+                "train/accuracy": accuracy,
                 "train/gradient_steps": self.state.gradient_steps,
             }
             every = int(tc.eval.every)

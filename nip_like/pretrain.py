@@ -1,0 +1,159 @@
+"""Supervised fitting of an agent's policy to a scenario's labels, and its on-disk cache.
+
+Used by the solo-agent trainer (the supervised baseline) and, with
+``trainer.pretrain.agents``, to pretrain agents' networks before RL. A
+pretrained agent is cached under a key made of everything that determines it
+(scenario and protocol config, agent sizes, the pretraining options and the
+seed), so a sweep that pretrains the same agent many times fits it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDictBase
+
+from nip_like.agents import LOGITS_KEY, AgentModules, PerAgent
+from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.errors import CheckpointError, ConfigError
+from nip_like.objectives.reference import masked_log_softmax
+
+#: Entries of a scenario's supervised data besides the agents' observations.
+TARGET_KEY = "target_action"
+TARGET_MASK_KEY = "target_mask"
+
+
+def decision_log_probs(agents: AgentModules, agent_index: int, batch: TensorDictBase) -> torch.Tensor:
+    """Log-probabilities of one agent over the target actions of ``batch``, ``(batch, num_actions)``."""
+    logits = agents.policy.get_dist_params(batch.clone(False)).get(LOGITS_KEY)
+    return masked_log_softmax(logits[:, agent_index], batch.get(TARGET_MASK_KEY))
+
+
+def supervised_epoch(
+    agents: AgentModules,
+    agent_index: int,
+    data: TensorDictBase,
+    optimizer: torch.optim.Optimizer,
+    minibatch_size: int,
+    generator: torch.Generator,
+    max_grad_norm: float | None = None,
+) -> tuple[float, float, int]:
+    """One shuffled pass of cross-entropy on the target actions.
+
+    Returns
+    -------
+    loss, accuracy, steps
+        Mean minibatch loss and accuracy, and the number of optimiser steps.
+    """
+    size = min(int(minibatch_size), data.batch_size[0])
+    order = torch.randperm(data.batch_size[0], generator=generator).to(data.device)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    losses, accuracies = [], []
+    for start in range(0, data.batch_size[0] - size + 1, size):
+        batch = data[order[start : start + size]]
+        log_probs = decision_log_probs(agents, agent_index, batch)
+        target = batch.get(TARGET_KEY)
+        loss = F.nll_loss(log_probs, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(loss.detach())
+        accuracies.append((log_probs.argmax(-1) == target).float().mean())
+    return torch.stack(losses).mean().item(), torch.stack(accuracies).mean().item(), len(losses)
+
+
+def pretrain_key(config: DictConfig, agent: str) -> dict[str, Any]:
+    """Everything that determines a pretrained agent (hashed into its cache file name)."""
+    return {
+        "scenario": OmegaConf.to_container(config.scenario, resolve=True),
+        "protocol": OmegaConf.to_container(config.protocol, resolve=True),
+        "pretrain": {
+            name: value
+            for name, value in OmegaConf.to_container(config.trainer.pretrain, resolve=True).items()
+            if name not in ("agents", "cache_dir")
+        },
+        "agent": agent,
+        "seed": int(config.seed),
+    }
+
+
+def _policy_network(agents: AgentModules, agent: str) -> torch.nn.Module:
+    for module in agents.policy.modules():
+        if isinstance(module, PerAgent):
+            return module.networks[agent]
+    raise ConfigError("pretraining needs per-agent policy networks (nip_like.agents.PerAgent)")
+
+
+def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
+    """Start a separate value body from the pretrained policy body (if the agent has one)."""
+    policy = _policy_network(agents, agent)
+    for module in agents.value.modules():
+        if isinstance(module, PerAgent):
+            value = module.networks[agent]
+            body_p, body_v = getattr(policy, "body", None), getattr(value, "body", None)
+            if body_p is not None and body_v is not None and body_p is not body_v:
+                body_v.load_state_dict(body_p.state_dict())
+
+
+def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: torch.device) -> dict[str, float]:
+    """Fit each agent of ``trainer.pretrain.agents`` to the labels, or load it from the cache.
+
+    Returns
+    -------
+    dict
+        ``pretrain/<agent>/train_accuracy`` and ``pretrain/<agent>/from_cache`` per agent.
+    """
+    options = config.trainer.pretrain
+    if not hasattr(scenario, "supervised_data"):
+        raise ConfigError(
+            f"trainer.pretrain.agents needs labelled data; scenario {scenario.config.name!r} has none"
+        )
+    unknown = sorted(set(options.agents) - set(scenario.agent_names))
+    if unknown:
+        raise ConfigError(
+            f"trainer.pretrain.agents names {unknown}; the protocol's agents are {list(scenario.agent_names)}"
+        )
+    if options.epochs < 1:
+        raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
+    metrics: dict[str, float] = {}
+    data = None
+    for agent in options.agents:
+        key = pretrain_key(config, agent)
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(options.cache_dir).expanduser() / f"{agent}_{digest}.pt"
+        network = _policy_network(agents, agent)
+        cached = None
+        if path.is_file():
+            try:
+                cached = load_checked(path, digest)
+                if cached.get("key") != key:
+                    raise CheckpointError(f"{path} was made for other settings")
+            except CheckpointError as error:
+                warnings.warn(f"rebuilding the pretrained {agent}: {error}", stacklevel=2)
+                cached = None
+        if cached is None:
+            if data is None:
+                data = scenario.supervised_data("train").to(device)
+            index = scenario.agent_names.index(agent)
+            optimizer = torch.optim.Adam(network.parameters(), lr=float(options.lr))
+            generator = torch.Generator().manual_seed(int(config.seed))
+            for _ in range(int(options.epochs)):
+                _, accuracy, _ = supervised_epoch(agents, index, data, optimizer, options.minibatch_size, generator)
+            cached = {"key": key, "state": network.state_dict(), "train_accuracy": accuracy}
+            save_atomic({"run_id": digest, **cached}, path)
+            metrics[f"pretrain/{agent}/from_cache"] = 0.0
+        else:
+            network.load_state_dict(cached["state"])
+            metrics[f"pretrain/{agent}/from_cache"] = 1.0
+        metrics[f"pretrain/{agent}/train_accuracy"] = float(cached["train_accuracy"])
+        _copy_body_to_value(agents, agent)
+    return metrics
