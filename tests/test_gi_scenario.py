@@ -1,5 +1,7 @@
 """The graph-isomorphism scenario end to end: every protocol under PPO, the solo-agent trainer, metrics."""
 
+import math
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -39,6 +41,7 @@ def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protoco
     assert 0.0 <= metrics["test/accuracy"] <= 1.0
     # Periodic evaluation played the validation split.
     assert read_csv_metric(tmp_path, "eval/accuracy")
+    assert read_csv_metric(tmp_path, "agents/verifier/policy/decision_entropy")
 
 
 def test_splits_are_disjoint_and_evaluation_uses_validation(tmp_path, cache_dir):
@@ -138,3 +141,24 @@ def test_pretraining_errors(tmp_path, cache_dir):
         build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.pretrain.agents=[judge]"), tmp_path / "a")
     with pytest.raises(ConfigError, match="needs labelled data"):
         build_trainer(smoke_config("trainer.pretrain.agents=[verifier]"), tmp_path / "b")
+
+
+def test_decision_and_message_entropies_closed_form(tmp_path, cache_dir):
+    trainer = build_trainer(gi_config(cache_dir, "protocol=nip", "protocol.max_rounds=4"), tmp_path)
+    n = trainer.train_env.max_nodes
+    actions = 2 * n + 2
+    # One step, two agents (prover, verifier); uniform logits.
+    mask = torch.zeros(1, 2, actions, dtype=torch.bool)
+    mask[0, 0, :4] = True  # the prover may send 4 nodes
+    mask[0, 1, :2] = True  # the verifier may send 2 nodes, or decide
+    mask[0, 1, 2 * n :] = True
+    batch = TensorDict(
+        {"agents": {"logits": torch.zeros(1, 2, actions), "action_mask": mask, "active": torch.tensor([[True, True]])}},
+        batch_size=[1],
+    )
+    metrics = trainer.scenario.policy_metrics(batch)
+    assert metrics["agents/prover/policy/message_entropy"] == pytest.approx(math.log(4))
+    assert metrics["agents/verifier/policy/message_entropy"] == pytest.approx(math.log(2))
+    # Reject 1/4, accept 1/4, continue 2/4.
+    expected = -(2 * 0.25 * math.log(0.25) + 0.5 * math.log(0.5))
+    assert metrics["agents/verifier/policy/decision_entropy"] == pytest.approx(expected)

@@ -65,6 +65,15 @@ class Scenario(ABC):
         """Return each agent's best achievable expected episode return, if known."""
         return None
 
+    def policy_metrics(self, batch: TensorDictBase) -> dict[str, float]:
+        """Scenario-specific measurements of the collecting policy on a batch (none by default).
+
+        Called with the trainer's shared diagnostics (``logger.diagnostics_every``)
+        on the collected ``(env, time)`` batch, which holds the policy's logits
+        (``("agents", "logits")``), action masks and active flags.
+        """
+        return {}
+
     def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
         """Summarise finished episodes.
 

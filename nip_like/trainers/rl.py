@@ -344,6 +344,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         for index, name in enumerate(self.agent_names):
             metrics[f"agents/{name}/objective/kl"] = kl[index].item()
             metrics[f"agents/{name}/objective/entropy"] = entropy[index].item()
+        metrics.update(self.scenario.policy_metrics(batch))
         return metrics
 
     def _layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:

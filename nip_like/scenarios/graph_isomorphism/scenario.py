@@ -10,6 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 from nip_like.agents import AgentModules
 from nip_like.config import GraphAgentConfig, typed_entry
 from nip_like.errors import ConfigError
+from nip_like.objectives.reference import masked_log_softmax
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import register_scenario
 from nip_like.scenarios.base import Scenario
@@ -159,6 +160,39 @@ class GraphIsomorphismScenario(Scenario):
     # ----------------------------------------------------------------- metrics
     def optimal_rewards(self) -> dict[str, float] | None:
         return None
+
+    def policy_metrics(self, batch: TensorDictBase) -> dict[str, float]:
+        """Decision and message entropies of the collecting policy.
+
+        ``agents/<name>/policy/message_entropy``: entropy of the node an agent
+        sends, given that it sends one, over its active steps.
+        ``agents/verifier/policy/decision_entropy``: entropy of the verifier's
+        three-way choice (reject, accept, continue with any node) over the
+        steps where it may decide.
+        """
+        logits = batch.get(("agents", "logits"))
+        mask = batch.get(("agents", "action_mask"))
+        active = batch.get(("agents", "active"))
+        nodes = logits.shape[-1] - 2
+        log_p = masked_log_softmax(logits, mask)
+        p = log_p.exp()
+        node_mask = mask[..., :nodes]
+        sends = node_mask.any(-1) & active
+        node_log_p = masked_log_softmax(logits[..., :nodes], node_mask)
+        message = -(node_log_p.exp() * torch.where(node_mask, node_log_p, torch.zeros_like(node_log_p))).sum(-1)
+        metrics = {}
+        for index, name in enumerate(self.agent_names):
+            chosen = sends[..., index]
+            if chosen.any():
+                metrics[f"agents/{name}/policy/message_entropy"] = message[..., index][chosen].mean().item()
+        verifier = self.protocol.verifier_index
+        deciding = mask[..., verifier, nodes:].any(-1) & active[..., verifier]
+        if deciding.any():
+            probs = p[..., verifier, :]
+            three = torch.stack([probs[..., nodes], probs[..., nodes + 1], probs[..., :nodes].sum(-1)], -1)
+            three = three[deciding].clamp_min(1e-12)
+            metrics["agents/verifier/policy/decision_entropy"] = (-(three * three.log()).sum(-1)).mean().item()
+        return metrics
 
     def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
         """Verifier accuracy (per episode, per datapoint, worst datapoint), precision, recall, length.
