@@ -27,3 +27,6 @@ class TrainingError(NipLikeError, RuntimeError):
 class SweepJobError(NipLikeError):
     """A job of a sweep failed; the message names its folder and the reason."""
 
+
+class ReportError(NipLikeError, ValueError):
+    """Run folders cannot be compared as asked (mixed budgets, missing metrics, no runs)."""
