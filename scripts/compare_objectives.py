@@ -28,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nip_like.analysis.budgets import ALLOW_FLAG, GradientStepRule  # noqa: E402
 from nip_like.analysis.groups import OBJECTIVE_KEYS, TASK_KEYS  # noqa: E402
-from nip_like.analysis.report import MARKDOWN_FILE, ReportOptions, build_report, format_markdown, write_report  # noqa: E402
+from nip_like.analysis.report import (  # noqa: E402
+    MARKDOWN_FILE,
+    ReportOptions,
+    build_report,
+    format_markdown,
+    write_report,
+)
 from nip_like.analysis.runs import find_runs  # noqa: E402
 from nip_like.cli import report_errors  # noqa: E402
 

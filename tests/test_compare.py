@@ -83,8 +83,9 @@ DPO_CURVES = [[0.95, 1, 1, 1], [0.1, 0.5, 0.9, 1], [0.1, 0.2, 0.3, 0.92], [0.1, 
 def sweep(tmp_path) -> Path:
     root = tmp_path / "sweep"
     for seed in range(4):
-        write_run(root / f"seed={seed},trainer=ppo", "ppo", seed, PPO_REWARDS[seed], [0.5, 0.9, 1, 1], 0.5, gradient_steps=96)
-        write_run(root / f"seed={seed},trainer=dpo", "dpo", seed, DPO_REWARDS[seed], DPO_CURVES[seed], 0.25, gradient_steps=40 + seed)
+        ppo, dpo = root / f"seed={seed},trainer=ppo", root / f"seed={seed},trainer=dpo"
+        write_run(ppo, "ppo", seed, PPO_REWARDS[seed], [0.5, 0.9, 1, 1], 0.5, gradient_steps=96)
+        write_run(dpo, "dpo", seed, DPO_REWARDS[seed], DPO_CURVES[seed], 0.25, gradient_steps=40 + seed)
     return root
 
 
@@ -188,7 +189,8 @@ def test_duplicate_seeds_are_refused(tmp_path, sweep):
 
 def test_tasks_are_compared_separately(sweep):
     for seed in range(2):
-        write_run(sweep / f"protocol=solo,seed={seed},trainer=ppo", "ppo", seed, 0.25, [0.2] * 4, protocol="solo_verifier")
+        folder = sweep / f"protocol=solo,seed={seed},trainer=ppo"
+        write_run(folder, "ppo", seed, 0.25, [0.2] * 4, protocol="solo_verifier")
     report = build_report(find_runs([sweep]), options())
     assert [task.task for task in report.tasks] == ["hidden_bits / prover_verifier", "hidden_bits / solo_verifier"]
     assert report.tasks[1].improvement == []

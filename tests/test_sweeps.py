@@ -69,7 +69,8 @@ def test_ready_sweep_expands_to_matched_jobs_with_declared_iterations():
 def test_command_line_sweeps_replace_the_grid_and_test_run_is_short(tmp_path):
     sweep = expand_sweep("ppo_vs_dpo", ["seed=7", "run.test_run=true"], out=tmp_path)
     # A test run gets folders of its own, apart from the full runs'.
-    assert sorted(job.name for job in sweep.jobs) == ["run.test_run=True,seed=7,trainer=dpo", "run.test_run=True,seed=7,trainer=ppo"]
+    names = sorted(job.name for job in sweep.jobs)
+    assert names == ["run.test_run=True,seed=7,trainer=dpo", "run.test_run=True,seed=7,trainer=ppo"]
     assert {job.iterations for job in sweep.jobs} == {2}
     assert all(job.folder.parent == tmp_path for job in sweep.jobs)
 
@@ -145,7 +146,8 @@ def test_sweep_runs_every_job_and_the_report_reads_it(finished_sweep, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Matched budget: every run collected 288 frames" in result.stdout
     assert "| dpo | 2 |" in result.stdout and "| ppo | 2 |" in result.stdout
-    assert {path.name for path in out.iterdir()} >= {"report.md", "summary.csv", "curves_frames.png", "reward_vs_kl.png"}
+    written = {path.name for path in out.iterdir()}
+    assert written >= {"report.md", "summary.csv", "curves_frames.png", "reward_vs_kl.png"}
 
 
 @pytest.mark.slow
@@ -178,7 +180,8 @@ def test_rerun_finishes_only_what_was_missing(finished_sweep, config_dir, tmp_pa
 
 def test_a_failing_job_is_reported_and_the_others_finish(config_dir, tmp_path):
     out = tmp_path / "sweep"
-    result = run_sweep([*QUICK, "trainer=ppo", "seed=0", "trainer.minibatch_size=32,5000", "--jobs", "2"], config_dir, out)
+    grid = ["trainer=ppo", "seed=0", "trainer.minibatch_size=32,5000"]
+    result = run_sweep([*QUICK, *grid, "--jobs", "2"], config_dir, out)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 finished, 1 failed." in result.stdout
     failure = "trainer.minibatch_size=5000,trainer=ppo: error: trainer.minibatch_size (5000) is larger than the batch"

@@ -137,12 +137,15 @@ def check_budgets(task: str, groups: list[Group], rule: GradientStepRule, allow_
     if len(set(episodes.values())) > 1:
         problems.append(f"held-out test episodes ({_by_objective(groups, episodes)})")
     if rule.kind == "equal" and len(set(steps.values())) > 1:
-        problems.append(f"gradient steps per run ({_by_objective(groups, steps)}), which --gradient-steps equal requires")
+        shown = _by_objective(groups, steps)
+        problems.append(f"gradient steps per run ({shown}), which --gradient-steps equal requires")
     if rule.kind == "within":
         medians = [median_steps(group) for group in groups]
         if min(medians) <= 0 or max(medians) / min(medians) > rule.ratio:
             shown = "; ".join(f"{group.objective}: {median:,.0f}" for group, median in zip(groups, medians))
-            problems.append(f"median gradient steps ({shown}) by more than the factor {rule.ratio:g} of --gradient-steps")
+            problems.append(
+                f"median gradient steps ({shown}) by more than the factor {rule.ratio:g} of --gradient-steps"
+            )
     if problems and not allow_mixed:
         raise ReportError(
             f"the runs on {task} differ in {' and in '.join(problems)}: objectives are compared at a matched budget, "

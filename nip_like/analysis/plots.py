@@ -111,7 +111,8 @@ def plot_learning_curves(
             center, low, high = mean_with_band(aligned, confidence=confidence, seed=seed)
             label = f"{group.objective} (mean of {len(curves)} seeds)"
             marker = "o" if len(grid) <= FEW_POINTS else None
-            axis.plot(grid, center, color=color, linewidth=2.0, marker=marker, markersize=3, label=label, drawstyle="steps-post")
+            style = {"linewidth": 2.0, "marker": marker, "markersize": 3, "drawstyle": "steps-post"}
+            axis.plot(grid, center, color=color, label=label, **style)
             if np.isfinite(low).all():
                 axis.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0, step="post")
         axis.set_title(task)

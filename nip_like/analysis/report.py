@@ -290,7 +290,10 @@ def build_report(found: FoundRuns, options: ReportOptions, roots: Sequence[Path]
         raise ReportError(f"--confidence must be between 0 and 1, got {options.confidence}")
     tasks = group_runs(found.runs, options.objective_keys, options.task_keys, options.objectives)
     # Budgets first: a group whose runs differ in budget is better told so than that its configs differ.
-    notes = {task: check_budgets(task, groups, options.gradient_steps, options.allow_mixed_budgets) for task, groups in tasks.items()}
+    notes = {
+        task: check_budgets(task, groups, options.gradient_steps, options.allow_mixed_budgets)
+        for task, groups in tasks.items()
+    }
     check_seeds_only(tasks, ("trainer.num_iterations",) if options.allow_mixed_budgets else ())
     # Read every curve the report needs now, so that a missing one stops it before it writes a file.
     needed = [options.crossing_metric, FRAMES_METRIC, ITERATION_SECONDS_METRIC]
@@ -413,7 +416,9 @@ def metrics_table(task: TaskReport, options: ReportOptions) -> str:
 def improvement_table(task: TaskReport, options: ReportOptions) -> str:
     """The probability of improvement between each pair of objectives, as a Markdown table."""
     header = ["X", "Y", f"P(X > Y) on {options.primary_metric} [{options.confidence:.0%} CI]"]
-    rows = [[row["x"], row["y"], _with_interval(row["probability"], row["low"], row["high"])] for row in task.improvement]
+    rows = [
+        [row["x"], row["y"], _with_interval(row["probability"], row["low"], row["high"])] for row in task.improvement
+    ]
     return _table(header, rows)
 
 
@@ -476,7 +481,8 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
         groups = report.groups
         for axis in ("frames", "seconds"):
             path = out_dir / PLOT_FILES[axis]
-            written.append(plot_learning_curves(groups, options.curve_metric, axis, path, options.confidence, options.seed))
+            plot_learning_curves(groups, options.curve_metric, axis, path, options.confidence, options.seed)
+            written.append(path)
             plot_files[axis] = PLOT_FILES[axis]
         path = out_dir / PLOT_FILES["kl"]
         written.append(plot_reward_against_kl(groups, options.reward_metric, options.kl_metric, path))

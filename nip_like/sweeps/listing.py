@@ -39,7 +39,8 @@ def format_result(sweep: Sweep, result: SweepResult) -> str:
     """Return the closing summary: counts by outcome, then every failure with its reason."""
     counts = Counter(outcome.status for outcome in result.outcomes)
     order = ("finished", "skipped", "failed", "stopped", "not started")
-    parts = [f"{counts[status]} {'already finished' if status == 'skipped' else status}" for status in order if counts[status]]
+    words = {"skipped": "already finished"}
+    parts = [f"{counts[status]} {words.get(status, status)}" for status in order if counts[status]]
     lines = [f"Sweep {sweep.name} in {sweep.root}: {', '.join(parts)}."]
     failed = result.with_status("failed")
     if failed:

@@ -220,7 +220,8 @@ class SweepRunner:
     def _refresh(self, bar: tqdm, running: int) -> None:
         failed = sum(outcome.status == "failed" for outcome in self._outcomes.values())
         finished = sum(outcome.status in ("finished", "skipped") for outcome in self._outcomes.values())
-        shown = (sum(self._done.values()), f"jobs done {finished}/{len(self.plans)}, running {running}, failed {failed}")
+        postfix = f"jobs done {finished}/{len(self.plans)}, running {running}, failed {failed}"
+        shown = (sum(self._done.values()), postfix)
         if shown != self._shown:  # redraw only on change, so that a log file gets few lines
             self._shown = shown
             bar.n = shown[0]
