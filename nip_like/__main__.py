@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from nip_like.cli import CONFIG_DIR, report_errors, report_job_errors
 from nip_like.config import register_configs
 from nip_like.experiment import format_metrics, run_experiment
+from nip_like.sweeps.multirun import run_multirun_job
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
@@ -32,10 +33,14 @@ def _run(config: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     # In a sweep, a failing job must not stop the others: it reports its error in one line
     # and raises, Hydra records the failure, runs the other jobs, then raises the first failure.
-    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    with report_job_errors(run_dir) if in_sweep else report_errors():
-        metrics = run_experiment(config, run_dir)
-    if config.logger.print_metrics:
+    # A job of a sweep run again skips, resumes or restarts (nip_like.sweeps.multirun).
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        with report_job_errors(run_dir):
+            metrics = run_multirun_job(config, run_dir)
+    else:
+        with report_errors():
+            metrics = run_experiment(config, run_dir)
+    if metrics is not None and config.logger.print_metrics:
         print(f"Final test metrics ({run_dir}):")
         print(format_metrics(metrics))
 

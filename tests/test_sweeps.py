@@ -98,10 +98,19 @@ def test_job_states(config_dir, tmp_path):
     assert inspect_job(ppo).state == JobState.NEW
     ppo.folder.mkdir()
     (ppo.folder / "stderr.log").write_text("crashed\n")
+    assert inspect_job(ppo).state == JobState.NEW  # only logs: no run started
+    (ppo.folder / "config.yaml").write_text("seed: 0\n")
     assert inspect_job(ppo).state == JobState.INCOMPLETE
     moved = move_aside(ppo.folder, tmp_path)
     assert moved == tmp_path / INCOMPLETE_DIR / "seed=0,trainer=ppo.1"
     assert (moved / "stderr.log").read_text() == "crashed\n" and not ppo.folder.exists()
+    # A running Hydra job keeps its own files in place.
+    ppo.folder.mkdir()
+    for name in (".hydra", "metrics"):
+        (ppo.folder / name).mkdir()
+    moved = move_aside(ppo.folder, tmp_path, keep=(".hydra",))
+    assert moved.name == "seed=0,trainer=ppo.2" and [entry.name for entry in moved.iterdir()] == ["metrics"]
+    assert [entry.name for entry in ppo.folder.iterdir()] == [".hydra"]
     # A summary of another config is a conflict, not a finished job.
     dpo.folder.mkdir()
     (dpo.folder / "config.yaml").write_text("seed: 0\nrun:\n  test_run: false\n")
@@ -201,6 +210,13 @@ def test_hydra_multirun_runs_jobs_in_parallel_and_reports_a_failing_one(config_d
     assert f"error: {bad}: trainer.minibatch_size (5000) is larger than the batch" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: sweep job {bad} failed")
     assert (good / "summary.json").is_file() and not (bad / "summary.json").exists()
+    # The same command again resumes an interrupted job and restarts the failed one.
+    (good / "summary.json").unlink()
+    again = run_cli(args)
+    assert again.returncode == 2, again.stderr
+    assert f"Resuming from its last checkpoint: {good}" in again.stdout
+    assert json.loads((good / "summary.json").read_text())["resumed"] is True
+    assert f"Restarting (no checkpoint yet; what it held moved to {out / INCOMPLETE_DIR / bad.name}.1)" in again.stdout
     # The batch script finds the same folders: it would skip the finished job and restart the failed one.
     plan = run_cli(
         ["tiny", "--config-dir", str(config_dir), "--out", str(out), "--dry-run", *QUICK, "trainer=ppo", "seed=0"]

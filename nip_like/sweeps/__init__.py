@@ -10,6 +10,11 @@ state
     incomplete one, a run of another config) and so what to do with it.
 runner
     Run the jobs as subprocesses, a few at a time, behind one progress bar.
+multirun
+    What a job of Hydra's multirun does with a folder that already holds
+    something: skip, resume or restart, as the batch script does.
+listing
+    The text the batch script prints.
 progress
     The file through which a job tells the sweep how far it has got.
 

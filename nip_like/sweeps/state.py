@@ -3,15 +3,19 @@
 =================  ===========================================  ===========
 state              the folder                                   action
 =================  ===========================================  ===========
-``new``            does not exist                               run
+``new``            does not exist, or holds only logs           run
 ``finished``       has ``summary.json`` of the job's config     skip
 ``interrupted``    has ``checkpoints/last.pt``, no summary      resume
-``incomplete``     exists without a checkpoint (a run that      move aside,
-                   failed or was stopped before its first       then run
-                   checkpoint)
+``incomplete``     has the run's ``config.yaml`` but no         move aside,
+                   checkpoint (a run that failed or was         then run
+                   stopped before its first checkpoint)
 ``conflict``       holds a run of another config                fail
 ``bad config``     (the job's config does not compose)          fail
 =================  ===========================================  ===========
+
+The batch script (:mod:`nip_like.sweeps.runner`) and the jobs of a Hydra
+multirun (:mod:`nip_like.sweeps.multirun`) act on the same states, so either
+can finish a sweep that the other started.
 
 A run's config is told apart by its run id (:func:`nip_like.config.run_id`,
 the hyper-parameters) and by ``run.test_run``, which a run id ignores. An
@@ -102,31 +106,54 @@ def _folder_run(folder: Path) -> tuple[str | None, bool]:
     return run_id(config), test_run
 
 
+def folder_state(folder: Path, job_run_id: str | None, test_run: bool) -> tuple[JobState, str]:
+    """Return what a job folder holds, and a short explanation.
+
+    Parameters
+    ----------
+    folder : Path
+        The job's run folder.
+    job_run_id : str
+        The run id of the job's config.
+    test_run : bool
+        Whether the job runs in test-run mode.
+
+    Notes
+    -----
+    A folder without the run's ``config.yaml`` (one that Hydra or the sweep
+    script has just made, holding only logs) counts as new: nothing of a run
+    is in it yet.
+    """
+    folder = Path(folder)
+    finished = (folder / SUMMARY_FILE).is_file()
+    last = folder / "checkpoints" / "last.pt"
+    if not finished and not last.is_file():
+        if (folder / CONFIG_FILE).is_file():
+            return JobState.INCOMPLETE, "no checkpoint yet"
+        return JobState.NEW, ""
+    try:
+        folder_run = _folder_run(folder)
+    except Exception as error:  # an unreadable config or summary: leave the folder alone
+        return JobState.CONFLICT, f"{folder} holds an unreadable run ({type(error).__name__})"
+    if folder_run != (job_run_id, test_run):
+        return JobState.CONFLICT, (
+            f"{folder} holds a run of another config (run id {folder_run[0]}, this job's is {job_run_id}); "
+            f"give the sweep another folder or move this one away"
+        )
+    if finished:
+        return JobState.FINISHED, ""
+    return JobState.INTERRUPTED, "from its last checkpoint"
+
+
 def inspect_job(job: Job) -> JobPlan:
     """Return what ``job``'s folder holds and what to do with it."""
     if job.error is not None:
         return JobPlan(job, JobState.BAD_CONFIG, detail=job.error)
-    folder = job.folder
-    if not folder.exists():
-        return JobPlan(job, JobState.NEW)
-    finished = (folder / SUMMARY_FILE).is_file()
-    last = folder / "checkpoints" / "last.pt"
-    if not finished and not last.is_file():
-        return JobPlan(job, JobState.INCOMPLETE, detail="no checkpoint yet")
-    try:
-        folder_run = _folder_run(folder)
-    except Exception as error:  # an unreadable config or summary: leave the folder alone
-        return JobPlan(job, JobState.CONFLICT, detail=f"{folder} holds an unreadable run ({type(error).__name__})")
-    if folder_run != (job.run_id, job.test_run):
-        return JobPlan(
-            job,
-            JobState.CONFLICT,
-            detail=f"{folder} holds a run of another config (run id {folder_run[0]}, this job's is {job.run_id}); "
-            f"give --out another folder or move it away",
-        )
-    if finished:
-        return JobPlan(job, JobState.FINISHED, done=job.iterations)
-    return JobPlan(job, JobState.INTERRUPTED, done=checkpoint_iteration(last), detail="from its last checkpoint")
+    state, detail = folder_state(job.folder, job.run_id, job.test_run)
+    done = {JobState.FINISHED: job.iterations}.get(state, 0)
+    if state == JobState.INTERRUPTED:
+        done = checkpoint_iteration(job.folder / "checkpoints" / "last.pt")
+    return JobPlan(job, state, done=done, detail=detail)
 
 
 def checkpoint_iteration(path: Path) -> int:
@@ -137,8 +164,20 @@ def checkpoint_iteration(path: Path) -> int:
         return 0
 
 
-def move_aside(folder: Path, root: Path) -> Path:
-    """Move an incomplete job folder to ``<root>/_incomplete/<name>.<n>`` and return where."""
+def move_aside(folder: Path, root: Path, keep: tuple[str, ...] = ()) -> Path:
+    """Move an incomplete job folder to ``<root>/_incomplete/<name>.<n>`` and return where.
+
+    Parameters
+    ----------
+    folder : Path
+        The job folder, inside ``root``.
+    root : Path
+        The sweep root.
+    keep : tuple of str
+        Names of entries to leave in place (a running Hydra job's own
+        ``.hydra`` and log); when given, the folder stays and only its other
+        entries move.
+    """
     target_dir = Path(root) / INCOMPLETE_DIR
     target_dir.mkdir(parents=True, exist_ok=True)
     stem = str(Path(folder).relative_to(root)).replace("/", "_")
@@ -146,5 +185,11 @@ def move_aside(folder: Path, root: Path) -> Path:
     while (target_dir / f"{stem}.{number}").exists():
         number += 1
     target = target_dir / f"{stem}.{number}"
-    shutil.move(str(folder), str(target))
+    if not keep:
+        shutil.move(str(folder), str(target))
+        return target
+    target.mkdir()
+    for entry in Path(folder).iterdir():
+        if entry.name not in keep:
+            shutil.move(str(entry), str(target / entry.name))
     return target
