@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -204,7 +205,8 @@ def expand_sweep(
     arguments = [f"+{SWEEP_GROUP}={name}", *overrides]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         try:
-            parser = OverridesParser.create()
+            # With the config loader, glob(...) sweeps over config-group options work too.
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
             parsed = parser.parse_overrides(arguments)
             fixed = [item.input_line for item in parsed if not item.is_sweep_override()]
             sweep_config = compose("config", overrides=[*hydra_overrides, *fixed], return_hydra_config=True)
