@@ -131,31 +131,46 @@ def check_budgets(task: str, groups: list[Group], rule: GradientStepRule, allow_
     frames = {id(run): run.frames for run in runs}
     episodes = {id(run): run.test_metrics.get("test/episodes") for run in runs}
     steps = {id(run): run.gradient_steps for run in runs}
-    problems = []
+    problems = []  # (what differs, how to match it)
     if len(set(frames.values())) > 1:
-        problems.append(f"frames per run ({_by_objective(groups, frames)})")
+        problems.append(
+            (
+                f"frames per run ({_by_objective(groups, frames)})",
+                "equal trainer.num_iterations and trainer.frames_per_batch (as the ready sweeps set)",
+            )
+        )
     if len(set(episodes.values())) > 1:
-        problems.append(f"held-out test episodes ({_by_objective(groups, episodes)})")
+        problems.append(
+            (f"held-out test episodes ({_by_objective(groups, episodes)})", "equal trainer.num_test_episodes")
+        )
     if rule.kind == "equal" and len(set(steps.values())) > 1:
-        shown = _by_objective(groups, steps)
-        problems.append(f"gradient steps per run ({shown}), which --gradient-steps equal requires")
+        problems.append(
+            (
+                f"gradient steps per run ({_by_objective(groups, steps)}), which --gradient-steps equal requires",
+                "epochs and minibatch sizes that give equal steps, or a looser --gradient-steps",
+            )
+        )
     if rule.kind == "within":
         medians = [median_steps(group) for group in groups]
         if min(medians) <= 0 or max(medians) / min(medians) > rule.ratio:
             shown = "; ".join(f"{group.objective}: {median:,.0f}" for group, median in zip(groups, medians))
             problems.append(
-                f"median gradient steps ({shown}) by more than the factor {rule.ratio:g} of --gradient-steps"
+                (
+                    f"median gradient steps ({shown}) by more than the factor {rule.ratio:g} of --gradient-steps",
+                    "epochs and minibatch sizes that bring the steps closer, or a looser --gradient-steps",
+                )
             )
+    differences = " and in ".join(difference for difference, _ in problems)
     if problems and not allow_mixed:
+        remedies = "; ".join(remedy for _, remedy in problems)
         raise ReportError(
-            f"the runs on {task} differ in {' and in '.join(problems)}: objectives are compared at a matched budget, "
-            f"so rerun them with equal trainer.num_iterations and trainer.frames_per_batch (as the ready sweeps do), "
-            f"or pass {ALLOW_FLAG} to compare them anyway"
+            f"the runs on {task} differ in {differences}: objectives are compared at a matched budget, so rerun "
+            f"them with {remedies}, or pass {ALLOW_FLAG} to compare them anyway"
         )
     notes = []
     if problems:
         notes.append(
-            f"Budgets are NOT matched ({ALLOW_FLAG}): the runs differ in {' and in '.join(problems)}. "
+            f"Budgets are NOT matched ({ALLOW_FLAG}): the runs differ in {differences}. "
             f"Differences between objectives mix the effect of the objective with that of the budget."
         )
     else:
