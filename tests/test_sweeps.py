@@ -73,6 +73,9 @@ def test_command_line_sweeps_replace_the_grid_and_test_run_is_short(tmp_path):
     assert names == ["run.test_run=True,seed=7,trainer=dpo", "run.test_run=True,seed=7,trainer=ppo"]
     assert {job.iterations for job in sweep.jobs} == {2}
     assert all(job.folder.parent == tmp_path for job in sweep.jobs)
+    # Hydra's sweep functions work as in a multirun.
+    sweep = expand_sweep("ppo_vs_dpo", ["seed=range(2)", "trainer=glob(ppo*)"], out=tmp_path)
+    assert sorted(job.name for job in sweep.jobs) == [f"seed={s},trainer={t}" for s in (0, 1) for t in ("ppo", "ppo_kl")]
 
 
 def test_bad_sweeps_are_refused_in_one_line(config_dir, tmp_path):
