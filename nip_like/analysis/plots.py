@@ -115,11 +115,7 @@ def plot_learning_curves(
             axis.plot(grid, center, color=color, label=label, **style)
             if np.isfinite(low).all():
                 axis.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0, step="post")
-        axis.set_title(task)
-        axis.set_xlabel(X_AXES[x_axis])
-        axis.set_ylabel(metric)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
+        _label_axis(axis, task, X_AXES[x_axis], metric)
     figure.suptitle(f"Mean over seeds, {confidence:.0%} bootstrap band; thin lines: seeds", fontsize="medium")
     return _save(figure, path)
 
@@ -162,13 +158,17 @@ def plot_reward_against_kl(
                 label = f"{group.objective} (mean of {len(joined)} seeds)"
                 axis.plot(kl_mean, reward_mean, color=color, linewidth=2.0, label=label)
                 axis.plot(kl_mean[-1:], reward_mean[-1:], "o", color=color)
-        axis.set_title(task)
-        axis.set_xlabel(f"KL from the initial policy ({kl_metric})")
-        axis.set_ylabel(reward_metric)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
+        _label_axis(axis, task, f"KL from the initial policy ({kl_metric})", reward_metric)
     figure.suptitle("One point per iteration; thin lines: seeds, thick: mean over seeds", fontsize="medium")
     return _save(figure, path)
+
+
+def _label_axis(axis: plt.Axes, title: str, x_label: str, y_label: str) -> None:
+    axis.set_title(title)
+    axis.set_xlabel(x_label)
+    axis.set_ylabel(y_label)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
 
 
 def _join(run, kl_metric: str, reward_metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

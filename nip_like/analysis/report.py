@@ -162,10 +162,13 @@ class Report:
         return {task.task: task.groups for task in self.tasks}
 
 
-def _interval(scores: list[float], statistic, options: ReportOptions) -> tuple[float, float, float]:
-    value = statistic(scores)
-    low, high = stratified_bootstrap_ci([scores], statistic, options.reps, options.confidence, options.seed)
-    return value, low, high
+def _score_columns(scores: list[float], options: ReportOptions) -> dict[str, float]:
+    """IQM and mean of ``scores``, each with its bootstrap interval, as table columns."""
+    columns = {}
+    for name, statistic in (("iqm", interquartile_mean), ("mean", mean)):
+        low, high = stratified_bootstrap_ci([scores], statistic, options.reps, options.confidence, options.seed)
+        columns.update({name: statistic(scores), f"{name}_low": low, f"{name}_high": high})
+    return columns
 
 
 def _task_metrics(groups: list[Group], options: ReportOptions) -> list[str]:
@@ -197,8 +200,6 @@ def _crossing(run, options: ReportOptions) -> tuple[float, float]:
 
 def _summary_row(task: str, group: Group, options: ReportOptions) -> dict[str, Any]:
     scores = [float(run.test_metrics[options.primary_metric]) for run in group.runs]
-    iqm = _interval(scores, interquartile_mean, options)
-    average = _interval(scores, mean, options)
     crossings = [_crossing(run, options) for run in group.runs]
     frames = sorted({run.frames for run in group.runs}, key=str)
     steps = [run.gradient_steps for run in group.runs if run.gradient_steps is not None]
@@ -214,12 +215,7 @@ def _summary_row(task: str, group: Group, options: ReportOptions) -> dict[str, A
         "gradient_steps_max": max(steps) if steps else math.nan,
         "train_seconds_median": float(np.median(seconds)) if seconds else math.nan,
         "metric": options.primary_metric,
-        "iqm": iqm[0],
-        "iqm_low": iqm[1],
-        "iqm_high": iqm[2],
-        "mean": average[0],
-        "mean_low": average[1],
-        "mean_high": average[2],
+        **_score_columns(scores, options),
         "threshold_metric": options.crossing_metric,
         "threshold": options.threshold,
         "reached": sum(math.isfinite(frames_at) for frames_at, _ in crossings),
@@ -232,22 +228,8 @@ def _metric_rows(task: str, group: Group, names: list[str], options: ReportOptio
     rows = []
     for name in names:
         scores = [float(run.test_metrics[name]) for run in group.runs]
-        iqm = _interval(scores, interquartile_mean, options)
-        average = _interval(scores, mean, options)
-        rows.append(
-            {
-                "task": task,
-                "objective": group.objective,
-                "metric": name,
-                "runs": len(scores),
-                "iqm": iqm[0],
-                "iqm_low": iqm[1],
-                "iqm_high": iqm[2],
-                "mean": average[0],
-                "mean_low": average[1],
-                "mean_high": average[2],
-            }
-        )
+        row = {"task": task, "objective": group.objective, "metric": name, "runs": len(scores)}
+        rows.append({**row, **_score_columns(scores, options)})
     return rows
 
 
