@@ -202,6 +202,7 @@ class SweepRunner:
             command = job_command(job, self.sweep, self.python, self.threads)
         job.folder.mkdir(parents=True, exist_ok=True)
         progress = job.folder / PROGRESS_FILE
+        progress.unlink(missing_ok=True)  # a killed earlier attempt's count would be ahead of the checkpoint
         stdout = open(job.folder / "stdout.log", "a")
         stderr = open(job.folder / "stderr.log", "a")
         for handle in (stdout, stderr):
