@@ -201,6 +201,7 @@ def test_a_failing_job_is_reported_and_the_others_finish(config_dir, tmp_path):
     assert (out / "preset=smoke,seed=0,trainer.minibatch_size=32,trainer=ppo" / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_hydra_multirun_runs_jobs_in_parallel_and_reports_a_failing_one(config_dir, tmp_path):
     out = tmp_path / "multirun"
     args = ["--config-dir", str(config_dir), "+sweep=tiny", *QUICK, f"hydra.sweep.dir={out}"]
