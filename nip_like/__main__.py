@@ -5,6 +5,7 @@ Examples
 ``python -m nip_like``                                  the default experiment
 ``python -m nip_like trainer.num_iterations=50 seed=3``  with overrides
 ``python -m nip_like --multirun seed=0,1,2``            one run per seed
+``python -m nip_like +sweep=ppo_vs_dpo``                a ready sweep (``configs/sweep/``)
 """
 
 from __future__ import annotations
@@ -16,19 +17,30 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from nip_like.cli import CONFIG_DIR, report_errors
+from nip_like.cli import CONFIG_DIR, report_errors, report_job_errors
 from nip_like.config import register_configs
 from nip_like.experiment import format_metrics, run_experiment
+from nip_like.sweeps.multirun import run_multirun_job
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def _run(config: DictConfig) -> None:
+    # Set here as well as in main(): a launcher may run jobs in fresh worker processes.
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    with report_errors():
-        metrics = run_experiment(config, run_dir)
-    if config.logger.print_metrics:
+    # In a sweep, a failing job must not stop the others: it reports its error in one line
+    # and raises, Hydra records the failure, runs the other jobs, then raises the first failure.
+    # A job of a sweep run again skips, resumes or restarts (nip_like.sweeps.multirun).
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        with report_job_errors(run_dir):
+            metrics = run_multirun_job(config, run_dir)
+    else:
+        with report_errors():
+            metrics = run_experiment(config, run_dir)
+    if metrics is not None and config.logger.print_metrics:
         print(f"Final test metrics ({run_dir}):")
         print(format_metrics(metrics))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -10,7 +11,7 @@ from typing import Iterator
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.errors import NipLikeError
+from nip_like.errors import NipLikeError, SweepJobError
 
 #: The Hydra config folder (``configs/`` at the top of the repository).
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -30,6 +31,31 @@ def report_errors() -> Iterator[None]:
     except (OmegaConfBaseException, HydraException) as error:
         print(f"error: config: {one_line(error)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+@contextmanager
+def report_job_errors(run_dir: Path) -> Iterator[None]:
+    """Report a failing sweep job in one line, then raise :class:`SweepJobError`.
+
+    Used for the jobs of a Hydra multirun instead of :func:`report_errors`,
+    which would exit the process and so stop the whole sweep. Bad input is
+    reported as ``error: <run_dir>: <message>``; any other exception (a bug)
+    also prints its traceback first. Hydra records the raised error as the
+    job's failure, runs the remaining jobs, and raises the first failure at the
+    end, which :func:`report_errors` turns into exit status 2.
+    """
+    try:
+        yield
+    except Exception as error:
+        if isinstance(error, NipLikeError):
+            message = str(error)
+        elif isinstance(error, (OmegaConfBaseException, HydraException)):
+            message = f"config: {one_line(error)}"
+        else:
+            traceback.print_exc()
+            message = f"{type(error).__name__}: {error}"
+        print(f"error: {run_dir}: {message}", file=sys.stderr)
+        raise SweepJobError(f"sweep job {run_dir} failed: {message}") from error
 
 
 def one_line(error: BaseException) -> str:

@@ -22,3 +22,11 @@ class CheckpointError(NipLikeError):
 
 class TrainingError(NipLikeError, RuntimeError):
     """Training cannot go on, for example because a loss became NaN."""
+
+
+class SweepJobError(NipLikeError):
+    """A job of a sweep failed; the message names its folder and the reason."""
+
+
+class ReportError(NipLikeError, ValueError):
+    """Run folders cannot be compared as asked (mixed budgets, missing metrics, no runs)."""

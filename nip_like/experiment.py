@@ -17,6 +17,7 @@ from nip_like.config import check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.logging import MetricLogger
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS
+from nip_like.sweeps.progress import PROGRESS_FILE_ENV, ProgressFile
 from nip_like.trainers.base import Trainer
 
 #: Name of the resolved config a run folder keeps (read back by ``nip_like.resume``).
@@ -113,6 +114,10 @@ def run_experiment(config: DictConfig, run_dir: Path, resume: bool = False) -> d
         if resume:
             trainer.load_checkpoint("last")
             trainer.logger.truncate_after(trainer.state.iteration)
+        if os.environ.get(PROGRESS_FILE_ENV):
+            # A sweep's overall progress bar follows this run (see nip_like.sweeps.progress).
+            done = sum(trainer.progress_initial.values())
+            trainer.on_progress = ProgressFile(Path(os.environ[PROGRESS_FILE_ENV]), done)
         metrics = trainer.train()
     finally:
         trainer.logger.close()

@@ -1,0 +1,484 @@
+"""The comparison report: tables (Markdown and CSV) and plots from a sweep's run folders.
+
+For each task (by default a scenario and a protocol) and each objective (by
+default a trainer type) it gives
+
+* the final held-out metrics (``test/...`` in ``summary.json``) as the IQM and
+  the mean over seeds, each with a percentile-bootstrap confidence interval;
+* the frames and the train-loop wall time each run took to reach a threshold
+  on a learning curve (``eval/reward >= 0.9`` by default): the median over
+  seeds, a run that never reached it counting as infinitely late;
+* the probability that a run of one objective beats a run of another on the
+  primary metric, with its bootstrap interval;
+* the budget: frames, held-out episodes and gradient steps per run, checked
+  by :func:`nip_like.analysis.budgets.check_budgets`;
+
+and three figures: learning curves against frames and against wall time, and
+reward against KL from the initial policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from nip_like.analysis.budgets import GradientStepRule, check_budgets
+from nip_like.analysis.groups import OBJECTIVE_KEYS, TASK_KEYS, Group, check_seeds_only, group_runs
+from nip_like.analysis.plots import plot_learning_curves, plot_reward_against_kl
+from nip_like.analysis.runs import FRAMES_METRIC, ITERATION_SECONDS_METRIC, FoundRuns
+from nip_like.analysis.statistics import (
+    first_crossing,
+    interquartile_mean,
+    mean,
+    probability_of_improvement,
+    probability_of_improvement_ci,
+    stratified_bootstrap_ci,
+)
+from nip_like.errors import ReportError
+
+#: Test metrics that count episodes rather than measure performance.
+NOT_PERFORMANCE = ("test/episodes",)
+
+#: Files a report writes.
+MARKDOWN_FILE = "report.md"
+SUMMARY_CSV = "summary.csv"
+METRICS_CSV = "final_metrics.csv"
+IMPROVEMENT_CSV = "probability_of_improvement.csv"
+PLOT_FILES = {
+    "frames": "curves_frames.png",
+    "seconds": "curves_wall_time.png",
+    "kl": "reward_vs_kl.png",
+}
+
+
+@dataclass
+class ReportOptions:
+    """What a report compares and how.
+
+    Parameters
+    ----------
+    metrics : list of str, optional
+        Final metrics to tabulate; by default every ``test/`` metric that all
+        runs of a task have, except ``test/episodes``.
+    primary_metric : str
+        The metric of the summary table and of the probability of improvement.
+    curve_metric : str
+        The learning-curve metric of the plots.
+    threshold : float
+        The level a run must reach on ``threshold_metric``.
+    threshold_metric : str, optional
+        The curve the threshold applies to; ``curve_metric`` by default.
+    threshold_mode : str
+        ``max`` (reach means ``>=``) or ``min`` (``<=``).
+    reward_metric, kl_metric : str
+        The axes of the reward-against-KL plot.
+    gradient_steps : GradientStepRule
+        How gradient steps must match.
+    allow_mixed_budgets : bool
+        Compare runs whose budgets differ (the report says so).
+    objective_keys, task_keys : sequence of str
+        Config keys naming a run's objective and task.
+    objectives : sequence of str, optional
+        Objectives to keep, in this order.
+    reps : int
+        Bootstrap resamples.
+    confidence : float
+        Coverage of every interval.
+    seed : int
+        Seed of the bootstrap generators.
+    plots : bool
+        Draw the figures.
+    """
+
+    metrics: list[str] | None = None
+    primary_metric: str = "test/reward"
+    curve_metric: str = "eval/reward"
+    threshold: float = 0.9
+    threshold_metric: str | None = None
+    threshold_mode: str = "max"
+    reward_metric: str = "train/reward"
+    kl_metric: str = "objective/kl"
+    gradient_steps: GradientStepRule = field(default_factory=GradientStepRule)
+    allow_mixed_budgets: bool = False
+    objective_keys: Sequence[str] = OBJECTIVE_KEYS
+    task_keys: Sequence[str] = TASK_KEYS
+    objectives: Sequence[str] | None = None
+    reps: int = 10_000
+    confidence: float = 0.95
+    seed: int = 0
+    plots: bool = True
+
+    @property
+    def crossing_metric(self) -> str:
+        """The curve the threshold applies to."""
+        return self.threshold_metric or self.curve_metric
+
+
+@dataclass
+class TaskReport:
+    """The tables of one task.
+
+    Parameters
+    ----------
+    task : str
+        The task's label.
+    groups : list of Group
+        One per objective.
+    notes : list of str
+        Sentences about the budget.
+    summary : list of dict
+        One row per objective (see :data:`SUMMARY_COLUMNS`).
+    metrics : list of dict
+        One row per objective and final metric.
+    improvement : list of dict
+        One row per pair of objectives.
+    """
+
+    task: str
+    groups: list[Group]
+    notes: list[str]
+    summary: list[dict[str, Any]]
+    metrics: list[dict[str, Any]]
+    improvement: list[dict[str, Any]]
+
+
+@dataclass
+class Report:
+    """A whole report: the tasks' tables, the options and the folders left out."""
+
+    tasks: list[TaskReport]
+    options: ReportOptions
+    unfinished: list[Path]
+    roots: list[Path]
+
+    @property
+    def groups(self) -> dict[str, list[Group]]:
+        """``{task: groups}``, as the plots take them."""
+        return {task.task: task.groups for task in self.tasks}
+
+
+def _score_columns(scores: list[float], options: ReportOptions) -> dict[str, float]:
+    """IQM and mean of ``scores``, each with its bootstrap interval, as table columns."""
+    columns = {}
+    for name, statistic in (("iqm", interquartile_mean), ("mean", mean)):
+        low, high = stratified_bootstrap_ci([scores], statistic, options.reps, options.confidence, options.seed)
+        columns.update({name: statistic(scores), f"{name}_low": low, f"{name}_high": high})
+    return columns
+
+
+def _task_metrics(groups: list[Group], options: ReportOptions) -> list[str]:
+    runs = [run for group in groups for run in group.runs]
+    shared = set.intersection(*(set(run.test_metrics) for run in runs))
+    if options.metrics:
+        missing = [name for name in options.metrics if name not in shared]
+        if missing:
+            raise ReportError(f"metrics {missing} are not in every run's test_metrics; every run has {sorted(shared)}")
+        names = list(options.metrics)
+    else:
+        names = sorted(name for name in shared if name not in NOT_PERFORMANCE)
+    if options.primary_metric not in shared:
+        raise ReportError(
+            f"primary metric {options.primary_metric!r} is not in every run's test_metrics; "
+            f"choose one of {sorted(shared)} with --primary-metric"
+        )
+    return [options.primary_metric] + [name for name in names if name != options.primary_metric]
+
+
+def _crossing(run, options: ReportOptions) -> tuple[float, float]:
+    """Frames and seconds at which a run first reached the threshold (``inf`` if never)."""
+    steps, values = run.curve(options.crossing_metric)
+    step = first_crossing(steps, values, options.threshold, options.threshold_mode)
+    if step is None:
+        return math.inf, math.inf
+    return float(run.frames_at(np.array([step]))[0]), float(run.seconds_at(np.array([step]))[0])
+
+
+def _summary_row(task: str, group: Group, options: ReportOptions) -> dict[str, Any]:
+    scores = [float(run.test_metrics[options.primary_metric]) for run in group.runs]
+    crossings = [_crossing(run, options) for run in group.runs]
+    frames = sorted({run.frames for run in group.runs}, key=str)
+    steps = [run.gradient_steps for run in group.runs if run.gradient_steps is not None]
+    seconds = [run.train_seconds for run in group.runs if run.train_seconds is not None]
+    return {
+        "task": task,
+        "objective": group.objective,
+        "runs": len(group.runs),
+        "seeds": " ".join(str(seed) for seed in group.seeds),
+        "frames_per_run": frames[0] if len(frames) == 1 else " ".join(str(value) for value in frames),
+        "gradient_steps_median": float(np.median(steps)) if steps else math.nan,
+        "gradient_steps_min": min(steps) if steps else math.nan,
+        "gradient_steps_max": max(steps) if steps else math.nan,
+        "train_seconds_median": float(np.median(seconds)) if seconds else math.nan,
+        "metric": options.primary_metric,
+        **_score_columns(scores, options),
+        "threshold_metric": options.crossing_metric,
+        "threshold": options.threshold,
+        "reached": sum(math.isfinite(frames_at) for frames_at, _ in crossings),
+        "frames_to_threshold_median": float(np.median([frames_at for frames_at, _ in crossings])),
+        "seconds_to_threshold_median": float(np.median([seconds_at for _, seconds_at in crossings])),
+    }
+
+
+def _metric_rows(task: str, group: Group, names: list[str], options: ReportOptions) -> list[dict[str, Any]]:
+    rows = []
+    for name in names:
+        scores = [float(run.test_metrics[name]) for run in group.runs]
+        row = {"task": task, "objective": group.objective, "metric": name, "runs": len(scores)}
+        rows.append({**row, **_score_columns(scores, options)})
+    return rows
+
+
+def _improvement_rows(task: str, groups: list[Group], options: ReportOptions) -> list[dict[str, Any]]:
+    rows = []
+    metric = options.primary_metric
+    for index, first in enumerate(groups):
+        for second in groups[index + 1 :]:
+            x = [float(run.test_metrics[metric]) for run in first.runs]
+            y = [float(run.test_metrics[metric]) for run in second.runs]
+            low, high = probability_of_improvement_ci(x, y, options.reps, options.confidence, options.seed)
+            rows.append(
+                {
+                    "task": task,
+                    "metric": metric,
+                    "x": first.objective,
+                    "y": second.objective,
+                    "probability": probability_of_improvement(x, y),
+                    "low": low,
+                    "high": high,
+                    "runs_x": len(x),
+                    "runs_y": len(y),
+                }
+            )
+    return rows
+
+
+def build_report(found: FoundRuns, options: ReportOptions, roots: Sequence[Path] = ()) -> Report:
+    """Group the runs, check budgets and compute every table.
+
+    Raises
+    ------
+    ReportError
+        If there is nothing to compare, a group mixes configurations, the
+        budgets differ (unless allowed) or a metric is missing.
+    """
+    if options.threshold_mode not in ("max", "min"):
+        raise ReportError(f"--threshold-mode must be 'max' or 'min', got {options.threshold_mode!r}")
+    if not 0.0 < options.confidence < 1.0:
+        raise ReportError(f"--confidence must be between 0 and 1, got {options.confidence}")
+    tasks = group_runs(found.runs, options.objective_keys, options.task_keys, options.objectives)
+    # Budgets first: a group whose runs differ in budget is better told so than that its configs differ.
+    notes = {
+        task: check_budgets(task, groups, options.gradient_steps, options.allow_mixed_budgets)
+        for task, groups in tasks.items()
+    }
+    check_seeds_only(tasks, ("trainer.num_iterations",) if options.allow_mixed_budgets else ())
+    # Read every curve the report needs now, so that a missing one stops it before it writes a file.
+    needed = [options.crossing_metric, FRAMES_METRIC, ITERATION_SECONDS_METRIC]
+    if options.plots:
+        needed += [options.curve_metric, options.reward_metric, options.kl_metric]
+    for groups in tasks.values():
+        for run in (run for group in groups for run in group.runs):
+            for metric in needed:
+                run.curve(metric)
+    reports = []
+    for task, groups in tasks.items():
+        names = _task_metrics(groups, options)
+        reports.append(
+            TaskReport(
+                task=task,
+                groups=groups,
+                notes=notes[task],
+                summary=[_summary_row(task, group, options) for group in groups],
+                metrics=[row for group in groups for row in _metric_rows(task, group, names, options)],
+                improvement=_improvement_rows(task, groups, options),
+            )
+        )
+    return Report(tasks=reports, options=options, unfinished=found.unfinished, roots=[Path(root) for root in roots])
+
+
+# ------------------------------------------------------------------ formatting
+def _value(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+
+
+def _with_interval(value: float, low: float, high: float) -> str:
+    if math.isnan(low):
+        return f"{_value(value)} [n/a]"
+    return f"{_value(value)} [{_value(low)}, {_value(high)}]"
+
+
+def _count(value: float) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or math.isnan(value):
+        return "n/a"
+    if math.isinf(value):
+        return "not reached"
+    return f"{value:,.0f}"
+
+
+def _seconds(value: float) -> str:
+    if value is None or math.isnan(value):
+        return "n/a"
+    return "not reached" if math.isinf(value) else f"{value:.1f}"
+
+
+def _steps(row: dict[str, Any]) -> str:
+    if math.isnan(row["gradient_steps_median"]):
+        return "n/a"
+    if row["gradient_steps_min"] == row["gradient_steps_max"]:
+        return f"{row['gradient_steps_min']:,}"
+    return f"{row['gradient_steps_median']:,.0f} ({row['gradient_steps_min']:,}-{row['gradient_steps_max']:,})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_table(task: TaskReport, options: ReportOptions) -> str:
+    """The per-objective summary of one task, as a Markdown table."""
+    level = f"{options.crossing_metric} {'≥' if options.threshold_mode == 'max' else '≤'} {options.threshold:g}"
+    percent = f"{options.confidence:.0%}"
+    header = [
+        "objective",
+        "seeds",
+        f"{options.primary_metric} IQM [{percent} CI]",
+        f"{options.primary_metric} mean [{percent} CI]",
+        f"runs reaching {level}",
+        "frames to reach (median)",
+        "seconds to reach (median)",
+        "frames / run",
+        "gradient steps / run",
+        "train seconds / run (median)",
+    ]
+    rows = [
+        [
+            row["objective"],
+            str(row["runs"]),
+            _with_interval(row["iqm"], row["iqm_low"], row["iqm_high"]),
+            _with_interval(row["mean"], row["mean_low"], row["mean_high"]),
+            f"{row['reached']}/{row['runs']}",
+            _count(row["frames_to_threshold_median"]),
+            _seconds(row["seconds_to_threshold_median"]),
+            _count(row["frames_per_run"]) if isinstance(row["frames_per_run"], int) else str(row["frames_per_run"]),
+            _steps(row),
+            _seconds(row["train_seconds_median"]),
+        ]
+        for row in task.summary
+    ]
+    return _table(header, rows)
+
+
+def metrics_table(task: TaskReport, options: ReportOptions) -> str:
+    """Every final metric of one task, IQM and mean per objective, as a Markdown table."""
+    percent = f"{options.confidence:.0%}"
+    header = ["metric", "objective", f"IQM [{percent} CI]", f"mean [{percent} CI]"]
+    rows = sorted(task.metrics, key=lambda row: (row["metric"] != options.primary_metric, row["metric"]))
+    return _table(
+        header,
+        [
+            [
+                row["metric"],
+                row["objective"],
+                _with_interval(row["iqm"], row["iqm_low"], row["iqm_high"]),
+                _with_interval(row["mean"], row["mean_low"], row["mean_high"]),
+            ]
+            for row in rows
+        ],
+    )
+
+
+def improvement_table(task: TaskReport, options: ReportOptions) -> str:
+    """The probability of improvement between each pair of objectives, as a Markdown table."""
+    header = ["X", "Y", f"P(X > Y) on {options.primary_metric} [{options.confidence:.0%} CI]"]
+    rows = [
+        [row["x"], row["y"], _with_interval(row["probability"], row["low"], row["high"])] for row in task.improvement
+    ]
+    return _table(header, rows)
+
+
+def format_markdown(report: Report, plot_files: dict[str, str] | None = None) -> str:
+    """Return the whole report as Markdown."""
+    options = report.options
+    runs = sum(len(group.runs) for task in report.tasks for group in task.groups)
+    lines = ["# Objective comparison", ""]
+    if report.roots:
+        lines.append(f"Runs from {', '.join(f'`{root}`' for root in report.roots)}: {runs} finished runs.")
+    if report.unfinished:
+        shown = ", ".join(f"`{folder.name}`" for folder in report.unfinished[:5])
+        more = f" and {len(report.unfinished) - 5} more" if len(report.unfinished) > 5 else ""
+        lines.append(f"Left out: {len(report.unfinished)} unfinished run folders ({shown}{more}).")
+    lines += [
+        "",
+        f"Statistics over seeds: interquartile mean (IQM) and mean, each with a {options.confidence:.0%} "
+        f"percentile-bootstrap confidence interval ({options.reps:,} resamples of the runs; n/a with one run). "
+        f"P(X > Y) is the probability that a run of X scores higher than a run of Y on "
+        f"{options.primary_metric}, ties counting one half. Frames and seconds to reach the threshold are "
+        f"medians over seeds of the first evaluation at which {options.crossing_metric} reached it "
+        f"(a run that never did counts as never); seconds are train-loop wall time.",
+    ]
+    for task in report.tasks:
+        lines += ["", f"## {task.task}", ""]
+        lines += [" ".join(task.notes), ""]
+        lines += [summary_table(task, options), ""]
+        lines += ["Final held-out metrics:", "", metrics_table(task, options), ""]
+        if task.improvement:
+            lines += ["Probability of improvement:", "", improvement_table(task, options), ""]
+    if plot_files:
+        lines += ["", "## Plots", ""]
+        titles = {
+            "frames": f"{options.curve_metric} against frames",
+            "seconds": f"{options.curve_metric} against train-loop wall time",
+            "kl": f"{options.reward_metric} against {options.kl_metric}",
+        }
+        for key, name in plot_files.items():
+            lines += [f"![{titles[key]}]({name})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    """Write ``report.md``, the CSV tables and the plots into ``out_dir``; return the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    options = report.options
+    written = []
+    plot_files: dict[str, str] = {}
+    if options.plots:
+        groups = report.groups
+        for axis in ("frames", "seconds"):
+            path = out_dir / PLOT_FILES[axis]
+            plot_learning_curves(groups, options.curve_metric, axis, path, options.confidence, options.seed)
+            written.append(path)
+            plot_files[axis] = PLOT_FILES[axis]
+        path = out_dir / PLOT_FILES["kl"]
+        written.append(plot_reward_against_kl(groups, options.reward_metric, options.kl_metric, path))
+        plot_files["kl"] = PLOT_FILES["kl"]
+    tables = {
+        SUMMARY_CSV: [row for task in report.tasks for row in task.summary],
+        METRICS_CSV: [row for task in report.tasks for row in task.metrics],
+        IMPROVEMENT_CSV: [row for task in report.tasks for row in task.improvement],
+    }
+    for name, rows in tables.items():
+        if rows:
+            _write_csv(out_dir / name, rows)
+            written.append(out_dir / name)
+    markdown = out_dir / MARKDOWN_FILE
+    markdown.write_text(format_markdown(report, plot_files))
+    written.insert(0, markdown)
+    return written

@@ -1,0 +1,58 @@
+"""What a job of a Hydra multirun does with a folder that already holds something.
+
+A single run refuses a folder that holds a run. A sweep's job is different:
+running the sweep again should finish only what is missing, so a multirun job
+(``python -m nip_like +sweep=<name>``, on any launcher) looks at its folder
+first, as the batch script does (:func:`nip_like.sweeps.state.folder_state`):
+
+* finished with the same config: skipped;
+* interrupted (a checkpoint, no summary): resumed from ``checkpoints/last.pt``;
+  this is also what a SLURM job requeued after a timeout does;
+* incomplete (failed before its first checkpoint): what it wrote moves to
+  ``<sweep root>/_incomplete/`` and the job starts afresh;
+* holding a run of another config: the job fails, leaving the folder alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from nip_like.config import run_id
+from nip_like.errors import SweepJobError
+from nip_like.experiment import run_experiment
+from nip_like.sweeps.state import JobState, folder_state, move_aside
+
+
+def run_multirun_job(config: DictConfig, run_dir: Path) -> dict[str, float] | None:
+    """Run, resume or skip one job of a Hydra multirun in ``run_dir``.
+
+    Returns
+    -------
+    dict or None
+        The final test metrics, or ``None`` when the job had already finished.
+
+    Raises
+    ------
+    SweepJobError
+        If the folder holds a run of another config.
+    """
+    run_dir = Path(run_dir)
+    state, detail = folder_state(run_dir, run_id(config), bool(config.run.test_run))
+    if state == JobState.CONFLICT:
+        raise SweepJobError(detail)
+    if state == JobState.FINISHED:
+        print(f"Already finished, skipped: {run_dir}")
+        return None
+    if state == JobState.INTERRUPTED:
+        print(f"Resuming from its last checkpoint: {run_dir}")
+        return run_experiment(config, run_dir, resume=True)
+    if state == JobState.INCOMPLETE:
+        # Hydra has already written this job's own files (.hydra/, the job log) into the folder.
+        hydra = HydraConfig.get()
+        keep = tuple(name for name in (hydra.output_subdir, f"{hydra.job.name}.log") if name)
+        moved = move_aside(run_dir, Path(hydra.sweep.dir).absolute(), keep=keep)
+        print(f"Restarting ({detail}; what it held moved to {moved}): {run_dir}")
+    return run_experiment(config, run_dir)
