@@ -162,3 +162,11 @@ def test_decision_and_message_entropies_closed_form(tmp_path, cache_dir):
     # Reject 1/4, accept 1/4, continue 2/4.
     expected = -(2 * 0.25 * math.log(0.25) + 0.5 * math.log(0.5))
     assert metrics["agents/verifier/policy/decision_entropy"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("trainer", ["dpo", "ipo", "grpo", "reinforce"])
+def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_dir, trainer):
+    config = gi_config(cache_dir, f"trainer={trainer}", "protocol=nip", "protocol.max_rounds=4", "logger=csv")
+    metrics = run_experiment(config, tmp_path)
+    assert "test/accuracy" in metrics
+    assert read_csv_metric(tmp_path, "objective/kl")  # the shared diagnostics, whatever the objective
