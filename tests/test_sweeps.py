@@ -244,6 +244,9 @@ def test_interrupting_a_sweep_and_running_it_again(config_dir, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell runs background jobs with SIGINT ignored, and children inherit
+        # that; give the sweep the default disposition so that Python handles it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     while not (first / "checkpoints" / "last.pt").is_file() and time.time() < deadline:
