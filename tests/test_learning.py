@@ -39,3 +39,12 @@ def test_documented_simpo_example_solves_hidden_bits(tmp_path, monkeypatch):
     config = make_config("trainer=dpo", "trainer.trainer_type=simpo_trainer.SimpoTrainer", "seed=0", *QUIET)
     metrics = run_experiment(config, tmp_path)
     assert metrics["test/agents/verifier/optimality"] >= 0.95, metrics
+
+
+@pytest.mark.slow
+def test_main_job_verifier_learns_graph_isomorphism_above_chance(tmp_path):
+    # The main job (graph isomorphism, NIP, PPO), shortened to 60 of its 150 iterations.
+    # Half the test pairs are isomorphic: chance is 0.5; 1024 test episodes give a standard error of 0.016.
+    config = make_config("preset=quick", "trainer.num_iterations=60", f"scenario.cache_dir={tmp_path / 'cache'}", *QUIET)
+    metrics = run_experiment(config, tmp_path / "run")
+    assert metrics["test/accuracy"] >= 0.56, metrics
