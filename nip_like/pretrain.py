@@ -30,6 +30,12 @@ TARGET_KEY = "target_action"
 TARGET_MASK_KEY = "target_mask"
 
 
+def require_labelled_data(scenario, user: str) -> None:
+    """Fail in one line, naming ``user``, if ``scenario`` has no ``supervised_data``."""
+    if not hasattr(scenario, "supervised_data"):
+        raise ConfigError(f"{user} needs labelled data; scenario {scenario.config.name!r} has none")
+
+
 def decision_log_probs(agents: AgentModules, agent_index: int, batch: TensorDictBase) -> torch.Tensor:
     """Log-probabilities of one agent over the target actions of ``batch``, ``(batch, num_actions)``."""
     logits = agents.policy.get_dist_params(batch.clone(False)).get(LOGITS_KEY)
@@ -113,10 +119,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         ``pretrain/<agent>/train_accuracy`` and ``pretrain/<agent>/from_cache`` per agent.
     """
     options = config.trainer.pretrain
-    if not hasattr(scenario, "supervised_data"):
-        raise ConfigError(
-            f"trainer.pretrain.agents needs labelled data; scenario {scenario.config.name!r} has none"
-        )
+    require_labelled_data(scenario, "trainer.pretrain.agents")
     unknown = sorted(set(options.agents) - set(scenario.agent_names))
     if unknown:
         raise ConfigError(

@@ -232,7 +232,7 @@ class DPOLoss(LossModule):
         ref_mixup_alpha: float = 1.0,
     ) -> None:
         if loss_type not in LOSS_TYPES:
-            raise ValueError(f"unknown preference loss type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")
+            raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
         if beta <= 0:
             raise ValueError(f"beta must be positive, got {beta}")
         if not 0.0 <= label_smoothing < 0.5:
@@ -281,6 +281,7 @@ class DPOLoss(LossModule):
         groups = batch.get(("state", "group_id"))[ends]
         chosen, rejected, agents = [], [], []
         self.layout_metrics = {}
+        dropped = 0.0
         for index, name in enumerate(self.agent_names):
             best, worst, gap = group_extremes(returns[..., index], groups)
             keep = (gap > 0) & (gap >= self.margin)
@@ -289,10 +290,9 @@ class DPOLoss(LossModule):
             agents.append(torch.full((int(keep.sum()),), index, device=gap.device))
             self.layout_metrics[f"agents/{name}/pairs/kept"] = float(keep.sum())
             self.layout_metrics[f"agents/{name}/pairs/dropped"] = float((~keep).sum())
+            dropped += float((~keep).sum())
         chosen, rejected, agent = torch.cat(chosen), torch.cat(rejected), torch.cat(agents)
-        kept = sum(v for k, v in self.layout_metrics.items() if k.endswith("/kept"))
-        dropped = sum(v for k, v in self.layout_metrics.items() if k.endswith("/dropped"))
-        self.layout_metrics.update({"pairs/kept": kept, "pairs/dropped": dropped})
+        self.layout_metrics.update({"pairs/kept": float(agent.numel()), "pairs/dropped": dropped})
         pairs = TensorDict(
             {
                 CHOSEN: pad_episodes(batch, ids, episodes[chosen]),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nip_like.errors import ConfigError
-from nip_like.objectives.dpo import LOSS_TYPES, DPOLoss
+from nip_like.objectives.dpo import DPOLoss
 from nip_like.objectives.reference import ReferencePolicy
 from nip_like.registry import register_trainer
 from nip_like.trainers.rl import TensorDictRlTrainer
@@ -28,36 +28,29 @@ class DpoTrainer(TensorDictRlTrainer):
                 f"trainer {tc.trainer_type} pairs episodes within groups: "
                 f"set trainer.group_size >= 2, got {tc.group_size}"
             )
-        if options.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"trainer.dpo.loss_type must be one of {', '.join(LOSS_TYPES)}, got {options.loss_type!r}")
         if self.fixed_loss_type not in (None, options.loss_type):
             raise ConfigError(
                 f"trainer {tc.trainer_type} runs the {self.fixed_loss_type} loss, but trainer.dpo.loss_type is "
                 f"{options.loss_type!r}; use trainer=dpo trainer.dpo.loss_type={options.loss_type} instead"
             )
-        if options.beta <= 0:
-            raise ConfigError(f"trainer.dpo.beta must be positive, got {options.beta}")
-        if not 0.0 <= options.label_smoothing < 0.5:
-            raise ConfigError(f"trainer.dpo.label_smoothing must be in [0, 0.5), got {options.label_smoothing}")
-        if options.ref_sync_every < 0 or not 0.0 < options.ref_mixup_alpha <= 1.0:
-            raise ConfigError(
-                "trainer.dpo.ref_sync_every must be >= 0 and trainer.dpo.ref_mixup_alpha in (0, 1], "
-                f"got {options.ref_sync_every} and {options.ref_mixup_alpha}"
-            )
         # A reference that moves gets its own copy: objective/kl stays measured from the initial policy.
-        reference = ReferencePolicy(self.policy) if options.ref_sync_every else self.reference_policy
-        loss = DPOLoss(
-            self.policy,
-            self.agent_names,
-            reference,
-            beta=options.beta,
-            loss_type=options.loss_type,
-            margin=options.margin,
-            length_normalize=options.length_normalize,
-            label_smoothing=options.label_smoothing,
-            ref_sync_every=options.ref_sync_every,
-            ref_mixup_alpha=options.ref_mixup_alpha,
-        )
+        reference = ReferencePolicy(self.policy) if options.ref_sync_every > 0 else self.reference_policy
+        try:
+            loss = DPOLoss(
+                self.policy,
+                self.agent_names,
+                reference,
+                beta=options.beta,
+                loss_type=options.loss_type,
+                margin=options.margin,
+                length_normalize=options.length_normalize,
+                label_smoothing=options.label_smoothing,
+                ref_sync_every=options.ref_sync_every,
+                ref_mixup_alpha=options.ref_mixup_alpha,
+            )
+        except ValueError as error:
+            # DPOLoss checks its options and names each field; they live under trainer.dpo.
+            raise ConfigError(f"trainer.dpo.{error}") from error
         return loss, None
 
 

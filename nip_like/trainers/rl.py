@@ -359,10 +359,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # A layout smaller than a minibatch (preference pairs can be few) is
         # one minibatch; an empty one leaves nothing to optimise.
         size = data.batch_size[0]
-        minibatch_size = max(1, min(self.trainer_config.minibatch_size, size))
-        if self.buffer is None or self.buffer.storage.max_size != max(size, 1) or self.buffer.batch_size != minibatch_size:
+        capacity = max(size, 1)  # a storage needs room for one item even when the layout is empty
+        minibatch_size = min(self.trainer_config.minibatch_size, capacity)
+        if self.buffer is None or self.buffer.storage.max_size != capacity or self.buffer.batch_size != minibatch_size:
             self.buffer = TensorDictReplayBuffer(
-                storage=LazyTensorStorage(max(size, 1), device=self.device),
+                storage=LazyTensorStorage(capacity, device=self.device),
                 sampler=SamplerWithoutReplacement(drop_last=True),
                 batch_size=minibatch_size,
             )

@@ -12,7 +12,7 @@ import torch
 from nip_like.checkpoint import derive_seed, get_rng_states, set_rng_states
 from nip_like.errors import ConfigError
 from nip_like.optim import build_optimizer
-from nip_like.pretrain import TARGET_KEY, decision_log_probs, supervised_epoch
+from nip_like.pretrain import TARGET_KEY, decision_log_probs, require_labelled_data, supervised_epoch
 from nip_like.registry import register_trainer
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 
@@ -46,8 +46,7 @@ class SoloAgentTrainer(TensorDictTrainer):
 
     def __init__(self, config, scenario, run_dir, logger) -> None:
         super().__init__(config, scenario, run_dir, logger)
-        if not hasattr(scenario, "supervised_data"):
-            raise ConfigError(f"trainer solo_agent needs labelled data; scenario {scenario.config.name!r} has none")
+        require_labelled_data(scenario, "trainer solo_agent")
         tc = config.trainer
         self.agent = str(tc.solo_agent.agent)
         if self.agent not in scenario.agent_names:

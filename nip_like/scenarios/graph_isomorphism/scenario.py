@@ -149,13 +149,7 @@ class GraphIsomorphismScenario(Scenario):
 
     def supervised_metrics(self, predicted: torch.Tensor, data: TensorDictBase) -> dict[str, float]:
         """Precision and recall (accept = positive) of supervised predictions."""
-        accept = predicted == data["target_mask"].shape[-1] - 1
-        label = data["label"]
-        true_positive = (accept & label).sum().item()
-        return {
-            "precision": true_positive / max(int(accept.sum()), 1),
-            "recall": true_positive / max(int(label.sum()), 1),
-        }
+        return precision_recall(predicted == data["target_mask"].shape[-1] - 1, data["label"])
 
     # ----------------------------------------------------------------- metrics
     def optimal_rewards(self) -> dict[str, float] | None:
@@ -210,8 +204,15 @@ class GraphIsomorphismScenario(Scenario):
         per_datapoint /= torch.bincount(datapoint.cpu()).float()
         metrics["accuracy_per_datapoint"] = per_datapoint.mean().item()
         metrics["accuracy_worst_datapoint"] = per_datapoint.min().item()
-        true_positive = (accept & label).sum().item()
-        metrics["precision"] = true_positive / max(int(accept.sum()), 1)
-        metrics["recall"] = true_positive / max(int(label.sum()), 1)
+        metrics.update(precision_recall(accept, label))
         metrics["episode_length"] = state["round"].float().mean().item()
         return metrics
+
+
+def precision_recall(accept: torch.Tensor, label: torch.Tensor) -> dict[str, float]:
+    """Precision and recall of ``accept`` decisions against ``label`` (isomorphic = positive); 0 when undefined."""
+    true_positive = (accept & label).sum().item()
+    return {
+        "precision": true_positive / max(int(accept.sum()), 1),
+        "recall": true_positive / max(int(label.sum()), 1),
+    }
