@@ -41,26 +41,56 @@ class PerAgent(nn.Module):
         One network per agent, in the order of the agent dimension.
     agent_dims : tuple of int
         For each input, the (negative) position of its agent dimension.
+    active_only : bool
+        If True, ``forward`` takes one more input, last: the ``(*batch,
+        num_agents)`` boolean active mask (``("agents", "active")``), and
+        each agent's network runs only on the rows where that agent acts;
+        the other rows of the output are zeros. Every learning signal in
+        nip_like masks inactive agents' actions out, so this changes no
+        result and saves the compute of the agents that wait (half of it
+        when two agents alternate).
 
     Notes
     -----
     By default ``forward`` takes one tensor of shape ``(*batch, num_agents,
     features)`` and returns ``(*batch, num_agents, out_features)``. With
     several inputs (graphs, masks, ...), ``agent_dims`` says where each one's
-    agent dimension is; each network gets its agent's slices, in order.
+    agent dimension is; each network gets its agent's slices, in order. With
+    ``active_only``, a network gets its rows flattened to one batch dimension,
+    possibly empty, and must accept that.
     """
 
-    def __init__(self, networks: Mapping[str, nn.Module], agent_dims: tuple[int, ...] = (-2,)) -> None:
+    def __init__(
+        self, networks: Mapping[str, nn.Module], agent_dims: tuple[int, ...] = (-2,), active_only: bool = False
+    ) -> None:
         super().__init__()
         self.agent_names = tuple(networks)
         self.networks = nn.ModuleDict(networks)
         self.agent_dims = tuple(agent_dims)
+        self.active_only = active_only
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.active_only:
+            *inputs, active = inputs
+            return self._forward_active(inputs, active)
         outputs = [
             self.networks[name](*(x.select(dim, index) for x, dim in zip(inputs, self.agent_dims)))
             for index, name in enumerate(self.agent_names)
         ]
+        return torch.stack(outputs, dim=-2)
+
+    def _forward_active(self, inputs: list[torch.Tensor], active: torch.Tensor) -> torch.Tensor:
+        lead = active.shape[:-1]
+        outputs = []
+        for index, name in enumerate(self.agent_names):
+            rows = active[..., index].reshape(-1).nonzero().squeeze(-1)
+            selected = []
+            for x, dim in zip(inputs, self.agent_dims):
+                x = x.select(dim, index)
+                selected.append(x.reshape(-1, *x.shape[len(lead):])[rows])
+            out = self.networks[name](*selected)
+            full = out.new_zeros(lead.numel(), *out.shape[1:])
+            outputs.append(full.index_copy(0, rows, out).reshape(*lead, *out.shape[1:]))
         return torch.stack(outputs, dim=-2)
 
 
@@ -168,10 +198,12 @@ def actor_critic_from_networks(
         Map the entries ``in_keys`` to ``(*batch, num_agents, num_actions)``
         logits and ``(*batch, num_agents, 1)`` values.
     in_keys : list
-        The TensorDict entries both networks read, in the order of their inputs.
+        The TensorDict entries both networks read, in the order of their inputs
+        (a policy network with ``active_only`` also reads ``("agents", "active")``).
     """
+    policy_keys = [*in_keys, ACTIVE_KEY] if policy_net.active_only else list(in_keys)
     policy = ProbabilisticActor(
-        TensorDictModule(policy_net, in_keys=list(in_keys), out_keys=[LOGITS_KEY]),
+        TensorDictModule(policy_net, in_keys=policy_keys, out_keys=[LOGITS_KEY]),
         in_keys={"logits": LOGITS_KEY, "mask": ACTION_MASK_KEY},
         out_keys=[ACTION_KEY],
         distribution_class=MaskedCategorical,

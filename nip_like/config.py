@@ -188,6 +188,7 @@ class GraphAgentConfig:
 
     hidden_size: int = 32  # width of the node embeddings
     gin_layers: int = 2  # rounds of GIN message passing
+    gin_mlp_size: int = 0  # hidden width of each GIN layer's two-layer MLP; 0 means hidden_size
     attention_heads: int = 2  # heads of the attention across both graphs' nodes; 0 skips it
     shared_body: bool = False  # the policy and value heads share one body
 
@@ -206,6 +207,7 @@ class GraphIsomorphismConfig(ScenarioConfig):
     val_fraction: float = 0.1  # share of pairs in the validation split (periodic evaluation)
     test_fraction: float = 0.2  # share of pairs in the held-out test split
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
+    prover_answers_other_graph: bool = True  # a prover's node must lie in the graph the verifier's last node is not in
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent GraphAgentConfig entries; others use default_agent
     default_agent: GraphAgentConfig = field(default_factory=GraphAgentConfig)  # network size of agents not in agents
 

@@ -46,7 +46,9 @@ def build_optimizer(config: DictConfig, agent_params: Mapping[str, Iterable[nn.P
             groups.append({"params": params, "lr": float(config.agent_lr.get(name, config.lr)), "agent": name})
     if not groups:
         raise ConfigError("the agents have no trainable parameters")
-    kwargs: dict = {"weight_decay": config.weight_decay}
+    # The multi-tensor implementation: PyTorch picks it on CUDA by itself, and on
+    # the CPU it saves most of the per-parameter Python loop of a step.
+    kwargs: dict = {"weight_decay": config.weight_decay, "foreach": True}
     if config.name in ("adam", "adamw"):
         kwargs.update(betas=tuple(config.betas), eps=config.eps)
     elif config.name in ("sgd", "rmsprop"):

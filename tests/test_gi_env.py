@@ -124,6 +124,28 @@ def test_action_masks_follow_nodes_and_decision_rules():
     assert nxt["agents", "action_mask"][0, 1].tolist() == [False] * 8 + [True, True]
 
 
+@pytest.mark.parametrize("answers_other_graph", [True, False])
+def test_prover_answers_in_the_other_graph_of_the_verifiers_last_node(answers_other_graph):
+    proto = protocol("nip", min_rounds=3, max_rounds=8)
+    env = GraphIsomorphismEnv(proto, *graphs(), num_envs=16, prover_answers_other_graph=answers_other_graph)
+    td = env.reset()
+    nodes = td["state", "node_mask"].reshape(16, 2 * N)
+    graph1 = torch.arange(2 * N) >= N
+    # The verifier sends node 1 of graph 0: the prover may answer only in graph 1.
+    nxt = play(env, td, [0, 1])
+    prover = nxt["agents", "action_mask"][:, 0, : 2 * N]
+    assert (prover == (nodes & graph1 if answers_other_graph else nodes)).all()
+    # The prover answers; the verifier sends node 0 of graph 1: the answer must be in graph 0.
+    nxt = play(env, play(env, nxt, [N, 0]), [0, N])
+    prover = nxt["agents", "action_mask"][:, 0, : 2 * N]
+    assert (prover == (nodes & ~graph1 if answers_other_graph else nodes)).all()
+    # With the prover speaking first there is no verifier node yet: no restriction.
+    first = protocol("nip", min_rounds=3, max_rounds=8, first_speaker="prover")
+    env = GraphIsomorphismEnv(first, *graphs(), num_envs=16, prover_answers_other_graph=answers_other_graph)
+    td = env.reset()
+    assert (td["agents", "action_mask"][:, 0, : 2 * N] == td["state", "node_mask"].reshape(16, 2 * N)).all()
+
+
 def test_messages_are_recorded_and_private_channels_stay_private():
     env = make_env(protocol("mnip", max_rounds=4))
     td = env.reset()
@@ -216,6 +238,7 @@ def test_agents_see_only_their_own_observation_slices():
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
     agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
     td = env.reset()
+    td["agents", "active"] = torch.ones_like(td["agents", "active"])  # compute every agent's logits
     before = agents.policy.get_dist_params(td.clone())["agents", "logits"]
     changed = td.clone()
     changed["agents", "messages"][:, 1] = 1.0
@@ -223,3 +246,63 @@ def test_agents_see_only_their_own_observation_slices():
     torch.testing.assert_close(after[:, 0], before[:, 0])
     assert not torch.allclose(after[:, 1], before[:, 1])
     assert isinstance(td, TensorDict)
+
+
+def test_policy_runs_each_agent_only_where_it_acts():
+    # The policy computes an agent's logits only on the steps where it acts; there
+    # they equal the logits computed for every agent, elsewhere they are zero.
+    proto = protocol("mnip", max_rounds=6)
+    env = make_env(proto, num_envs=4)
+    sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
+    agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
+    rollout = env.rollout(5, agents.policy, break_when_any_done=False)
+    active = rollout["agents", "active"]
+    assert active.any() and not active.all()
+    logits = agents.policy.get_dist_params(rollout.clone())["agents", "logits"]
+    everyone = rollout.clone()
+    everyone["agents", "active"] = torch.ones_like(active)
+    full = agents.policy.get_dist_params(everyone)["agents", "logits"]
+    torch.testing.assert_close(logits[active], full[active])
+    assert (logits[~active] == 0).all()
+    # The log-probabilities stored while acting match a recomputation on the active steps.
+    dist = agents.policy.get_dist(rollout.clone())
+    recomputed = dist.log_prob(rollout["agents", "action"])
+    torch.testing.assert_close(recomputed[active], rollout["agents", "action_log_prob"][active])
+    # An agent that acts nowhere gets an empty batch and zero gradients, not an error.
+    idle = rollout[:, :1].clone()
+    idle["agents", "active"] = torch.zeros_like(idle["agents", "active"])
+    idle["agents", "active"][..., proto.verifier_index] = True
+    agents.policy.get_dist_params(idle)["agents", "logits"].sum().backward()
+    prover = next(agents.policy.module[0].module.networks["prover0"].parameters())
+    assert prover.grad is not None and (prover.grad == 0).all()
+
+
+def test_body_summary_is_pair_invariant_and_zero_apart_for_corresponding_marks():
+    # The body treats both graphs alike: swapping the graphs leaves the summary
+    # unchanged, and isomorphic graphs with corresponding marked nodes differ by 0.
+    from nip_like.scenarios.graph_isomorphism.agents import GraphBody
+
+    torch.manual_seed(0)
+    n, features = 9, 6
+    body = GraphBody(features, 3, 16, 2, 4, 32)
+    first = (torch.rand(n, n) < 0.4).triu(1)
+    first = first | first.T
+    perm = torch.randperm(n)
+    second = first[perm][:, perm]
+    adjacency = torch.stack([first, second]).unsqueeze(0)
+    node_mask = torch.ones(1, 2, n, dtype=torch.bool)
+    context = torch.zeros(1, 3)
+    messages = torch.zeros(1, 2, n, features)
+    messages[0, 0, 3, 0] = 1.0
+    messages[0, 1, int((perm == 3).nonzero()), 0] = 1.0  # the node of the second graph that node 3 became
+    _, summary = body(adjacency, node_mask, messages, context)
+    difference = summary[0, 16:32]
+    assert difference.abs().max() < 1e-5
+    _, swapped = body(adjacency.flip(1), node_mask, messages.flip(1), context)
+    torch.testing.assert_close(swapped, summary)
+    # A mark on a node that does not correspond shows in the difference.
+    wrong = messages.clone()
+    wrong[0, 1] = 0.0
+    wrong[0, 1, int((perm == 3).nonzero()) - 1 if int((perm == 3).nonzero()) else 1, 0] = 1.0
+    _, apart = body(adjacency, node_mask, wrong, context)
+    assert apart[0, 16:32].abs().max() > 1e-3

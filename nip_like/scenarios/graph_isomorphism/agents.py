@@ -2,7 +2,9 @@
 
 Body: GIN-style message passing on each graph's dense adjacency, then
 self-attention across the nodes of both graphs (so a node can be compared
-with every node of the other graph), then mean pooling per graph. Heads: one
+with every node of the other graph), then mean pooling per graph and a
+pair-invariant summary: the mean of the two graph vectors and half their
+absolute difference. Heads: one
 logit per node (the messages), two decision logits (reject, accept) and a
 value. Pure torch; any leading batch shape.
 """
@@ -45,10 +47,15 @@ class NodeAttention(nn.Module):
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
         """Attend ``tokens`` ``(b, t, d)`` to each other, ignoring ``padding`` ``(b, t)`` keys."""
         b, t, d = tokens.shape
-        q, k, v = self.qkv(tokens).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        scores = (q @ k.transpose(-1, -2)) * (d // self.heads) ** -0.5
-        scores = scores.masked_fill(padding.view(b, 1, 1, t), torch.finfo(scores.dtype).min)
-        mixed = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        h, width = self.heads, d // self.heads
+        q, k, v = self.qkv(tokens).view(b, t, 3, h, width).permute(2, 0, 3, 1, 4).reshape(3, b * h, t, width)
+        # The padding enters as an additive bias of the score product (one fused
+        # baddbmm), which is cheaper than masking the scores afterwards.
+        bias = torch.zeros(b, 1, 1, t, dtype=tokens.dtype, device=tokens.device)
+        bias = bias.masked_fill(padding.view(b, 1, 1, t), torch.finfo(tokens.dtype).min)
+        bias = bias.expand(b, h, t, t).reshape(b * h, t, t)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=width**-0.5)
+        mixed = (scores.softmax(-1) @ v).view(b, h, t, width).transpose(1, 2).reshape(b, t, d)
         return self.out(mixed)
 
 
@@ -65,18 +72,27 @@ class GraphBody(nn.Module):
         Width of the node embeddings.
     gin_layers : int
         Rounds of message passing.
+    gin_mlp_size : int
+        Hidden width of each round's two-layer MLP.
     attention_heads : int
         Heads of the cross-graph attention (``hidden_size`` must divide by it); 0 skips attention.
     """
 
     def __init__(
-        self, message_features: int, context_features: int, hidden_size: int, gin_layers: int, attention_heads: int
+        self,
+        message_features: int,
+        context_features: int,
+        hidden_size: int,
+        gin_layers: int,
+        attention_heads: int,
+        gin_mlp_size: int | None = None,
     ) -> None:
         super().__init__()
-        self.embed = nn.Linear(message_features + context_features + 2, hidden_size)
+        self.embed = nn.Linear(message_features + context_features, hidden_size)
         self.eps = nn.Parameter(torch.zeros(gin_layers))
+        inner = gin_mlp_size or hidden_size
         self.gin = nn.ModuleList(
-            nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size))
+            nn.Sequential(nn.Linear(hidden_size, inner), nn.ReLU(), nn.Linear(inner, hidden_size))
             for _ in range(gin_layers)
         )
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_size) for _ in range(gin_layers))
@@ -86,14 +102,16 @@ class GraphBody(nn.Module):
     def forward(
         self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor, context: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return node embeddings ``(b, 2n, d)`` and the pooled summary ``(b, 2d + context)``.
+        """Return node embeddings ``(b, 2n, d)`` and the pair summary ``(b, 2d + context)``.
 
         Inputs have one leading batch dimension ``b`` (flatten before calling).
         """
         b, _, n, _ = adjacency.shape
         mask = node_mask.float().unsqueeze(-1)  # (b, 2, n, 1)
-        graph_id = torch.eye(2, device=adjacency.device).view(1, 2, 1, 2).expand(b, 2, n, 2)
-        inputs = torch.cat([messages, context.view(b, 1, 1, -1).expand(b, 2, n, -1), graph_id], dim=-1)
+        # No graph identity among the inputs: the body treats the two graphs alike,
+        # so that corresponding nodes of isomorphic graphs get equal embeddings.
+        context_per_node = context.view(b, 1, 1, context.shape[-1]).expand(b, 2, n, context.shape[-1])
+        inputs = torch.cat([messages, context_per_node], dim=-1)
         x = self.embed(inputs) * mask
         adj = adjacency.float()
         for index, (layer, norm) in enumerate(zip(self.gin, self.norms)):
@@ -104,8 +122,14 @@ class GraphBody(nn.Module):
             padding = ~node_mask.reshape(b, 2 * n)
             attended = self.attention(tokens, padding)
             tokens = (tokens + attended) * node_mask.reshape(b, 2 * n, 1).float()
-        pooled = (tokens.view(b, 2, n, -1).sum(2) / mask.sum(2).clamp_min(1)).reshape(b, -1)
-        return tokens, torch.cat([pooled, context], dim=-1)
+        pooled = tokens.view(b, 2, n, self.hidden_size).sum(2) / mask.sum(2).clamp_min(1)  # (b, 2, d)
+        # Pair-invariant summary (as in the NIP paper): the mean of the two graph
+        # vectors and half their absolute difference. It does not depend on the
+        # order of the graphs, and isomorphic graphs whose marked nodes
+        # correspond give a difference of exactly zero.
+        first, second = pooled.unbind(1)
+        summary = torch.cat([(first + second) / 2, (first - second).abs() / 2, context], dim=-1)
+        return tokens, summary
 
 
 class GraphPolicy(nn.Module):
@@ -127,7 +151,7 @@ class GraphPolicy(nn.Module):
         lead = context.shape[:-1]
         tokens, pooled = self.body(*_flatten(adjacency, node_mask, messages, context))
         logits = torch.cat([self.node_head(tokens).squeeze(-1), self.decision_head(pooled)], dim=-1)
-        return logits.reshape(*lead, -1)
+        return logits.reshape(*lead, logits.shape[-1])
 
 
 class GraphValue(nn.Module):
@@ -169,8 +193,8 @@ def build_graph_agents(
     message_features, context_features : int
         Sizes of the per-node message features and of the flat observation.
     sizes : dict
-        Per agent: ``hidden_size``, ``gin_layers``, ``attention_heads`` and
-        ``shared_body`` (the policy and value share one body).
+        Per agent: ``hidden_size``, ``gin_layers``, ``gin_mlp_size``,
+        ``attention_heads`` and ``shared_body`` (the policy and value share one body).
     """
     policies, values = {}, {}
     for name in agent_names:
@@ -178,12 +202,17 @@ def build_graph_agents(
 
         def body() -> GraphBody:
             return GraphBody(
-                message_features, context_features, size.hidden_size, size.gin_layers, size.attention_heads
+                message_features,
+                context_features,
+                size.hidden_size,
+                size.gin_layers,
+                size.attention_heads,
+                size.gin_mlp_size or None,
             )
 
         policy_body = body()
         policies[name] = GraphPolicy(policy_body, context_features)
         values[name] = GraphValue(policy_body if size.shared_body else body(), context_features)
     return actor_critic_from_networks(
-        agent_names, PerAgent(policies, AGENT_DIMS), PerAgent(values, AGENT_DIMS), IN_KEYS
+        agent_names, PerAgent(policies, AGENT_DIMS, active_only=True), PerAgent(values, AGENT_DIMS), IN_KEYS
     )

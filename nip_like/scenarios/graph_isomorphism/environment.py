@@ -59,6 +59,11 @@ class GraphIsomorphismEnv(InteractionEnv):
         Seed of the environment's generator.
     group_size : int
         Consecutive environments that play the same pair.
+    prover_answers_other_graph : bool
+        Restrict a prover's node to the graph that the verifier's most recent
+        node is not in (as in the NIP paper), so that each prover message
+        answers "this node corresponds to that one". No restriction before the
+        verifier has sent a node.
     """
 
     def __init__(
@@ -71,7 +76,9 @@ class GraphIsomorphismEnv(InteractionEnv):
         device: torch.device | str = "cpu",
         seed: int = 0,
         group_size: int = 1,
+        prover_answers_other_graph: bool = False,
     ) -> None:
+        self.prover_answers_other_graph = prover_answers_other_graph
         self.max_nodes = int(adjacency.shape[-1])
         self.num_pairs = int(adjacency.shape[0])
         self.data = {"adjacency": adjacency.bool(), "node_mask": node_mask.bool(), "label": label.bool()}
@@ -149,7 +156,19 @@ class GraphIsomorphismEnv(InteractionEnv):
         verifier = self.verifier_index
         mask[:, verifier, : 2 * self.max_nodes] &= ~must_decide.unsqueeze(-1)
         mask[:, verifier, 2 * self.max_nodes :] = (may_decide | must_decide).unsqueeze(-1)
+        if self.prover_answers_other_graph:
+            provers = [index for index in range(self.num_agents) if index != verifier]
+            mask[:, provers, : 2 * self.max_nodes] &= self._answer_graph(state["sent"][..., verifier]).unsqueeze(1)
         return observation.contiguous(), mask
+
+    def _answer_graph(self, verifier_sent: torch.Tensor) -> torch.Tensor:
+        """``(B, 2n)``: the nodes outside the graph of the verifier's last node (all before its first)."""
+        n = self.max_nodes
+        steps = torch.arange(self.num_steps, device=self.device)
+        last_step = torch.where(verifier_sent >= 0, steps, -1).amax(-1)
+        last_node = verifier_sent.gather(1, last_step.clamp(min=0).unsqueeze(1))  # (B, 1)
+        node_graph = torch.arange(2 * n, device=self.device) >= n
+        return (node_graph != (last_node >= n)) | (last_step < 0).unsqueeze(1)
 
     def _observe_extra(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
         batch, agents, n = state.batch_size[0], self.num_agents, self.max_nodes

@@ -87,6 +87,7 @@ class GraphIsomorphismScenario(Scenario):
             device=device,
             seed=seed,
             group_size=group_size,
+            prover_answers_other_graph=bool(self.config.prover_answers_other_graph),
         )
 
     # ------------------------------------------------------------------ agents
@@ -138,7 +139,12 @@ class GraphIsomorphismScenario(Scenario):
             batch_size=[count],
         )
         observation, _ = env._observe(state)
-        agents = TensorDict({**env._observe_extra(state), "observation": observation}, batch_size=[count, env.num_agents])
+        # Every agent counts as acting, so that each one's decision can be read off.
+        active = torch.ones(count, env.num_agents, dtype=torch.bool)
+        agents = TensorDict(
+            {**env._observe_extra(state), "observation": observation, "active": active},
+            batch_size=[count, env.num_agents],
+        )
         target_mask = torch.zeros(count, env.num_actions, dtype=torch.bool)
         target_mask[:, [env.reject_action, env.accept_action]] = True
         target = torch.where(pairs.label, env.accept_action, env.reject_action)
