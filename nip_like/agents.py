@@ -186,7 +186,12 @@ def build_actor_critic(
 
 
 def actor_critic_from_networks(
-    agent_names: tuple[str, ...], policy_net: PerAgent, value_net: PerAgent, in_keys: list
+    agent_names: tuple[str, ...],
+    policy_net: PerAgent,
+    value_net: PerAgent,
+    in_keys: list,
+    distribution_class: type[MaskedCategorical] = MaskedCategorical,
+    distribution_kwargs: dict | None = None,
 ) -> AgentModules:
     """Wrap per-agent policy and value networks into the masked-categorical actor and the critic.
 
@@ -200,13 +205,19 @@ def actor_critic_from_networks(
     in_keys : list
         The TensorDict entries both networks read, in the order of their inputs
         (a policy network with ``active_only`` also reads ``("agents", "active")``).
+    distribution_class : type
+        The action distribution: :class:`~torchrl.modules.MaskedCategorical`
+        or a subclass (e.g. :class:`~nip_like.distributions.GroupedMaskedCategorical`).
+    distribution_kwargs : dict, optional
+        Further keyword arguments of the distribution.
     """
     policy_keys = [*in_keys, ACTIVE_KEY] if policy_net.active_only else list(in_keys)
     policy = ProbabilisticActor(
         TensorDictModule(policy_net, in_keys=policy_keys, out_keys=[LOGITS_KEY]),
         in_keys={"logits": LOGITS_KEY, "mask": ACTION_MASK_KEY},
         out_keys=[ACTION_KEY],
-        distribution_class=MaskedCategorical,
+        distribution_class=distribution_class,
+        distribution_kwargs=distribution_kwargs,
         return_log_prob=True,
         log_prob_key=LOG_PROB_KEY,
     )

@@ -189,7 +189,8 @@ class GraphAgentConfig:
     hidden_size: int = 32  # width of the node embeddings
     gin_layers: int = 2  # rounds of GIN message passing
     gin_mlp_size: int = 0  # hidden width of each GIN layer's two-layer MLP; 0 means hidden_size
-    attention_heads: int = 2  # heads of the attention across both graphs' nodes; 0 skips it
+    attention_heads: int = 2  # heads of the cross-graph transformer layer; 0 leaves the layer out
+    transformer_mlp_size: int = 0  # hidden width of the transformer's feed-forward block; 0 means 4 * hidden_size
     shared_body: bool = False  # the policy and value heads share one body
 
 

@@ -82,6 +82,7 @@ import nip_like.config
 from nip_like.checkpoint import derive_seed
 from nip_like.experiment import build_trainer
 from nip_like.objectives.ppo import MultiAgentPPOLoss
+from nip_like.optim import fast_implementation
 from nip_like.protocols.prover_verifier import ProverVerifierProtocol
 from nip_like.scenarios.hidden_bits import HiddenBitsScenario
 
@@ -293,6 +294,7 @@ def run_plain_loop(config: DictConfig, profiler: cProfile.Profile | None = None)
         lr=s.lr,
         betas=s.betas,
         eps=s.eps,
+        **fast_implementation(torch.optim.Adam),  # the implementation the framework picks
     )
     env = scenario.make_env(s.num_envs, "train", derive_seed(s.seed, "train_env"), "cpu")
     collector = Collector(

@@ -218,7 +218,7 @@ def test_graph_agents_act_legally_for_any_batch_shape(shared_body):
     proto = protocol("debate", max_rounds=4)
     env = make_env(proto, num_envs=4)
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16, shared_body=shared_body)) for name in proto.agent_names}
-    agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
+    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes)
     rollout = env.rollout(6, agents.policy, break_when_any_done=False)
     chosen = rollout["agents", "action"]
     legal = rollout["agents", "action_mask"].gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
@@ -236,7 +236,7 @@ def test_agents_see_only_their_own_observation_slices():
     proto = protocol("mnip", max_rounds=4)
     env = make_env(proto)
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
-    agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
+    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes)
     td = env.reset()
     td["agents", "active"] = torch.ones_like(td["agents", "active"])  # compute every agent's logits
     before = agents.policy.get_dist_params(td.clone())["agents", "logits"]
@@ -254,7 +254,7 @@ def test_policy_runs_each_agent_only_where_it_acts():
     proto = protocol("mnip", max_rounds=6)
     env = make_env(proto, num_envs=4)
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
-    agents = build_graph_agents(proto.agent_names, env.num_steps * 3, env.num_steps + 1, sizes)
+    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes)
     rollout = env.rollout(5, agents.policy, break_when_any_done=False)
     active = rollout["agents", "active"]
     assert active.any() and not active.all()
@@ -277,32 +277,88 @@ def test_policy_runs_each_agent_only_where_it_acts():
     assert prover.grad is not None and (prover.grad == 0).all()
 
 
-def test_body_summary_is_pair_invariant_and_zero_apart_for_corresponding_marks():
-    # The body treats both graphs alike: swapping the graphs leaves the summary
+def test_pair_tokens_are_pair_invariant_and_zero_apart_for_corresponding_marks():
+    # The GIN treats both graphs alike: swapping the graphs leaves the pair tokens
     # unchanged, and isomorphic graphs with corresponding marked nodes differ by 0.
     from nip_like.scenarios.graph_isomorphism.agents import GraphBody
 
     torch.manual_seed(0)
     n, features = 9, 6
-    body = GraphBody(features, 3, 16, 2, 4, 32)
+    body = GraphBody(features, 16, 2, 4, 32)
     first = (torch.rand(n, n) < 0.4).triu(1)
     first = first | first.T
     perm = torch.randperm(n)
     second = first[perm][:, perm]
     adjacency = torch.stack([first, second]).unsqueeze(0)
     node_mask = torch.ones(1, 2, n, dtype=torch.bool)
-    context = torch.zeros(1, 3)
+    image = int((perm == 3).nonzero())  # the node of the second graph that node 3 became
     messages = torch.zeros(1, 2, n, features)
     messages[0, 0, 3, 0] = 1.0
-    messages[0, 1, int((perm == 3).nonzero()), 0] = 1.0  # the node of the second graph that node 3 became
-    _, summary = body(adjacency, node_mask, messages, context)
-    difference = summary[0, 16:32]
-    assert difference.abs().max() < 1e-5
-    _, swapped = body(adjacency.flip(1), node_mask, messages.flip(1), context)
-    torch.testing.assert_close(swapped, summary)
+    messages[0, 1, image, 0] = 1.0
+    _, pair = body.pair_tokens(adjacency, node_mask, messages)
+    assert pair[0, 1].abs().max() < 1e-4
+    _, swapped = body.pair_tokens(adjacency.flip(1), node_mask, messages.flip(1))
+    torch.testing.assert_close(swapped, pair)
     # A mark on a node that does not correspond shows in the difference.
     wrong = messages.clone()
     wrong[0, 1] = 0.0
-    wrong[0, 1, int((perm == 3).nonzero()) - 1 if int((perm == 3).nonzero()) else 1, 0] = 1.0
-    _, apart = body(adjacency, node_mask, wrong, context)
-    assert apart[0, 16:32].abs().max() > 1e-3
+    wrong[0, 1, (image + 1) % n, 0] = 1.0
+    _, apart = body.pair_tokens(adjacency, node_mask, wrong)
+    assert apart[0, 1].abs().max() > 1e-3
+
+
+def test_policy_and_value_treat_the_two_graphs_alike():
+    # Swapping the graphs swaps the node logits and changes neither the decision nor the value.
+    from nip_like.scenarios.graph_isomorphism.agents import GraphBody, GraphPolicy, GraphValue
+
+    torch.manual_seed(1)
+    b, n, steps, agents = 6, 8, 4, 2
+    policy = GraphPolicy(GraphBody(steps * agents, 16, 3, 4, 32, 32), steps + 1)
+    value = GraphValue(GraphBody(steps * agents, 16, 3, 4, 32, 32), steps + 1)
+    adjacency = (torch.rand(b, 2, n, n) < 0.5).triu(1)
+    adjacency = adjacency | adjacency.transpose(-1, -2)
+    node_mask = torch.ones(b, 2, n, dtype=torch.bool)
+    node_mask[:3, :, 6:] = False
+    adjacency &= node_mask.unsqueeze(-1) & node_mask.unsqueeze(-2)
+    messages = torch.zeros(b, 2, n, steps * agents)
+    messages[:, 0, 2, 0] = 1.0  # the verifier's node at step 0
+    messages[:, 1, 4, 3] = 1.0  # the prover's answer at step 1
+    context = torch.nn.functional.one_hot(torch.full((b,), 2), steps + 1).float()
+    inputs = (adjacency, node_mask, messages, context)
+    swapped = (adjacency.flip(1), node_mask.flip(1), messages.flip(1), context)
+    logits, logits_swapped = policy(*inputs), policy(*swapped)
+    torch.testing.assert_close(logits_swapped[:, 2 * n :], logits[:, 2 * n :])
+    torch.testing.assert_close(logits_swapped[:, n : 2 * n], logits[:, :n])
+    torch.testing.assert_close(value(*swapped), value(*inputs))
+    # Joint log-probabilities: they sum to one over the present nodes and the decisions.
+    present = torch.cat([node_mask.reshape(b, -1), torch.ones(b, 2, dtype=torch.bool)], -1)
+    torch.testing.assert_close(logits.masked_fill(~present, -torch.inf).logsumexp(-1), torch.zeros(b))
+
+
+def test_cross_graph_bias_lets_nodes_see_only_the_other_graph_and_the_pair_tokens():
+    from nip_like.scenarios.graph_isomorphism.agents import cross_graph_bias
+
+    node_mask = torch.tensor([[[True, True, False], [True, True, False]]])
+    allowed = cross_graph_bias(node_mask, torch.float32)[0, 0] == 0  # (query, key) over 2 + 2 * 3 tokens
+    pair, first, second = [0, 1], [2, 3, 4], [5, 6, 7]
+    assert allowed[pair][:, [0, 1, 2, 3, 5, 6]].all()  # pair tokens see every present token
+    assert not allowed[:, [4, 7]].any()  # nobody sees an absent node
+    assert allowed[first][:, pair].all() and allowed[second][:, pair].all()
+    assert not allowed[first][:, first].any() and not allowed[second][:, second].any()
+    assert allowed[2, 5] and allowed[6, 3]
+
+
+def test_grouped_mode_picks_the_most_probable_choice_then_its_best_node():
+    from nip_like.distributions import GroupedMaskedCategorical
+
+    # Four nodes of 0.15 each (0.6 in all) against accept at 0.4: the argmax is
+    # accept, but sending a node is the more probable choice.
+    probs = torch.tensor([[0.15, 0.16, 0.14, 0.15, 0.0, 0.40], [0.1, 0.1, 0.05, 0.05, 0.3, 0.4]])
+    mask = torch.tensor([[True] * 6, [True] * 6])
+    dist = GroupedMaskedCategorical(probs.log(), mask=mask, group_size=4)
+    assert dist.mode.tolist() == [1, 5]
+    assert dist.deterministic_sample.tolist() == [1, 5]
+    # Masked actions take no part: with the nodes masked out, the best decision wins.
+    mask = torch.tensor([[False] * 4 + [True] * 2] * 2)
+    dist = GroupedMaskedCategorical(probs.log().clamp_min(-30), mask=mask, group_size=4)
+    assert dist.mode.tolist() == [5, 5]

@@ -1,12 +1,22 @@
 """Graph neural network agents for the graph-isomorphism scenario.
 
-Body: GIN-style message passing on each graph's dense adjacency, then
-self-attention across the nodes of both graphs (so a node can be compared
-with every node of the other graph), then mean pooling per graph and a
-pair-invariant summary: the mean of the two graph vectors and half their
-absolute difference. Heads: one
-logit per node (the messages), two decision logits (reject, accept) and a
-value. Pure torch; any leading batch shape.
+The architecture follows the NIP paper's agents (Hammond and Adam-Day):
+
+1. **GIN** message passing on each graph's dense adjacency; a node's input is
+   the message history it can see (which agent sent it at which step).
+2. **Pair tokens**: each graph is sum-pooled, and the two graph vectors
+   become two pair-invariant tokens, their mean and half their absolute
+   difference (the same whichever graph comes first, and a difference of
+   exactly zero for isomorphic graphs whose marked nodes correspond).
+3. **Cross-graph transformer**: one post-norm encoder layer over the two pair
+   tokens and the ``2n`` node tokens, each with flags for which pair token it
+   is and whether its node was in the most recent message. A node attends only
+   to the nodes of the other graph and to the pair tokens (so that it can look
+   for its counterpart), a pair token to everything (attention pooling).
+4. **Heads**: a node head on each node token; a decision head (continue,
+   reject, accept) and a value head on the two pair tokens and the step number.
+
+Pure torch; any leading batch shape.
 """
 
 from __future__ import annotations
@@ -14,21 +24,25 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nip_like.agents import OBSERVATION_KEY, AgentModules, PerAgent, actor_critic_from_networks
+from nip_like.distributions import GroupedMaskedCategorical
 
 IN_KEYS = [("agents", "adjacency"), ("agents", "node_mask"), ("agents", "messages"), OBSERVATION_KEY]
 #: Where the agent dimension of each of :data:`IN_KEYS` is.
 AGENT_DIMS = (-4, -3, -4, -2)
+#: Pair tokens (mean, half difference) before the node tokens.
+PAIR_TOKENS = 2
 
 
-class NodeAttention(nn.Module):
-    """Multi-head self-attention over a few dozen node tokens, with padding.
+class CrossGraphEncoderLayer(nn.Module):
+    """A post-norm transformer encoder layer with an additive attention bias.
 
-    Written out with plain tensor operations: for sequences this short, on the
-    CPU, it runs several times faster forward and backward than
-    ``nn.MultiheadAttention`` (see ``scripts/benchmark_gi.py``).
+    Self-attention (``heads`` heads, :func:`torch.nn.functional.scaled_dot_product_attention`),
+    residual and layer norm, then a ReLU feed-forward block of width
+    ``mlp_size``, residual and layer norm.
 
     Parameters
     ----------
@@ -36,59 +50,90 @@ class NodeAttention(nn.Module):
         Token width; a multiple of ``heads``.
     heads : int
         Attention heads.
+    mlp_size : int
+        Hidden width of the feed-forward block.
     """
 
-    def __init__(self, hidden_size: int, heads: int) -> None:
+    def __init__(self, hidden_size: int, heads: int, mlp_size: int) -> None:
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.out = nn.Linear(hidden_size, hidden_size)
+        self.attention_norm = nn.LayerNorm(hidden_size)
+        self.feed_forward = nn.Sequential(nn.Linear(hidden_size, mlp_size), nn.ReLU(), nn.Linear(mlp_size, hidden_size))
+        self.feed_forward_norm = nn.LayerNorm(hidden_size)
 
-    def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
-        """Attend ``tokens`` ``(b, t, d)`` to each other, ignoring ``padding`` ``(b, t)`` keys."""
+    def forward(self, tokens: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Encode ``tokens`` ``(b, t, d)``; ``bias`` ``(b, 1, t, t)`` is added to the attention scores."""
         b, t, d = tokens.shape
-        h, width = self.heads, d // self.heads
-        q, k, v = self.qkv(tokens).view(b, t, 3, h, width).permute(2, 0, 3, 1, 4).reshape(3, b * h, t, width)
-        # The padding enters as an additive bias of the score product (one fused
-        # baddbmm), which is cheaper than masking the scores afterwards.
-        bias = torch.zeros(b, 1, 1, t, dtype=tokens.dtype, device=tokens.device)
-        bias = bias.masked_fill(padding.view(b, 1, 1, t), torch.finfo(tokens.dtype).min)
-        bias = bias.expand(b, h, t, t).reshape(b * h, t, t)
-        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=width**-0.5)
-        mixed = (scores.softmax(-1) @ v).view(b, h, t, width).transpose(1, 2).reshape(b, t, d)
-        return self.out(mixed)
+        h = self.heads
+        flat = tokens.reshape(b * t, d)
+        q, k, v = self.qkv(flat).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = self.attention_norm(flat + self.out(mixed.transpose(1, 2).reshape(b * t, d)))
+        x = self.feed_forward_norm(x + self.feed_forward(x))
+        return x.view(b, t, d)
+
+
+def cross_graph_bias(node_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The attention bias ``(b, 1, 2 + 2n, 2 + 2n)`` of :class:`GraphBody`'s tokens.
+
+    Zero where attention is allowed, the most negative finite number where it
+    is not: no token attends to an absent node, and a node token does not
+    attend to the nodes of its own graph (itself included). Pair tokens attend
+    to every present token, and every token to the pair tokens, so no row is
+    empty.
+
+    Parameters
+    ----------
+    node_mask : torch.Tensor
+        ``(b, 2, n)`` bool: which nodes exist.
+    dtype : torch.dtype
+        Dtype of the bias.
+    """
+    b, _, n = node_mask.shape
+    device = node_mask.device
+    # Graph of each token: -1 for the pair tokens, 0 or 1 for the nodes.
+    graph = torch.cat([torch.full((PAIR_TOKENS,), -1, device=device), torch.arange(2, device=device).repeat_interleave(n)])
+    same_graph = (graph.unsqueeze(1) == graph.unsqueeze(0)) & (graph >= 0).unsqueeze(1)
+    present = torch.cat([node_mask.new_ones(b, PAIR_TOKENS), node_mask.reshape(b, 2 * n)], dim=1)
+    allowed = ~same_graph & present.unsqueeze(1)  # (b, t, t): query, key
+    bias = torch.zeros(b, 1, *allowed.shape[1:], dtype=dtype, device=device)
+    return bias.masked_fill(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
 
 class GraphBody(nn.Module):
-    """Node embeddings of both graphs and their pooled summary.
+    """Node tokens and pair tokens of a graph pair (see the module docstring).
 
     Parameters
     ----------
     message_features : int
-        Features per node from the message history.
-    context_features : int
-        Length of the flat observation (step number), broadcast to every node.
+        Features per node from the message history (steps x agents).
     hidden_size : int
-        Width of the node embeddings.
+        Width of the node embeddings and tokens.
     gin_layers : int
         Rounds of message passing.
-    gin_mlp_size : int
-        Hidden width of each round's two-layer MLP.
     attention_heads : int
-        Heads of the cross-graph attention (``hidden_size`` must divide by it); 0 skips attention.
+        Heads of the cross-graph transformer layer (``hidden_size`` must
+        divide by it); 0 leaves the layer out (the pair tokens are then the
+        pooled vectors themselves).
+    gin_mlp_size : int, optional
+        Hidden width of each round's two-layer MLP (default ``hidden_size``).
+    transformer_mlp_size : int, optional
+        Hidden width of the transformer's feed-forward block (default ``4 * hidden_size``).
     """
 
     def __init__(
         self,
         message_features: int,
-        context_features: int,
         hidden_size: int,
         gin_layers: int,
         attention_heads: int,
         gin_mlp_size: int | None = None,
+        transformer_mlp_size: int | None = None,
     ) -> None:
         super().__init__()
-        self.embed = nn.Linear(message_features + context_features, hidden_size)
+        self.embed = nn.Linear(message_features, hidden_size)
         self.eps = nn.Parameter(torch.zeros(gin_layers))
         inner = gin_mlp_size or hidden_size
         self.gin = nn.ModuleList(
@@ -96,66 +141,110 @@ class GraphBody(nn.Module):
             for _ in range(gin_layers)
         )
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_size) for _ in range(gin_layers))
-        self.attention = NodeAttention(hidden_size, attention_heads) if attention_heads > 0 else None
+        self.transformer = None
+        if attention_heads > 0:
+            # Token flags: which pair token (two), and whether the node was in the most recent message.
+            self.token_encoder = nn.Linear(hidden_size + PAIR_TOKENS + 1, hidden_size)
+            self.transformer = CrossGraphEncoderLayer(
+                hidden_size, attention_heads, transformer_mlp_size or 4 * hidden_size
+            )
         self.hidden_size = hidden_size
+
+    def pair_tokens(
+        self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the GIN node embeddings ``(b, 2n, d)`` and the two pair tokens ``(b, 2, d)``.
+
+        Inputs have one leading batch dimension ``b``. The pair tokens are the
+        mean of the two graphs' summed embeddings and half their absolute
+        difference.
+        """
+        b, _, n, _ = adjacency.shape
+        d, rows = self.hidden_size, 2 * b * n
+        x = self.embed(messages.reshape(rows, messages.shape[-1]))
+        # Absent nodes have no edges, so nothing flows from them into present
+        # nodes: they are masked once, before pooling, not after every layer.
+        adjacency = adjacency.reshape(2 * b, n, n).to(x.dtype)
+        scales = 1 + self.eps
+        for index, (layer, norm) in enumerate(zip(self.gin, self.norms)):
+            aggregate = torch.bmm(adjacency, x.view(2 * b, n, d)).view(rows, d)
+            x = norm(x + layer(torch.addcmul(aggregate, x, scales[index])))
+        nodes = x.view(b, 2, n, d) * node_mask.unsqueeze(-1).to(x.dtype)
+        first, second = nodes.sum(2).unbind(1)
+        pair = torch.stack([(first + second) / 2, (first - second).abs() / 2], dim=1)
+        return nodes.view(b, 2 * n, d), pair
 
     def forward(
         self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor, context: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return node embeddings ``(b, 2n, d)`` and the pair summary ``(b, 2d + context)``.
+        """Return node tokens ``(b, 2n, d)`` and the summary ``(b, 2d + context)`` (pair tokens, step).
 
         Inputs have one leading batch dimension ``b`` (flatten before calling).
         """
-        b, _, n, _ = adjacency.shape
-        mask = node_mask.float().unsqueeze(-1)  # (b, 2, n, 1)
-        # No graph identity among the inputs: the body treats the two graphs alike,
-        # so that corresponding nodes of isomorphic graphs get equal embeddings.
-        context_per_node = context.view(b, 1, 1, context.shape[-1]).expand(b, 2, n, context.shape[-1])
-        inputs = torch.cat([messages, context_per_node], dim=-1)
-        x = self.embed(inputs) * mask
-        adj = adjacency.float()
-        for index, (layer, norm) in enumerate(zip(self.gin, self.norms)):
-            aggregate = adj @ x
-            x = norm(x + layer((1 + self.eps[index]) * x + aggregate)) * mask
-        tokens = x.reshape(b, 2 * n, self.hidden_size)
-        if self.attention is not None:
-            padding = ~node_mask.reshape(b, 2 * n)
-            attended = self.attention(tokens, padding)
-            tokens = (tokens + attended) * node_mask.reshape(b, 2 * n, 1).float()
-        pooled = tokens.view(b, 2, n, self.hidden_size).sum(2) / mask.sum(2).clamp_min(1)  # (b, 2, d)
-        # Pair-invariant summary (as in the NIP paper): the mean of the two graph
-        # vectors and half their absolute difference. It does not depend on the
-        # order of the graphs, and isomorphic graphs whose marked nodes
-        # correspond give a difference of exactly zero.
-        first, second = pooled.unbind(1)
-        summary = torch.cat([(first + second) / 2, (first - second).abs() / 2, context], dim=-1)
-        return tokens, summary
+        b, _, n, features = messages.shape
+        nodes, pair = self.pair_tokens(adjacency, node_mask, messages)
+        if self.transformer is not None:
+            steps = context.shape[-1] - 1
+            # The nodes sent at the step before this one: the context's one-hot
+            # step, shifted by one, picks that step's channels.
+            previous = context[:, 1:]
+            recent = torch.einsum(
+                "bgnta,bt->bgn", messages.view(b, 2, n, steps, features // steps), previous
+            ).reshape(b, 2 * n, 1)
+            # Flags: pair token 0 or 1; node in the most recent message.
+            pair_flags = torch.eye(PAIR_TOKENS, dtype=pair.dtype, device=pair.device).expand(b, -1, -1)
+            tokens = torch.cat(
+                [
+                    torch.cat([pair, pair_flags, pair.new_zeros(b, PAIR_TOKENS, 1)], dim=-1),
+                    torch.cat([nodes, nodes.new_zeros(b, 2 * n, PAIR_TOKENS), recent], dim=-1),
+                ],
+                dim=1,
+            )
+            tokens = self.transformer(self.token_encoder(tokens), cross_graph_bias(node_mask, tokens.dtype))
+            pair, nodes = tokens[:, :PAIR_TOKENS], tokens[:, PAIR_TOKENS:]
+        return nodes, torch.cat([pair.reshape(b, PAIR_TOKENS * self.hidden_size), context], dim=-1)
 
 
 class GraphPolicy(nn.Module):
-    """Logits over ``2n`` nodes, then reject and accept."""
+    """Joint log-probabilities of the ``2n`` nodes, reject and accept, in two stages.
+
+    As the NIP paper's agents, a decision head chooses between continuing,
+    rejecting and accepting (from the summary), and a node head chooses the
+    node to send when continuing (from each node token). The joint
+    log-probability of node ``v`` is ``log p(continue) + log p(v)``; absent
+    nodes get none. An agent that may not decide (a prover, or the verifier
+    before ``min_rounds``) has the decision masked, and the masked categorical
+    renormalises over the nodes, so its node distribution is the node head's.
+    At initialisation the three choices are about equally likely.
+    """
 
     def __init__(self, body: GraphBody, context_features: int) -> None:
         super().__init__()
         self.body = body
         size = body.hidden_size
-        self.node_head = nn.Linear(size, 1)
+        self.node_head = nn.Sequential(nn.Linear(size, size), nn.ReLU(), nn.Linear(size, 1))
         self.decision_head = nn.Sequential(
-            nn.Linear(2 * size + context_features, size), nn.ReLU(), nn.Linear(size, 2)
+            nn.Linear(2 * size + context_features, size), nn.ReLU(), nn.Linear(size, 3)
         )
-        for head in (self.node_head, self.decision_head[-1]):
+        for head in (self.node_head[-1], self.decision_head[-1]):
             nn.init.normal_(head.weight, std=0.01)
             nn.init.zeros_(head.bias)
 
     def forward(self, adjacency, node_mask, messages, context) -> torch.Tensor:
         lead = context.shape[:-1]
-        tokens, pooled = self.body(*_flatten(adjacency, node_mask, messages, context))
-        logits = torch.cat([self.node_head(tokens).squeeze(-1), self.decision_head(pooled)], dim=-1)
+        adjacency, node_mask, messages, context = _flatten(adjacency, node_mask, messages, context)
+        tokens, summary = self.body(adjacency, node_mask, messages, context)
+        nodes = self.node_head(tokens).squeeze(-1)
+        nodes = nodes.masked_fill(~node_mask.reshape(nodes.shape), torch.finfo(nodes.dtype).min)
+        continue_reject_accept = self.decision_head(summary).log_softmax(-1)
+        logits = torch.cat(
+            [continue_reject_accept[:, :1] + nodes.log_softmax(-1), continue_reject_accept[:, 1:]], dim=-1
+        )
         return logits.reshape(*lead, logits.shape[-1])
 
 
 class GraphValue(nn.Module):
-    """A scalar value from the pooled summary."""
+    """A scalar value from the summary (pair tokens and step number)."""
 
     def __init__(self, body: GraphBody, context_features: int) -> None:
         super().__init__()
@@ -182,7 +271,7 @@ def _flatten(adjacency, node_mask, messages, context):
 
 
 def build_graph_agents(
-    agent_names: tuple[str, ...], message_features: int, context_features: int, sizes: dict
+    agent_names: tuple[str, ...], max_nodes: int, message_features: int, context_features: int, sizes: dict
 ) -> AgentModules:
     """Build the graph agents: one body (or two) and heads per agent.
 
@@ -190,11 +279,20 @@ def build_graph_agents(
     ----------
     agent_names : tuple of str
         Agents, in the order of the agent dimension.
+    max_nodes : int
+        Nodes per graph (``n``); the action space is ``2n`` nodes, reject and accept.
     message_features, context_features : int
         Sizes of the per-node message features and of the flat observation.
     sizes : dict
         Per agent: ``hidden_size``, ``gin_layers``, ``gin_mlp_size``,
-        ``attention_heads`` and ``shared_body`` (the policy and value share one body).
+        ``attention_heads``, ``transformer_mlp_size`` and ``shared_body`` (the
+        policy and value share one body).
+
+    Notes
+    -----
+    The actions follow a :class:`~nip_like.distributions.GroupedMaskedCategorical`
+    whose group is the ``2n`` nodes: the greedy action (evaluation, test) first
+    chooses between sending a node, rejecting and accepting, then the node.
     """
     policies, values = {}, {}
     for name in agent_names:
@@ -203,16 +301,21 @@ def build_graph_agents(
         def body() -> GraphBody:
             return GraphBody(
                 message_features,
-                context_features,
                 size.hidden_size,
                 size.gin_layers,
                 size.attention_heads,
                 size.gin_mlp_size or None,
+                size.transformer_mlp_size or None,
             )
 
         policy_body = body()
         policies[name] = GraphPolicy(policy_body, context_features)
         values[name] = GraphValue(policy_body if size.shared_body else body(), context_features)
     return actor_critic_from_networks(
-        agent_names, PerAgent(policies, AGENT_DIMS, active_only=True), PerAgent(values, AGENT_DIMS), IN_KEYS
+        agent_names,
+        PerAgent(policies, AGENT_DIMS, active_only=True),
+        PerAgent(values, AGENT_DIMS),
+        IN_KEYS,
+        distribution_class=GroupedMaskedCategorical,
+        distribution_kwargs={"group_size": 2 * max_nodes},
     )

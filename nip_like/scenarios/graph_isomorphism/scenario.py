@@ -109,7 +109,9 @@ class GraphIsomorphismScenario(Scenario):
                     f"attention_heads ({size.attention_heads})"
                 )
         steps = self.protocol.num_rounds
-        return build_graph_agents(self.agent_names, steps * self.protocol.num_agents, steps + 1, sizes)
+        return build_graph_agents(
+            self.agent_names, int(self.config.max_nodes), steps * self.protocol.num_agents, steps + 1, sizes
+        )
 
     # -------------------------------------------------------- supervised data
     def supervised_data(self, split: str) -> TensorDict:
