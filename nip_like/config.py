@@ -191,6 +191,7 @@ class GraphAgentConfig:
     gin_mlp_size: int = 0  # hidden width of each GIN layer's two-layer MLP; 0 means hidden_size
     attention_heads: int = 2  # heads of the cross-graph transformer layer; 0 leaves the layer out
     transformer_mlp_size: int = 0  # hidden width of the transformer's feed-forward block; 0 means 4 * hidden_size
+    message_encoding: str = "exchanges"  # node inputs: "exchanges" (a query and its answers share a channel) or "steps"
     shared_body: bool = False  # the policy and value heads share one body
 
 

@@ -144,6 +144,28 @@ def test_graphs_of_different_sizes():
     assert are_isomorphic(np.zeros((0, 0), bool), np.zeros((0, 0), bool))
 
 
+def test_individualised_pairs_separate_what_refinement_alone_cannot():
+    # 1-WL never tells a 6-cycle from two triangles. Mark one node in each: the
+    # marked node's two neighbours are adjacent in a triangle and not in the
+    # cycle, which the second round sees.
+    six_cycle = graph(6, cycle(6))
+    triangles = graph(6, cycle(3) + [(3, 4), (4, 5), (3, 5)])
+    assert wl_rounds_to_distinguish(six_cycle, triangles) is None
+    assert wl_rounds_to_distinguish(six_cycle, triangles, marks=[(0, 0)]) == 2
+    assert wl_rounds_to_distinguish(six_cycle, triangles, max_rounds=1, marks=[(0, 0)]) is None
+    # Isomorphic paths: marks on corresponding nodes never separate them, a
+    # mark on a node that does not correspond does.
+    path = graph(4, path_edges(4))  # 0-1-2-3
+    relabelled = graph(4, [(1, 3), (3, 0), (0, 2)])  # 1-3-0-2: node 1 of the first is 3 or 0 here
+    assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 3)]) is None
+    assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 3), (0, 1)]) is None
+    assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 1)]) == 1
+    # Inconsistent marks (one node in both pairs here, two nodes there) differ before any refinement.
+    assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 3), (1, 0)]) == 0
+    with pytest.raises(ValueError, match="outside the graphs"):
+        wl_rounds_to_distinguish(path, relabelled, marks=[(4, 0)])
+
+
 def test_invalid_matrices_are_rejected():
     with pytest.raises(ValueError, match="symmetric"):
         are_isomorphic(np.triu(np.ones((3, 3), bool), k=1), np.zeros((3, 3), bool))
@@ -451,10 +473,10 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def load_script():
-    """Import the script as a module, to run its ``main`` in this process."""
-    location = REPO_ROOT / "scripts" / "generate_gi_dataset.py"
-    module_spec = importlib.util.spec_from_file_location("generate_gi_dataset", location)
+def load_script(name: str = "generate_gi_dataset"):
+    """Import a script as a module, to run its ``main`` in this process."""
+    location = REPO_ROOT / "scripts" / f"{name}.py"
+    module_spec = importlib.util.spec_from_file_location(name, location)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module
@@ -490,3 +512,24 @@ def test_script_rejects_bad_arguments_in_one_line(args, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
     assert captured.out == ""
+
+
+def test_refinement_bound_is_exact_on_a_cycle_against_triangles():
+    bound = load_script("gi_refinement_bound")
+    six_cycle = graph(6, cycle(6))
+    triangles = graph(6, cycle(3) + [(3, 4), (4, 5), (3, 5)])
+    # Refinement alone never sees the difference; one individualised pair, two
+    # rounds later, always does, whatever the prover answers; one round does not.
+    assert bound.undetected(six_cycle, triangles, rounds=2, exchanges=0, marks=[]) == 1.0
+    assert bound.undetected(six_cycle, triangles, rounds=2, exchanges=1, marks=[]) == 0.0
+    assert bound.undetected(six_cycle, triangles, rounds=1, exchanges=1, marks=[]) == 1.0
+
+
+def test_refinement_bound_script_on_a_small_dataset(tmp_path, capsys):
+    bound = load_script("gi_refinement_bound")
+    overrides = ["scenario.num_pairs=60", f"scenario.cache_dir={tmp_path}"]
+    rows = bound.main(["--preset", "quick", "--exchanges", "0", "1", "--pairs", "0", *overrides])
+    assert [row["exchanges"] for row in rows] == [0, 1]
+    assert 0.5 <= rows[0]["accuracy"] <= rows[1]["accuracy"] <= 1.0
+    assert rows[1]["undetected"] <= rows[0]["undetected"]
+    assert "12 pairs, 50% isomorphic" in capsys.readouterr().out

@@ -218,7 +218,9 @@ def test_graph_agents_act_legally_for_any_batch_shape(shared_body):
     proto = protocol("debate", max_rounds=4)
     env = make_env(proto, num_envs=4)
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16, shared_body=shared_body)) for name in proto.agent_names}
-    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes)
+    agents = build_graph_agents(
+        proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes, verifier=proto.verifier_index
+    )
     rollout = env.rollout(6, agents.policy, break_when_any_done=False)
     chosen = rollout["agents", "action"]
     legal = rollout["agents", "action_mask"].gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
@@ -236,7 +238,9 @@ def test_agents_see_only_their_own_observation_slices():
     proto = protocol("mnip", max_rounds=4)
     env = make_env(proto)
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
-    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes)
+    agents = build_graph_agents(
+        proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes, verifier=proto.verifier_index
+    )
     td = env.reset()
     td["agents", "active"] = torch.ones_like(td["agents", "active"])  # compute every agent's logits
     before = agents.policy.get_dist_params(td.clone())["agents", "logits"]
@@ -254,7 +258,9 @@ def test_policy_runs_each_agent_only_where_it_acts():
     proto = protocol("mnip", max_rounds=6)
     env = make_env(proto, num_envs=4)
     sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
-    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes)
+    agents = build_graph_agents(
+        proto.agent_names, N, env.num_steps * 3, env.num_steps + 1, sizes, verifier=proto.verifier_index
+    )
     rollout = env.rollout(5, agents.policy, break_when_any_done=False)
     active = rollout["agents", "active"]
     assert active.any() and not active.all()
@@ -362,3 +368,56 @@ def test_grouped_mode_picks_the_most_probable_choice_then_its_best_node():
     mask = torch.tensor([[False] * 4 + [True] * 2] * 2)
     dist = GroupedMaskedCategorical(probs.log().clamp_min(-30), mask=mask, group_size=4)
     assert dist.mode.tolist() == [5, 5]
+
+
+def test_exchange_marks_pair_each_query_with_its_answers():
+    from nip_like.scenarios.graph_isomorphism.agents import exchange_marks
+
+    steps, n = 4, 3
+
+    def history(agents, sent):
+        """``sent``: (step, agent, graph, node) of every message; returns (1, 2, n, steps * agents)."""
+        messages = torch.zeros(1, 2, n, steps * agents)
+        for step, agent, graph, node in sent:
+            messages[0, graph, node, step * agents + agent] = 1.0
+        return messages
+
+    def channels(marks):
+        return {(g, v): marks[0, g, v].nonzero().flatten().tolist() for g in range(2) for v in range(n) if marks[0, g, v].any()}
+
+    # nip, verifier (agent 1) first: query, answer, query, answer.
+    sent = [(0, 1, 0, 2), (1, 0, 1, 0), (2, 1, 1, 1), (3, 0, 0, 1)]
+    assert channels(exchange_marks(history(2, sent), steps, 1)) == {(0, 2): [1], (1, 0): [1], (1, 1): [2], (0, 1): [2]}
+    # A prover (agent 0) speaking first: its unprompted node is channel 0.
+    sent = [(0, 0, 1, 2), (1, 1, 0, 0), (2, 0, 1, 1)]
+    assert channels(exchange_marks(history(2, sent), steps, 1)) == {(1, 2): [0], (0, 0): [1], (1, 1): [1]}
+    # debate (verifier = agent 2): both provers answer the same query together.
+    sent = [(0, 2, 0, 0), (1, 0, 1, 1), (1, 1, 1, 2)]
+    assert channels(exchange_marks(history(3, sent), steps, 2)) == {(0, 0): [1], (1, 1): [1], (1, 2): [1]}
+
+
+def test_a_faithful_answer_leaves_no_difference_between_the_graphs():
+    # In the environment: the verifier marks a node of the first graph and the
+    # prover answers with its image in the second. With the exchange encoding the
+    # verifier's pair-difference token is then exactly zero; a wrong answer is not.
+    proto = protocol("nip", min_rounds=3, max_rounds=8)
+    env = make_env(proto, num_envs=2)  # pair 0: two isomorphic 4-paths
+    sizes = {name: OmegaConf.structured(GraphAgentConfig(hidden_size=16)) for name in proto.agent_names}
+    agents = build_graph_agents(proto.agent_names, N, env.num_steps * 2, env.num_steps + 1, sizes, verifier=1)
+    body = agents.policy.module[0].module.networks["verifier"].body
+    td = env.reset()
+    td["state", "pair_index"] = torch.zeros(2, dtype=torch.long)  # both episodes play pair 0
+    for key in ("adjacency", "node_mask", "label"):
+        td["state", key] = env.data[key][td["state", "pair_index"]]
+    # First graph: path 0-1-2-3. Second graph: path 1-3-0-2, so node 1 of the first is node 3 of the second.
+    after_query = play(env, td, [0, 1])  # the verifier sends node 1 of the first graph
+    faithful = play(env, after_query, [N + 3, 0])
+    wrong = play(env, after_query, [N + 1, 0])  # an end of the path: no image of an inner node
+
+    def difference(step):
+        obs = step["agents"][:, 1]
+        _, pair = body.pair_tokens(obs["adjacency"], obs["node_mask"], obs["messages"])
+        return pair[:, 1].abs().max().item()
+
+    assert difference(faithful) < 1e-5
+    assert difference(wrong) > 1e-3

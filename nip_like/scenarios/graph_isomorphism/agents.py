@@ -2,8 +2,13 @@
 
 The architecture follows the NIP paper's agents (Hammond and Adam-Day):
 
-1. **GIN** message passing on each graph's dense adjacency; a node's input is
-   the message history it can see (which agent sent it at which step).
+1. **GIN** message passing on each graph's dense adjacency. A node's input is
+   the message history the agent can see, encoded by *exchange* by default: a
+   node the verifier sent as its ``k``-th query and a node a prover sent in
+   answer to it share input channel ``k`` (:func:`exchange_marks`), so that a
+   query and a faithful answer look alike and the refinement compares the
+   graphs with the pair individualised (the ``steps`` encoding keeps one
+   channel per step and sender, as the environment reports them).
 2. **Pair tokens**: each graph is sum-pooled, and the two graph vectors
    become two pair-invariant tokens, their mean and half their absolute
    difference (the same whichever graph comes first, and a difference of
@@ -102,6 +107,33 @@ def cross_graph_bias(node_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     return bias.masked_fill(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
 
+def exchange_marks(messages: torch.Tensor, steps: int, verifier: int) -> torch.Tensor:
+    """Re-encode a message history by exchange: ``(b, 2, n, steps * agents) -> (b, 2, n, steps + 1)``.
+
+    An exchange is a verifier's node and the provers' nodes that follow it
+    until its next one. The exchange of a message sent at step ``t`` is the
+    number of nodes the verifier has sent at steps up to and including ``t``:
+    the verifier's ``k``-th node (``k`` from 1) and the answers to it share
+    channel ``k``; channel 0 holds prover nodes sent before any verifier node
+    (a prover that speaks first). Only the messages the agent can see count.
+
+    Parameters
+    ----------
+    messages : torch.Tensor
+        ``(b, 2, n, steps * agents)``: entry ``t * agents + j`` of a node is 1
+        if agent ``j`` sent it at step ``t`` (the environment's encoding).
+    steps : int
+        Steps per episode.
+    verifier : int
+        Index of the verifier in the agent dimension.
+    """
+    b, _, n, channels = messages.shape
+    history = messages.view(b, 2, n, steps, channels // steps)
+    verifier_sent = history[..., verifier].sum((1, 2)) > 0  # (b, steps)
+    exchange = F.one_hot(verifier_sent.long().cumsum(-1), steps + 1).to(messages.dtype)  # (b, steps, steps + 1)
+    return torch.einsum("bgnta,btk->bgnk", history, exchange)
+
+
 class GraphBody(nn.Module):
     """Node tokens and pair tokens of a graph pair (see the module docstring).
 
@@ -121,6 +153,10 @@ class GraphBody(nn.Module):
         Hidden width of each round's two-layer MLP (default ``hidden_size``).
     transformer_mlp_size : int, optional
         Hidden width of the transformer's feed-forward block (default ``4 * hidden_size``).
+    exchanges_of : tuple of int, optional
+        ``(steps, verifier)``: encode the message history by exchange
+        (:func:`exchange_marks`) for an episode of ``steps`` steps and the
+        verifier at this index. None keeps the environment's encoding.
     """
 
     def __init__(
@@ -131,9 +167,12 @@ class GraphBody(nn.Module):
         attention_heads: int,
         gin_mlp_size: int | None = None,
         transformer_mlp_size: int | None = None,
+        exchanges_of: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
-        self.embed = nn.Linear(message_features, hidden_size)
+        self.exchanges_of = exchanges_of
+        node_features = message_features if exchanges_of is None else exchanges_of[0] + 1
+        self.embed = nn.Linear(node_features, hidden_size)
         self.eps = nn.Parameter(torch.zeros(gin_layers))
         inner = gin_mlp_size or hidden_size
         self.gin = nn.ModuleList(
@@ -155,12 +194,15 @@ class GraphBody(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the GIN node embeddings ``(b, 2n, d)`` and the two pair tokens ``(b, 2, d)``.
 
-        Inputs have one leading batch dimension ``b``. The pair tokens are the
+        Inputs have one leading batch dimension ``b``; ``messages`` in the
+        environment's encoding. The pair tokens are the
         mean of the two graphs' summed embeddings and half their absolute
         difference.
         """
         b, _, n, _ = adjacency.shape
         d, rows = self.hidden_size, 2 * b * n
+        if self.exchanges_of is not None:
+            messages = exchange_marks(messages, *self.exchanges_of)
         x = self.embed(messages.reshape(rows, messages.shape[-1]))
         # Absent nodes have no edges, so nothing flows from them into present
         # nodes: they are masked once, before pooling, not after every layer.
@@ -271,7 +313,12 @@ def _flatten(adjacency, node_mask, messages, context):
 
 
 def build_graph_agents(
-    agent_names: tuple[str, ...], max_nodes: int, message_features: int, context_features: int, sizes: dict
+    agent_names: tuple[str, ...],
+    max_nodes: int,
+    message_features: int,
+    context_features: int,
+    sizes: dict,
+    verifier: int | None = None,
 ) -> AgentModules:
     """Build the graph agents: one body (or two) and heads per agent.
 
@@ -285,8 +332,12 @@ def build_graph_agents(
         Sizes of the per-node message features and of the flat observation.
     sizes : dict
         Per agent: ``hidden_size``, ``gin_layers``, ``gin_mlp_size``,
-        ``attention_heads``, ``transformer_mlp_size`` and ``shared_body`` (the
-        policy and value share one body).
+        ``attention_heads``, ``transformer_mlp_size``, ``message_encoding``
+        (``"exchanges"`` or ``"steps"``) and ``shared_body`` (the policy and
+        value share one body).
+    verifier : int, optional
+        Index of the verifier among the agents; needed by the ``exchanges``
+        encoding.
 
     Notes
     -----
@@ -297,6 +348,11 @@ def build_graph_agents(
     policies, values = {}, {}
     for name in agent_names:
         size = sizes[name]
+        exchanges_of = None
+        if size.message_encoding == "exchanges":
+            if verifier is None:
+                raise ValueError("the exchanges message encoding needs the verifier's index")
+            exchanges_of = (context_features - 1, verifier)
 
         def body() -> GraphBody:
             return GraphBody(
@@ -306,6 +362,7 @@ def build_graph_agents(
                 size.attention_heads,
                 size.gin_mlp_size or None,
                 size.transformer_mlp_size or None,
+                exchanges_of,
             )
 
         policy_body = body()

@@ -85,7 +85,9 @@ def _histograms_differ(colours: _Colours, size_a: int) -> bool:
     return sorted(colours[:size_a]) != sorted(colours[size_a:])
 
 
-def wl_rounds_to_distinguish(adj_a: object, adj_b: object, max_rounds: int | None = None) -> int | None:
+def wl_rounds_to_distinguish(
+    adj_a: object, adj_b: object, max_rounds: int | None = None, marks: Sequence[tuple[int, int]] = ()
+) -> int | None:
     """Return the first round in which joint 1-WL tells two graphs apart.
 
     Both graphs are refined together, as their disjoint union, so that they
@@ -111,11 +113,19 @@ def wl_rounds_to_distinguish(adj_a: object, adj_b: object, max_rounds: int | Non
         Run at most this many rounds. If not given, the refinement runs until
         the joint partition stops splitting, which takes at most
         ``len(adj_a) + len(adj_b)`` rounds.
+    marks : sequence of (int, int), optional
+        Individualised pairs ``(node of adj_a, node of adj_b)``: before
+        refinement, the two nodes of pair ``k`` share a colour of their own (a
+        node in several pairs gets the colour of that set of pairs), as in the
+        individualise-and-refine isomorphism test. Round 0 is then this
+        colouring, and it already tells the graphs apart when the marks are
+        inconsistent (a node marked twice in one graph and not in the other).
 
     Returns
     -------
     int or None
-        The first round with differing histograms, or ``None`` if there is none:
+        The first round with differing histograms (0 only with ``marks``), or
+        ``None`` if there is none:
         the refinement became stable with equal histograms (then no later round
         can differ either, and 1-WL never tells the graphs apart), or the
         histograms were still equal after ``max_rounds`` rounds.
@@ -130,8 +140,17 @@ def wl_rounds_to_distinguish(adj_a: object, adj_b: object, max_rounds: int | Non
     adj_a, adj_b = as_adjacency(adj_a), as_adjacency(adj_b)
     size_a = adj_a.shape[0]
     neighbours = _union_neighbours(adj_a, adj_b)
-    colours = [0] * len(neighbours)
-    num_colours = 1 if neighbours else 0
+    labels: list[list[int]] = [[] for _ in neighbours]
+    for index, (node_a, node_b) in enumerate(marks):
+        if not (0 <= node_a < size_a and 0 <= node_b < adj_b.shape[0]):
+            raise ValueError(f"mark {index} ({node_a}, {node_b}) names a node outside the graphs")
+        labels[node_a].append(index)
+        labels[size_a + node_b].append(index)
+    palette: dict[tuple[int, ...], int] = {}
+    colours = [palette.setdefault(tuple(label), len(palette)) for label in labels]
+    if marks and _histograms_differ(colours, size_a):
+        return 0
+    num_colours = len(palette)
     round_ = 0
     while max_rounds is None or round_ < max_rounds:
         round_ += 1

@@ -19,6 +19,8 @@ from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec,
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
 
 SPLITS = ("train", "val", "test")
+#: Node-input encodings of the graph agents (:func:`~nip_like.scenarios.graph_isomorphism.agents.exchange_marks`).
+MESSAGE_ENCODINGS = ("exchanges", "steps")
 
 
 @register_scenario("graph_isomorphism")
@@ -108,9 +110,20 @@ class GraphIsomorphismScenario(Scenario):
                     f"agent {name}: hidden_size ({size.hidden_size}) must be a multiple of "
                     f"attention_heads ({size.attention_heads})"
                 )
+            if size.message_encoding not in MESSAGE_ENCODINGS:
+                where = f"agents.{name}" if name in self.config.agents else "default_agent"
+                raise ConfigError(
+                    f"scenario.{where}.message_encoding must be one of {list(MESSAGE_ENCODINGS)}, "
+                    f"got {size.message_encoding!r}"
+                )
         steps = self.protocol.num_rounds
         return build_graph_agents(
-            self.agent_names, int(self.config.max_nodes), steps * self.protocol.num_agents, steps + 1, sizes
+            self.agent_names,
+            int(self.config.max_nodes),
+            steps * self.protocol.num_agents,
+            steps + 1,
+            sizes,
+            verifier=self.protocol.verifier_index,
         )
 
     # -------------------------------------------------------- supervised data
