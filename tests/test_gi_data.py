@@ -160,6 +160,11 @@ def test_individualised_pairs_separate_what_refinement_alone_cannot():
     assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 3)]) is None
     assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 3), (0, 1)]) is None
     assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 1)]) == 1
+    # The exact test with the same marks: an isomorphism must map each pair onto each other.
+    assert are_isomorphic(path, relabelled, marks=[(1, 3)]) and are_isomorphic(path, relabelled, marks=[(1, 0)])
+    assert are_isomorphic(path, relabelled, marks=[(1, 3), (0, 1)])
+    assert not are_isomorphic(path, relabelled, marks=[(1, 1)])
+    assert not are_isomorphic(path, relabelled, marks=[(1, 3), (0, 2)])  # 0 is next to 1, 2 is not next to 3
     # Inconsistent marks (one node in both pairs here, two nodes there) differ before any refinement.
     assert wl_rounds_to_distinguish(path, relabelled, marks=[(1, 3), (1, 0)]) == 0
     with pytest.raises(ValueError, match="outside the graphs"):

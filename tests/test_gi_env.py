@@ -421,3 +421,35 @@ def test_a_faithful_answer_leaves_no_difference_between_the_graphs():
 
     assert difference(faithful) < 1e-5
     assert difference(wrong) > 1e-3
+
+
+def test_faithful_answers_count_the_answers_an_isomorphism_bears_out():
+    from nip_like.config import GraphIsomorphismConfig
+    from nip_like.scenarios.graph_isomorphism.scenario import GraphIsomorphismScenario
+
+    proto = protocol("nip", min_rounds=3, max_rounds=8)
+    scenario = GraphIsomorphismScenario(OmegaConf.structured(GraphIsomorphismConfig(min_nodes=3, max_nodes=N)), proto)
+    env = make_env(proto, num_envs=2)
+    td = env.reset()
+    td["state", "pair_index"] = torch.zeros(2, dtype=torch.long)  # both play the isomorphic paths 0-1-2-3 and 1-3-0-2
+    for key in ("adjacency", "node_mask", "label"):
+        td["state", key] = env.data[key][td["state", "pair_index"]]
+
+    def play_each(td, actions):
+        """Per episode, (prover action, verifier action)."""
+        td = td.clone()
+        td["agents", "action"] = torch.tensor(actions)
+        return env.step(td)["next"]
+
+    # Episode 0 answers faithfully twice (1 -> 3, then 0 -> 1); episode 1 answers an end of
+    # the path for the inner node 1, after which no answer can be borne out.
+    td = play_each(td, [[0, 1], [0, 1]])  # the verifier sends node 1 of the first graph
+    td = play_each(td, [[N + 3, 0], [N + 1, 0]])
+    td = play_each(td, [[0, 0], [0, 0]])  # the verifier sends node 0 of the first graph
+    td = play_each(td, [[N + 1, 0], [N + 2, 0]])
+    td = play_each(td, [[0, env.accept_action], [0, env.reject_action]])
+    assert td["done"].all()
+    assert scenario.faithful_answers(td["state"]) == {"agents/prover/faithful_answers": 0.5}
+    # Non-isomorphic pairs do not count.
+    td["state", "label"] = torch.zeros(2, dtype=torch.bool)
+    assert scenario.faithful_answers(td["state"]) == {}

@@ -85,6 +85,18 @@ def _histograms_differ(colours: _Colours, size_a: int) -> bool:
     return sorted(colours[:size_a]) != sorted(colours[size_a:])
 
 
+def _marked_colours(size_a: int, size_b: int, marks: Sequence[tuple[int, int]]) -> _Colours:
+    """Initial colours of the union: pair ``k`` of ``marks`` individualised in a colour of its own."""
+    labels: list[list[int]] = [[] for _ in range(size_a + size_b)]
+    for index, (node_a, node_b) in enumerate(marks):
+        if not (0 <= node_a < size_a and 0 <= node_b < size_b):
+            raise ValueError(f"mark {index} ({node_a}, {node_b}) names a node outside the graphs")
+        labels[node_a].append(index)
+        labels[size_a + node_b].append(index)
+    palette: dict[tuple[int, ...], int] = {}
+    return [palette.setdefault(tuple(label), len(palette)) for label in labels]
+
+
 def wl_rounds_to_distinguish(
     adj_a: object, adj_b: object, max_rounds: int | None = None, marks: Sequence[tuple[int, int]] = ()
 ) -> int | None:
@@ -140,17 +152,10 @@ def wl_rounds_to_distinguish(
     adj_a, adj_b = as_adjacency(adj_a), as_adjacency(adj_b)
     size_a = adj_a.shape[0]
     neighbours = _union_neighbours(adj_a, adj_b)
-    labels: list[list[int]] = [[] for _ in neighbours]
-    for index, (node_a, node_b) in enumerate(marks):
-        if not (0 <= node_a < size_a and 0 <= node_b < adj_b.shape[0]):
-            raise ValueError(f"mark {index} ({node_a}, {node_b}) names a node outside the graphs")
-        labels[node_a].append(index)
-        labels[size_a + node_b].append(index)
-    palette: dict[tuple[int, ...], int] = {}
-    colours = [palette.setdefault(tuple(label), len(palette)) for label in labels]
+    colours = _marked_colours(size_a, adj_b.shape[0], marks)
     if marks and _histograms_differ(colours, size_a):
         return 0
-    num_colours = len(palette)
+    num_colours = len(set(colours))
     round_ = 0
     while max_rounds is None or round_ < max_rounds:
         round_ += 1
@@ -234,8 +239,8 @@ def _search(colours: _Colours, neighbours: _Neighbours, adj_a: np.ndarray, adj_b
     return False
 
 
-def are_isomorphic(adj_a: object, adj_b: object) -> bool:
-    """Decide exactly whether two graphs are isomorphic.
+def are_isomorphic(adj_a: object, adj_b: object, marks: Sequence[tuple[int, int]] = ()) -> bool:
+    """Decide exactly whether two graphs are isomorphic (mapping each marked node to its partner).
 
     Cheap invariants (size, edge count, degree sequence) reject most
     non-isomorphic pairs; then joint colour refinement, and, when it cannot
@@ -248,21 +253,26 @@ def are_isomorphic(adj_a: object, adj_b: object) -> bool:
     ----------
     adj_a, adj_b : array-like
         Symmetric boolean adjacency matrices without self loops.
+    marks : sequence of (int, int), optional
+        Pairs ``(node of adj_a, node of adj_b)`` that the isomorphism must map
+        onto each other (the search starts from these pairs individualised).
 
     Returns
     -------
     bool
-        Whether some relabelling of ``adj_b``'s nodes gives ``adj_a``.
+        Whether some relabelling of ``adj_b``'s nodes gives ``adj_a`` (and
+        sends each mark's second node to its first).
     """
     adj_a, adj_b = as_adjacency(adj_a), as_adjacency(adj_b)
     if adj_a.shape != adj_b.shape:
         return False
     if not np.array_equal(np.sort(adj_a.sum(axis=1)), np.sort(adj_b.sum(axis=1))):
         return False
+    colours = _marked_colours(adj_a.shape[0], adj_b.shape[0], marks)
     if adj_a.shape[0] == 0:
         return True
     neighbours = _union_neighbours(adj_a, adj_b)
-    stable = _stable_balanced([0] * len(neighbours), neighbours, adj_a.shape[0])
+    stable = _stable_balanced(colours, neighbours, adj_a.shape[0])
     return stable is not None and _search(stable, neighbours, adj_a, adj_b)
 
 

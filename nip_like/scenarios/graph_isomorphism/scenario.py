@@ -17,6 +17,7 @@ from nip_like.scenarios.base import Scenario
 from nip_like.scenarios.graph_isomorphism.agents import build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
+from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
 
 SPLITS = ("train", "val", "test")
 #: Node-input encodings of the graph agents (:func:`~nip_like.scenarios.graph_isomorphism.agents.exchange_marks`).
@@ -227,7 +228,52 @@ class GraphIsomorphismScenario(Scenario):
         metrics["accuracy_worst_datapoint"] = per_datapoint.min().item()
         metrics.update(precision_recall(accept, label))
         metrics["episode_length"] = state["round"].float().mean().item()
+        metrics.update(self.faithful_answers(state))
         return metrics
+
+    #: Isomorphic episodes examined per call of :meth:`faithful_answers` (each answer costs an exact search).
+    faithful_answer_episodes = 256
+
+    def faithful_answers(self, state: TensorDictBase) -> dict[str, float]:
+        """Per prover, the share of its answers on isomorphic pairs that an isomorphism bears out.
+
+        An answer is a prover's node sent after a verifier's node (the query
+        it answers is the verifier's most recent node). It is *faithful* when
+        some isomorphism maps the query to the answer and every earlier
+        query-answer pair of the episode onto each other
+        (:func:`~nip_like.scenarios.graph_isomorphism.isomorphism.are_isomorphic`
+        with ``marks``); an answer in the query's own graph never is. Only
+        isomorphic pairs count (there a prover can always be faithful), at
+        most :attr:`faithful_answer_episodes` of them. Returns
+        ``agents/<prover>/faithful_answers`` for the provers that answered.
+        """
+        verifier, n = self.protocol.verifier_index, int(self.config.max_nodes)
+        provers = [index for index in range(self.protocol.num_agents) if index != verifier]
+        isomorphic = state["label"].nonzero().flatten()[: self.faithful_answer_episodes].tolist()
+        sent, adjacency, sizes = state["sent"].cpu(), state["adjacency"].cpu(), state["node_mask"][:, 0].sum(-1)
+        answers, faithful = [0] * len(provers), [0] * len(provers)
+        for episode in isomorphic:
+            size = int(sizes[episode])
+            graph_a, graph_b = adjacency[episode, 0, :size, :size].numpy(), adjacency[episode, 1, :size, :size].numpy()
+            marks: list[tuple[int, int]] = []
+            query = -1
+            for step in sent[episode].tolist():
+                for position, prover in enumerate(provers):
+                    answer = step[prover]
+                    if answer < 0 or query < 0:
+                        continue
+                    answers[position] += 1
+                    if (query < n) == (answer < n):
+                        continue
+                    marks.append((query, answer - n) if query < n else (answer, query - n))
+                    faithful[position] += are_isomorphic(graph_a, graph_b, marks)
+                if step[verifier] >= 0:
+                    query = step[verifier]
+        return {
+            f"agents/{self.protocol.agent_names[prover]}/faithful_answers": faithful[position] / answers[position]
+            for position, prover in enumerate(provers)
+            if answers[position]
+        }
 
 
 def precision_recall(accept: torch.Tensor, label: torch.Tensor) -> dict[str, float]:
