@@ -72,6 +72,9 @@ def test_episode_metrics_closed_form(tmp_path, cache_dir):
                 "decision": decision,
                 "pair_index": torch.tensor([0, 0, 1, 2, 3]),
                 "round": torch.tensor([3, 1, 3, 3, 1]),
+                "sent": torch.full((5, 4, 2), -1),  # no node sent: no answers to judge
+                "adjacency": torch.zeros(5, 2, 8, 8, dtype=torch.bool),
+                "node_mask": torch.ones(5, 2, 8, dtype=torch.bool),
             },
             "agents": {"episode_return": torch.zeros(5, 2, 1)},
         },
@@ -84,6 +87,7 @@ def test_episode_metrics_closed_form(tmp_path, cache_dir):
     assert metrics["precision"] == pytest.approx(2 / 3)  # accepted 3, 2 of them isomorphic
     assert metrics["recall"] == pytest.approx(2 / 3)  # 3 isomorphic, 2 accepted
     assert metrics["episode_length"] == pytest.approx(11 / 5)
+    assert "agents/prover/faithful_answers" not in metrics
 
 
 def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir):
