@@ -174,3 +174,17 @@ def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_
     metrics = run_experiment(config, tmp_path)
     assert "test/accuracy" in metrics
     assert read_csv_metric(tmp_path, "objective/kl")  # the shared diagnostics, whatever the objective
+
+
+def test_agent_options_are_checked_in_one_line(tmp_path, cache_dir):
+    with pytest.raises(ConfigError, match=r"scenario.default_agent.structural_match needs the transformer layer"):
+        build_trainer(gi_config(cache_dir, "protocol=nip", "scenario.default_agent.attention_heads=0"), tmp_path)
+    with pytest.raises(ConfigError, match=r"scenario.agents.verifier.message_encoding must be one of"):
+        build_trainer(
+            gi_config(cache_dir, "protocol=nip", "+scenario.agents.verifier={message_encoding: rounds}"), tmp_path
+        )
+    # Without the transformer layer the structural difference is switched off explicitly.
+    config = gi_config(
+        cache_dir, "protocol=nip", "scenario.default_agent.attention_heads=0", "scenario.default_agent.structural_match=false"
+    )
+    assert build_trainer(config, tmp_path / "plain").agent_names == ("prover", "verifier")
