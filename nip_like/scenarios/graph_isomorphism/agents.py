@@ -15,9 +15,13 @@ The architecture follows the NIP paper's agents (Hammond and Adam-Day):
    exactly zero for isomorphic graphs whose marked nodes correspond).
 3. **Cross-graph transformer**: one post-norm encoder layer over the two pair
    tokens and the ``2n`` node tokens, each with flags for which pair token it
-   is and whether its node was in the most recent message. A node attends only
-   to the nodes of the other graph and to the pair tokens (so that it can look
-   for its counterpart), a pair token to everything (attention pooling).
+   is and whether its node was in the most recent message, and (with
+   ``structural_match``) the absolute difference between the node's embedding
+   by a structural stream (the same GIN on the graphs without messages) and
+   that of the node just sent in the other graph, zero exactly at its images.
+   A node attends only to the nodes of the other graph and to the pair tokens
+   (so that it can look for its counterpart), a pair token to everything
+   (attention pooling).
 4. **Heads**: a node head on each node token; a decision head (continue,
    reject, accept) and a value head on the two pair tokens and the step number.
 
