@@ -177,6 +177,8 @@ def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_
 
 
 def test_agent_options_are_checked_in_one_line(tmp_path, cache_dir):
+    with pytest.raises(ConfigError, match=r"scenario.default_agent.hidden_size \(16\) must be a multiple of"):
+        build_trainer(gi_config(cache_dir, "protocol=nip", "scenario.default_agent.attention_heads=3"), tmp_path)
     with pytest.raises(ConfigError, match=r"scenario.default_agent.structural_match needs the transformer layer"):
         build_trainer(
             gi_config(

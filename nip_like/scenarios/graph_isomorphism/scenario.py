@@ -106,12 +106,12 @@ class GraphIsomorphismScenario(Scenario):
     def make_agents(self) -> AgentModules:
         sizes = self.agent_sizes()
         for name, size in sizes.items():
+            where = f"agents.{name}" if name in self.config.agents else "default_agent"
             if size.attention_heads and size.hidden_size % size.attention_heads:
                 raise ConfigError(
-                    f"agent {name}: hidden_size ({size.hidden_size}) must be a multiple of "
+                    f"scenario.{where}.hidden_size ({size.hidden_size}) must be a multiple of "
                     f"attention_heads ({size.attention_heads})"
                 )
-            where = f"agents.{name}" if name in self.config.agents else "default_agent"
             if size.structural_match and size.attention_heads <= 0:
                 raise ConfigError(
                     f"scenario.{where}.structural_match needs the transformer layer: set attention_heads > 0 "
