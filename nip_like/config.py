@@ -192,7 +192,6 @@ class GraphAgentConfig:
     attention_heads: int = 2  # heads of the cross-graph transformer layer; 0 leaves the layer out
     transformer_mlp_size: int = 0  # hidden width of the transformer's feed-forward block; 0 means 4 * hidden_size
     message_encoding: str = "exchanges"  # node inputs: "exchanges" (a query and its answers share a channel) or "steps"
-    structural_match: bool = False  # node tokens get their structural difference to the node just sent in the other graph
     shared_body: bool = False  # the policy and value heads share one body
 
 

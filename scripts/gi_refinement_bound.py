@@ -24,17 +24,10 @@ than drawing them) can do better, attention adds to what refinement sees, and
 a network that is not trained to its limit does worse. With ``K = 0`` it is the
 accuracy of the verifier alone.
 
-With ``--class-rounds``, the script also measures how a prover can find
-images: on the drawn isomorphic pairs, for each node ``u`` of the first graph,
-the nodes of the second graph that share ``u``'s colour after ``R`` rounds of
-joint refinement, and the share of them that are images of ``u`` (some
-isomorphism maps ``u`` to them).
-
 Run it from the repository root::
 
     python scripts/gi_refinement_bound.py                                # paper preset, R = 2, K = 0, 1, 2
     python scripts/gi_refinement_bound.py --rounds 5 --exchanges 0 1 --pairs 0   # every pair
-    python scripts/gi_refinement_bound.py --exchanges --class-rounds 2 3 5      # colour classes only
 """
 
 from __future__ import annotations
@@ -50,11 +43,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from nip_like.scenarios.graph_isomorphism.isomorphism import (  # noqa: E402
-    are_isomorphic,
-    joint_wl_colours,
-    wl_rounds_to_distinguish,
-)
+from nip_like.scenarios.graph_isomorphism.isomorphism import wl_rounds_to_distinguish  # noqa: E402
 
 
 def undetected(adj_a: np.ndarray, adj_b: np.ndarray, rounds: int, exchanges: int, marks: list) -> float:
@@ -86,22 +75,6 @@ def undetected(adj_a: np.ndarray, adj_b: np.ndarray, rounds: int, exchanges: int
     return total / adj_a.shape[0]
 
 
-def colour_class_images(adj_a: np.ndarray, adj_b: np.ndarray, rounds: int) -> tuple[float, float]:
-    """Mean size of a node's colour class in the other graph, and the mean share of images in it.
-
-    For each node ``u`` of ``adj_a``: the nodes of ``adj_b`` with ``u``'s colour
-    after ``rounds`` rounds of joint refinement, and how many of them some
-    isomorphism maps ``u`` to.
-    """
-    colours_a, colours_b = joint_wl_colours(adj_a, adj_b, rounds)
-    sizes, shares = [], []
-    for node, colour in enumerate(colours_a):
-        same = np.flatnonzero(colours_b == colour).tolist()
-        sizes.append(len(same))
-        shares.append(np.mean([are_isomorphic(adj_a, adj_b, [(node, other)]) for other in same]) if same else 0.0)
-    return float(np.mean(sizes)), float(np.mean(shares))
-
-
 def load_split(overrides: list[str], split: str):
     """The scenario's ``split`` pairs for a composed experiment config."""
     from hydra import compose, initialize_config_dir
@@ -123,47 +96,30 @@ STRATA = {1: "1", 2: "2", -1: "never"}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """Compute and print the bounds (and colour classes); return one row per number of exchanges (or rounds)."""
+    """Compute and print the bounds; return one row per number of exchanges."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="paper", help="the experiment preset whose dataset is used")
     parser.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split")
     parser.add_argument("--rounds", type=int, default=2, help="refinement rounds of the verifier")
-    parser.add_argument("--exchanges", type=int, nargs="*", default=[0, 1, 2], help="numbers of exchanges")
-    parser.add_argument("--pairs", type=int, default=150, help="pairs of each label drawn at random (0: all)")
+    parser.add_argument("--exchanges", type=int, nargs="+", default=[0, 1, 2], help="numbers of exchanges")
+    parser.add_argument("--pairs", type=int, default=150, help="non-isomorphic pairs drawn at random (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
-    parser.add_argument(
-        "--class-rounds", type=int, nargs="*", default=[], help="also measure colour classes after these rounds"
-    )
     parser.add_argument("overrides", nargs="*", help="further config overrides, e.g. scenario.num_pairs=2000")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or min(args.exchanges, default=0) < 0 or args.pairs < 0 or min(args.class_rounds, default=0) < 0:
-        parser.error("--rounds must be at least 1, --exchanges, --class-rounds and --pairs at least 0")
+    if args.rounds < 1 or min(args.exchanges) < 0 or args.pairs < 0:
+        parser.error("--rounds must be at least 1, --exchanges and --pairs at least 0")
 
     pairs = load_split([f"preset={args.preset}", *args.overrides], args.split)
     labels = pairs.label.numpy()
     non_isomorphic = [i for i in range(len(labels)) if not labels[i]]
-    isomorphic = [i for i in range(len(labels)) if labels[i]]
     random.Random(args.seed).shuffle(non_isomorphic)
-    random.Random(args.seed).shuffle(isomorphic)
     drawn = non_isomorphic[: args.pairs] if args.pairs else non_isomorphic
     share_isomorphic = float(labels.mean())
     print(
         f"{args.split} split of preset={args.preset}: {len(labels)} pairs, {share_isomorphic:.0%} isomorphic; "
         f"{len(drawn)} of {len(non_isomorphic)} non-isomorphic pairs, {args.rounds} refinement rounds"
     )
-    rows = []
-    if args.exchanges:
-        rows = bound_rows(args, pairs, drawn, share_isomorphic)
-    if args.class_rounds:
-        drawn_isomorphic = isomorphic[: args.pairs] if args.pairs else isomorphic
-        print(f"\n{len(drawn_isomorphic)} isomorphic pairs: a node's colour class in the other graph")
-        print(f"{'rounds':>6} {'class size':>10} {'images':>7}")
-        for rounds in args.class_rounds:
-            results = [colour_class_images(*_graphs(pairs, index), rounds) for index in drawn_isomorphic]
-            size, share = np.mean([r[0] for r in results]), np.mean([r[1] for r in results])
-            rows.append({"class_rounds": rounds, "class_size": float(size), "images": float(share)})
-            print(f"{rounds:>6} {size:>10.2f} {share:>7.3f}")
-    return rows
+    return bound_rows(args, pairs, drawn, share_isomorphic)
 
 
 def _graphs(pairs, index: int) -> tuple[np.ndarray, np.ndarray]:

@@ -538,8 +538,3 @@ def test_refinement_bound_script_on_a_small_dataset(tmp_path, capsys):
     assert 0.5 <= rows[0]["accuracy"] <= rows[1]["accuracy"] <= 1.0
     assert rows[1]["undetected"] <= rows[0]["undetected"]
     assert "12 pairs, 50% isomorphic" in capsys.readouterr().out
-    # Colour classes: on isomorphic pairs, a node's class always holds an image of it after enough rounds.
-    rows = bound.main(["--preset", "quick", "--exchanges", "--class-rounds", "0", "4", "--pairs", "0", *overrides])
-    assert [row["class_rounds"] for row in rows] == [0, 4]
-    assert rows[0]["images"] <= rows[1]["images"] and rows[1]["class_size"] <= rows[0]["class_size"]
-    assert 0.0 < rows[1]["images"] <= 1.0

@@ -179,20 +179,10 @@ def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_
 def test_agent_options_are_checked_in_one_line(tmp_path, cache_dir):
     with pytest.raises(ConfigError, match=r"scenario.default_agent.hidden_size \(16\) must be a multiple of"):
         build_trainer(gi_config(cache_dir, "protocol=nip", "scenario.default_agent.attention_heads=3"), tmp_path)
-    with pytest.raises(ConfigError, match=r"scenario.default_agent.structural_match needs the transformer layer"):
-        build_trainer(
-            gi_config(
-                cache_dir,
-                "protocol=nip",
-                "scenario.default_agent.attention_heads=0",
-                "scenario.default_agent.structural_match=true",
-            ),
-            tmp_path,
-        )
     with pytest.raises(ConfigError, match=r"scenario.agents.verifier.message_encoding must be one of"):
         build_trainer(
             gi_config(cache_dir, "protocol=nip", "+scenario.agents.verifier={message_encoding: rounds}"), tmp_path
         )
-    # Without the transformer layer (and so without the structural difference) the agents still build.
+    # Without the transformer layer the agents still build.
     config = gi_config(cache_dir, "protocol=nip", "scenario.default_agent.attention_heads=0")
     assert build_trainer(config, tmp_path / "plain").agent_names == ("prover", "verifier")

@@ -15,13 +15,9 @@ The architecture follows the NIP paper's agents (Hammond and Adam-Day):
    exactly zero for isomorphic graphs whose marked nodes correspond).
 3. **Cross-graph transformer**: one post-norm encoder layer over the two pair
    tokens and the ``2n`` node tokens, each with flags for which pair token it
-   is and whether its node was in the most recent message, and (with
-   ``structural_match``) the absolute difference between the node's embedding
-   by a structural stream (the same GIN on the graphs without messages) and
-   that of the node just sent in the other graph, zero exactly at its images.
-   A node attends only to the nodes of the other graph and to the pair tokens
-   (so that it can look for its counterpart), a pair token to everything
-   (attention pooling).
+   is and whether its node was in the most recent message. A node attends only
+   to the nodes of the other graph and to the pair tokens (so that it can look
+   for its counterpart), a pair token to everything (attention pooling).
 4. **Heads**: a node head on each node token; a decision head (continue,
    reject, accept) and a value head on the two pair tokens and the step number.
 
@@ -161,14 +157,6 @@ class GraphBody(nn.Module):
         ``(steps, verifier)``: encode the message history by exchange
         (:func:`exchange_marks`) for an episode of ``steps`` steps and the
         verifier at this index. None keeps the environment's encoding.
-    structural_match : bool
-        Also run the message passing on the graphs without any message (the
-        structural stream, batched with the other) and give each node token
-        the absolute difference between its structural embedding and that of
-        the node(s) of the most recent message in the other graph (zeros when
-        there is none). Nodes that refinement cannot tell apart have equal
-        structural embeddings, so an image of the node just sent shows a
-        difference of exactly zero. Needs the transformer layer.
     """
 
     def __init__(
@@ -180,13 +168,9 @@ class GraphBody(nn.Module):
         gin_mlp_size: int | None = None,
         transformer_mlp_size: int | None = None,
         exchanges_of: tuple[int, int] | None = None,
-        structural_match: bool = False,
     ) -> None:
         super().__init__()
-        if structural_match and attention_heads <= 0:
-            raise ValueError("structural_match needs the transformer layer (attention_heads > 0)")
         self.exchanges_of = exchanges_of
-        self.structural_match = structural_match
         node_features = message_features if exchanges_of is None else exchanges_of[0] + 1
         self.embed = nn.Linear(node_features, hidden_size)
         self.eps = nn.Parameter(torch.zeros(gin_layers))
@@ -198,44 +182,32 @@ class GraphBody(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_size) for _ in range(gin_layers))
         self.transformer = None
         if attention_heads > 0:
-            # Token flags: which pair token (two), and whether the node was in the
-            # most recent message; then the structural difference, if asked for.
-            token_features = hidden_size + PAIR_TOKENS + 1 + (hidden_size if structural_match else 0)
-            self.token_encoder = nn.Linear(token_features, hidden_size)
+            # Token flags: which pair token (two), and whether the node was in the most recent message.
+            self.token_encoder = nn.Linear(hidden_size + PAIR_TOKENS + 1, hidden_size)
             self.transformer = CrossGraphEncoderLayer(
                 hidden_size, attention_heads, transformer_mlp_size or 4 * hidden_size
             )
         self.hidden_size = hidden_size
 
-    def message_passing(
-        self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return the GIN node embeddings ``(b, 2, n, d)``, and those of the structural stream (or None).
+    def message_passing(self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor) -> torch.Tensor:
+        """Return the GIN node embeddings ``(b, 2, n, d)``.
 
         Inputs have one leading batch dimension ``b``; ``messages`` in the
         environment's encoding. Absent nodes' embeddings are zero.
         """
         b, _, n, _ = adjacency.shape
-        d, rows, graphs = self.hidden_size, 2 * b * n, 2 * b
+        d, rows = self.hidden_size, 2 * b * n
         if self.exchanges_of is not None:
             messages = exchange_marks(messages, *self.exchanges_of)
         x = self.embed(messages.reshape(rows, messages.shape[-1]))
         # Absent nodes have no edges, so nothing flows from them into present
         # nodes: they are masked once, at the end, not after every layer.
-        adjacency = adjacency.reshape(graphs, n, n).to(x.dtype)
-        if self.structural_match:
-            # The same network on the graphs without messages: every node starts
-            # from the embedding of an empty history (the bias), in one batch with the other stream.
-            x = torch.cat([x, self.embed.bias.expand(rows, d)])
-            adjacency = torch.cat([adjacency, adjacency])
-            graphs *= 2
+        adjacency = adjacency.reshape(2 * b, n, n).to(x.dtype)
         scales = 1 + self.eps
         for index, (layer, norm) in enumerate(zip(self.gin, self.norms)):
-            aggregate = torch.bmm(adjacency, x.view(graphs, n, d)).view(graphs * n, d)
+            aggregate = torch.bmm(adjacency, x.view(2 * b, n, d)).view(rows, d)
             x = norm(x + layer(torch.addcmul(aggregate, x, scales[index])))
-        streams = 2 if self.structural_match else 1
-        x = x.view(streams, b, 2, n, d) * node_mask.unsqueeze(-1).to(x.dtype)
-        return x[0], (x[1] if self.structural_match else None)
+        return x.view(b, 2, n, d) * node_mask.unsqueeze(-1).to(x.dtype)
 
     def pair_tokens(
         self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor
@@ -245,7 +217,7 @@ class GraphBody(nn.Module):
         The pair tokens are the mean of the two graphs' summed embeddings and
         half their absolute difference.
         """
-        nodes, _ = self.message_passing(adjacency, node_mask, messages)
+        nodes = self.message_passing(adjacency, node_mask, messages)
         b, _, n, d = nodes.shape
         return nodes.view(b, 2 * n, d), _pair_summary(nodes)
 
@@ -257,7 +229,7 @@ class GraphBody(nn.Module):
         Inputs have one leading batch dimension ``b`` (flatten before calling).
         """
         b, _, n, features = messages.shape
-        nodes, structure = self.message_passing(adjacency, node_mask, messages)
+        nodes = self.message_passing(adjacency, node_mask, messages)
         pair = _pair_summary(nodes)
         nodes = nodes.view(b, 2 * n, self.hidden_size)
         if self.transformer is not None:
@@ -268,12 +240,13 @@ class GraphBody(nn.Module):
             recent = torch.einsum("bgnta,bt->bgn", messages.view(b, 2, n, steps, features // steps), previous)
             # Flags: pair token 0 or 1; node in the most recent message.
             pair_flags = torch.eye(PAIR_TOKENS, dtype=pair.dtype, device=pair.device).expand(b, -1, -1)
-            pair_features = [pair, pair_flags, pair.new_zeros(b, PAIR_TOKENS, 1)]
-            node_features = [nodes, nodes.new_zeros(b, 2 * n, PAIR_TOKENS), recent.reshape(b, 2 * n, 1)]
-            if structure is not None:
-                pair_features.append(pair.new_zeros(b, PAIR_TOKENS, self.hidden_size))
-                node_features.append(_structural_difference(structure, recent).reshape(b, 2 * n, self.hidden_size))
-            tokens = torch.cat([torch.cat(pair_features, dim=-1), torch.cat(node_features, dim=-1)], dim=1)
+            tokens = torch.cat(
+                [
+                    torch.cat([pair, pair_flags, pair.new_zeros(b, PAIR_TOKENS, 1)], dim=-1),
+                    torch.cat([nodes, nodes.new_zeros(b, 2 * n, PAIR_TOKENS), recent.reshape(b, 2 * n, 1)], dim=-1),
+                ],
+                dim=1,
+            )
             tokens = self.transformer(self.token_encoder(tokens), cross_graph_bias(node_mask, tokens.dtype))
             pair, nodes = tokens[:, :PAIR_TOKENS], tokens[:, PAIR_TOKENS:]
         return nodes, torch.cat([pair.reshape(b, PAIR_TOKENS * self.hidden_size), context], dim=-1)
@@ -283,19 +256,6 @@ def _pair_summary(nodes: torch.Tensor) -> torch.Tensor:
     """``(b, 2, n, d) -> (b, 2, d)``: the mean of the graphs' summed embeddings and half their absolute difference."""
     first, second = nodes.sum(2).unbind(1)
     return torch.stack([(first + second) / 2, (first - second).abs() / 2], dim=1)
-
-
-def _structural_difference(structure: torch.Tensor, recent: torch.Tensor) -> torch.Tensor:
-    """``|s_v - s_sent|`` for each node ``v``, ``s_sent`` the mean structural embedding of the other graph's recent nodes.
-
-    ``structure`` is ``(b, 2, n, d)``, ``recent`` ``(b, 2, n)`` (1 for the
-    nodes of the most recent message); zeros for a graph whose other graph had
-    no node in it.
-    """
-    other = recent.flip(1)
-    count = other.sum(-1, keepdim=True)  # (b, 2, 1)
-    sent = torch.einsum("bgn,bgnd->bgd", other, structure.flip(1)) / count.clamp_min(1)
-    return (structure - sent.unsqueeze(2)).abs() * (count > 0).unsqueeze(-1).to(structure.dtype)
 
 
 class GraphPolicy(nn.Module):
@@ -384,8 +344,8 @@ def build_graph_agents(
     sizes : dict
         Per agent: ``hidden_size``, ``gin_layers``, ``gin_mlp_size``,
         ``attention_heads``, ``transformer_mlp_size``, ``message_encoding``
-        (``"exchanges"`` or ``"steps"``), ``structural_match`` and
-        ``shared_body`` (the policy and value share one body).
+        (``"exchanges"`` or ``"steps"``) and ``shared_body`` (the policy and
+        value share one body).
     verifier : int, optional
         Index of the verifier among the agents; needed by the ``exchanges``
         encoding.
@@ -414,7 +374,6 @@ def build_graph_agents(
                 size.gin_mlp_size or None,
                 size.transformer_mlp_size or None,
                 exchanges_of,
-                size.structural_match,
             )
 
         policy_body = body()

@@ -197,36 +197,6 @@ def wl_colours(adjacency: object, rounds: int) -> np.ndarray:
     return np.asarray(colours, dtype=np.int64)
 
 
-def joint_wl_colours(adj_a: object, adj_b: object, rounds: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return both graphs' node colours after ``rounds`` rounds of joint refinement.
-
-    The graphs are refined as their disjoint union, so the colours share one
-    palette: a node of one graph and a node of the other have the same colour
-    exactly when refinement cannot tell them apart after ``rounds`` rounds.
-
-    Parameters
-    ----------
-    adj_a, adj_b : array-like
-        Symmetric boolean adjacency matrices without self loops.
-    rounds : int
-        Number of refinement rounds, at least 0.
-
-    Returns
-    -------
-    tuple of numpy.ndarray
-        The colours of ``adj_a``'s nodes and of ``adj_b``'s nodes.
-    """
-    if rounds < 0:
-        raise ValueError(f"rounds must be at least 0, got {rounds}")
-    adj_a, adj_b = as_adjacency(adj_a), as_adjacency(adj_b)
-    neighbours = _union_neighbours(adj_a, adj_b)
-    colours = [0] * len(neighbours)
-    for _ in range(rounds):
-        colours, _count = _refine(colours, neighbours)
-    colours_array = np.asarray(colours, dtype=np.int64)
-    return colours_array[: adj_a.shape[0]], colours_array[adj_a.shape[0] :]
-
-
 def _stable_balanced(colours: _Colours, neighbours: _Neighbours, size_a: int) -> _Colours | None:
     """Refine to the stable colouring, or ``None`` as soon as the histograms differ."""
     num_colours = len(set(colours))

@@ -112,11 +112,6 @@ class GraphIsomorphismScenario(Scenario):
                     f"scenario.{where}.hidden_size ({size.hidden_size}) must be a multiple of "
                     f"attention_heads ({size.attention_heads})"
                 )
-            if size.structural_match and size.attention_heads <= 0:
-                raise ConfigError(
-                    f"scenario.{where}.structural_match needs the transformer layer: set attention_heads > 0 "
-                    f"or structural_match=false"
-                )
             if size.message_encoding not in MESSAGE_ENCODINGS:
                 raise ConfigError(
                     f"scenario.{where}.message_encoding must be one of {list(MESSAGE_ENCODINGS)}, "
