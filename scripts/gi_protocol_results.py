@@ -6,14 +6,17 @@ run at once, each on one thread. A run whose ``summary.json`` exists is not
 run again, so an interrupted call can simply be repeated. The table (Markdown,
 printed and written to ``<out>/results.md``, with ``results.json``) gives per
 protocol the mean, standard deviation, minimum and maximum of the final
-held-out test accuracy over seeds, the frames and the mean wall time of a run,
-beside the final accuracies the NIP paper reports.
+held-out test accuracy over seeds, the mean share of faithful answers of the
+prover that argues for acceptance (``prover`` or ``prover0``; see the
+scenario's ``faithful_answers`` metric) and the mean episode length, the
+frames and the mean wall time of a run, beside the final accuracies the NIP
+paper reports.
 
 Run it from the repository root::
 
     python scripts/gi_protocol_results.py                                  # quick preset, 3 seeds, all protocols
     python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 --jobs 2
-    python scripts/gi_protocol_results.py --preset paper --out outputs/gi_paper   # hours per run
+    python scripts/gi_protocol_results.py --preset paper_fast --out outputs/gi_paper_fast trainer.num_iterations=1500
 """
 
 from __future__ import annotations
@@ -54,24 +57,40 @@ def run_one(args: argparse.Namespace, protocol: str, seed: int) -> dict:
     return json.loads(summary.read_text())
 
 
+#: The prover whose answers are judged: the one that argues for acceptance.
+ACCEPT_PROVERS = ("prover", "prover0")
+
+
+def _mean_metric(runs: list[dict], names: tuple[str, ...]) -> str:
+    """Mean over runs of the first test metric of ``names`` each run has, formatted; empty if none has one."""
+    values = []
+    for run in runs:
+        found = [run["test_metrics"][name] for name in names if name in run["test_metrics"]]
+        values += found[:1]
+    return f"{statistics.mean(values):.2f}" if values else ""
+
+
 def table(results: dict[str, list[dict]]) -> str:
     """The Markdown results table."""
     rows = [
-        "| protocol | test accuracy, mean ± sd | min | max | seeds | frames per run | wall time per run | NIP paper |",
-        "|---|---|---|---|---|---|---|---|",
+        "| protocol | test accuracy, mean ± sd | min | max | faithful answers | episode length | seeds "
+        "| frames per run | wall time per run | NIP paper |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    faithful = tuple(f"test/agents/{name}/faithful_answers" for name in ACCEPT_PROVERS)
     for protocol, runs in results.items():
         done = [run for run in runs if "error" not in run]
         if not done:
-            rows.append(f"| {protocol} | failed | | | 0 | | | {PAPER.get(protocol, '')} |")
+            rows.append(f"| {protocol} | failed | | | | | 0 | | | {PAPER.get(protocol, '')} |")
             continue
         accuracy = [run["test_metrics"]["test/accuracy"] for run in done]
         spread = statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0
         seconds = statistics.mean(run["train_seconds"] for run in done)
         rows.append(
             f"| {protocol} | {statistics.mean(accuracy):.3f} ± {spread:.3f} | {min(accuracy):.3f} | "
-            f"{max(accuracy):.3f} | {len(done)} | {done[0]['frames']:,} | {seconds / 60:.1f} min | "
-            f"{PAPER.get(protocol, '')} |"
+            f"{max(accuracy):.3f} | {_mean_metric(done, faithful)} | "
+            f"{_mean_metric(done, ('test/episode_length',))} | {len(done)} | {done[0]['frames']:,} | "
+            f"{seconds / 60:.1f} min | {PAPER.get(protocol, '')} |"
         )
     return "\n".join(rows)
 
@@ -81,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--protocols", nargs="+", default=PROTOCOLS, choices=PROTOCOLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--preset", default="quick", help="config preset of every run (quick or paper)")
+    parser.add_argument("--preset", default="quick", help="config preset of every run (quick, paper_fast or paper)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--out", default="outputs/gi_protocol_results", help="folder of the runs and the table")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")

@@ -186,3 +186,29 @@ def test_agent_options_are_checked_in_one_line(tmp_path, cache_dir):
     # Without the transformer layer the agents still build.
     config = gi_config(cache_dir, "protocol=nip", "scenario.default_agent.attention_heads=0")
     assert build_trainer(config, tmp_path / "plain").agent_names == ("prover", "verifier")
+
+
+def test_protocol_results_table_from_run_summaries():
+    import importlib.util
+    from pathlib import Path
+
+    location = Path(__file__).resolve().parents[1] / "scripts" / "gi_protocol_results.py"
+    spec = importlib.util.spec_from_file_location("gi_protocol_results", location)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(accuracy, faithful=None, length=3.0):
+        metrics = {"test/accuracy": accuracy, "test/episode_length": length}
+        if faithful is not None:
+            metrics["test/agents/prover0/faithful_answers"] = faithful
+        return {"test_metrics": metrics, "train_seconds": 120.0, "frames": 1024}
+
+    results = {
+        "mnip": [run(0.8, 0.5), run(0.9, 0.7, length=5.0)],
+        "solo_verifier": [run(0.6, length=1.0)],
+        "adp": [{"error": "boom"}],
+    }
+    rows = script.table(results).splitlines()
+    assert rows[2] == "| mnip | 0.850 ± 0.071 | 0.800 | 0.900 | 0.60 | 4.00 | 2 | 1,024 | 2.0 min | 0.67 |"
+    assert rows[3] == "| solo_verifier | 0.600 ± 0.000 | 0.600 | 0.600 |  | 1.00 | 1 | 1,024 | 2.0 min |  |"
+    assert rows[4] == "| adp | failed | | | | | 0 | | | 0.61 |"
