@@ -17,6 +17,12 @@ Run it from the repository root::
     python scripts/gi_protocol_results.py                                  # quick preset, 3 seeds, all protocols
     python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 --jobs 2
     python scripts/gi_protocol_results.py --preset paper_fast --out outputs/gi_paper_fast trainer.num_iterations=1500
+
+With ``--plots`` it also draws, from the runs' CSV metrics, the validation
+accuracy against frames (``<out>/curves_accuracy.png``, one colour per
+protocol, the mean over seeds with a 95% bootstrap band) and, for the
+protocols whose prover is called ``prover``, its share of faithful answers
+(``<out>/curves_faithful.png``).
 """
 
 from __future__ import annotations
@@ -95,6 +101,33 @@ def table(results: dict[str, list[dict]]) -> str:
     return "\n".join(rows)
 
 
+#: The curves ``--plots`` draws: file name and metric (protocols whose runs do not log it are left out).
+CURVES = {"curves_accuracy.png": "eval/accuracy", "curves_faithful.png": "eval/agents/prover/faithful_answers"}
+
+
+def plot(out: Path, protocols: list[str], seeds: list[int]) -> list[Path]:
+    """Draw the learning curves of the finished runs under ``out``; return the PNG files written."""
+    from nip_like.analysis.groups import Group
+    from nip_like.analysis.plots import plot_learning_curves
+    from nip_like.analysis.runs import Run
+
+    folders = {protocol: [out / f"{protocol}_seed{seed}" for seed in seeds] for protocol in protocols}
+    runs = {
+        protocol: [Run.load(folder) for folder in found if (folder / "summary.json").is_file()]
+        for protocol, found in folders.items()
+    }
+    written = []
+    for name, metric in CURVES.items():
+        groups = []
+        for protocol, found in runs.items():
+            logged = [run for run in found if (run.folder / "metrics" / "scalars" / f"{metric}.csv").is_file()]
+            if logged:
+                groups.append(Group("graph isomorphism", protocol, logged))
+        if groups:
+            written.append(plot_learning_curves({"graph isomorphism": groups}, metric, "frames", out / name))
+    return written
+
+
 def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     """Run the grid, print and write the table, return the summaries."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -103,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     parser.add_argument("--preset", default="quick", help="config preset of every run (quick, paper_fast or paper)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--out", default="outputs/gi_protocol_results", help="folder of the runs and the table")
+    parser.add_argument("--plots", action="store_true", help="also draw the learning curves")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -122,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     print(f"\n{len(grid)} runs, {(time.perf_counter() - started) / 60:.1f} min in this call")
     (Path(args.out) / "results.md").write_text(text + "\n")
     (Path(args.out) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if args.plots:
+        for path in plot(Path(args.out), args.protocols, args.seeds):
+            print(f"wrote {path}")
     return results
 
 

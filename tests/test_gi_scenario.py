@@ -188,7 +188,7 @@ def test_agent_options_are_checked_in_one_line(tmp_path, cache_dir):
     assert build_trainer(config, tmp_path / "plain").agent_names == ("prover", "verifier")
 
 
-def test_protocol_results_table_from_run_summaries():
+def load_results_script():
     import importlib.util
     from pathlib import Path
 
@@ -196,6 +196,11 @@ def test_protocol_results_table_from_run_summaries():
     spec = importlib.util.spec_from_file_location("gi_protocol_results", location)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_protocol_results_table_from_run_summaries():
+    script = load_results_script()
 
     def run(accuracy, faithful=None, length=3.0):
         metrics = {"test/accuracy": accuracy, "test/episode_length": length}
@@ -212,3 +217,25 @@ def test_protocol_results_table_from_run_summaries():
     assert rows[2] == "| mnip | 0.850 ± 0.071 | 0.800 | 0.900 | 0.60 | 4.00 | 2 | 1,024 | 2.0 min | 0.67 |"
     assert rows[3] == "| solo_verifier | 0.600 ± 0.000 | 0.600 | 0.600 |  | 1.00 | 1 | 1,024 | 2.0 min |  |"
     assert rows[4] == "| adp | failed | | | | | 0 | | | 0.61 |"
+
+
+def test_protocol_results_plots_the_curves_each_protocol_logs(tmp_path):
+    import json
+
+    import yaml
+
+    script = load_results_script()
+    for protocol, metrics in (("nip", ("eval/accuracy", "eval/agents/prover/faithful_answers")), ("solo_verifier", ("eval/accuracy",))):
+        for seed in (0, 1):
+            folder = tmp_path / f"{protocol}_seed{seed}"
+            (folder / "metrics" / "scalars").mkdir(parents=True)
+            (folder / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "protocol": {"name": protocol}}))
+            (folder / "summary.json").write_text(json.dumps({"seed": seed, "frames": 300, "test_metrics": {}}))
+            for name in ("train/frames", *metrics):
+                path = folder / "metrics" / "scalars" / f"{name}.csv"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                values = [100, 200, 300] if name == "train/frames" else [0.5, 0.6 + 0.1 * seed, 0.9]
+                path.write_text("".join(f"{step},{value}\n" for step, value in zip((1, 2, 3), values)))
+    written = script.plot(tmp_path, ["nip", "solo_verifier"], [0, 1, 2])  # seed 2 never ran
+    assert [path.name for path in written] == ["curves_accuracy.png", "curves_faithful.png"]
+    assert all(path.stat().st_size > 0 for path in written)
