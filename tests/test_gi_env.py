@@ -453,3 +453,38 @@ def test_faithful_answers_count_the_answers_an_isomorphism_bears_out():
     # Non-isomorphic pairs do not count.
     td["state", "label"] = torch.zeros(2, dtype=torch.bool)
     assert scenario.faithful_answers(td["state"]) == {}
+
+
+def test_faithful_answers_are_judged_per_prover_and_either_way_round():
+    # mnip: two provers answer each query. On the paths 0-1-2-3 and 1-3-0-2, prover0
+    # follows the isomorphism 0,1,2,3 -> 1,3,0,2 and prover1 the reversed one
+    # 0,1,2,3 -> 2,0,3,1: both are faithful, although their answers differ. The
+    # second query is a node of the second graph, answered in the first.
+    from nip_like.config import GraphIsomorphismConfig
+    from nip_like.scenarios.graph_isomorphism.scenario import GraphIsomorphismScenario
+
+    proto = protocol("mnip", min_rounds=3, max_rounds=8)
+    scenario = GraphIsomorphismScenario(OmegaConf.structured(GraphIsomorphismConfig(min_nodes=3, max_nodes=N)), proto)
+    env = make_env(proto, num_envs=2)
+    td = env.reset()
+    td["state", "pair_index"] = torch.zeros(2, dtype=torch.long)
+    for key in ("adjacency", "node_mask", "label"):
+        td["state", key] = env.data[key][td["state", "pair_index"]]
+
+    def play_each(td, actions):
+        """Per episode, (prover0, prover1, verifier) actions."""
+        td = td.clone()
+        td["agents", "action"] = torch.tensor(actions)
+        return env.step(td)["next"]
+
+    td = play_each(td, [[0, 0, 1], [0, 0, 1]])  # query: node 1 of the first graph
+    td = play_each(td, [[N + 3, N + 0, 0], [N + 3, N + 0, 0]])
+    td = play_each(td, [[0, 0, N + 2], [0, 0, N + 2]])  # query: node 2 of the second graph
+    # Episode 0: each prover answers by its own isomorphism; episode 1: prover1 answers by prover0's.
+    td = play_each(td, [[3, 0, 0], [3, 3, 0]])
+    td = play_each(td, [[0, 0, env.accept_action]] * 2)
+    assert td["done"].all()
+    first = scenario.faithful_answers(td["state"][:1])
+    assert first == {"agents/prover0/faithful_answers": 1.0, "agents/prover1/faithful_answers": 1.0}
+    both = scenario.faithful_answers(td["state"])
+    assert both == {"agents/prover0/faithful_answers": 1.0, "agents/prover1/faithful_answers": 0.75}

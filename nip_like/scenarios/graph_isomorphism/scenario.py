@@ -240,22 +240,24 @@ class GraphIsomorphismScenario(Scenario):
         An answer is a prover's node sent after a verifier's node (the query
         it answers is the verifier's most recent node). It is *faithful* when
         some isomorphism maps the query to the answer and every earlier
-        query-answer pair of the episode onto each other
+        query-answer pair of the same prover onto each other
         (:func:`~nip_like.scenarios.graph_isomorphism.isomorphism.are_isomorphic`
         with ``marks``); an answer in the query's own graph never is. Only
         isomorphic pairs count (there a prover can always be faithful), at
         most :attr:`faithful_answer_episodes` of them. Returns
         ``agents/<prover>/faithful_answers`` for the provers that answered.
         """
-        verifier, n = self.protocol.verifier_index, int(self.config.max_nodes)
+        verifier = self.protocol.verifier_index
         provers = [index for index in range(self.protocol.num_agents) if index != verifier]
         isomorphic = state["label"].nonzero().flatten()[: self.faithful_answer_episodes].tolist()
-        sent, adjacency, sizes = state["sent"].cpu(), state["adjacency"].cpu(), state["node_mask"][:, 0].sum(-1)
+        sent, adjacency = state["sent"].cpu(), state["adjacency"].cpu()
+        n, sizes = adjacency.shape[-1], state["node_mask"][:, 0].sum(-1).cpu()
         answers, faithful = [0] * len(provers), [0] * len(provers)
         for episode in isomorphic:
             size = int(sizes[episode])
             graph_a, graph_b = adjacency[episode, 0, :size, :size].numpy(), adjacency[episode, 1, :size, :size].numpy()
-            marks: list[tuple[int, int]] = []
+            # Each prover's own query-answer pairs: one prover's answers do not bind another's.
+            marks: list[list[tuple[int, int]]] = [[] for _ in provers]
             query = -1
             for step in sent[episode].tolist():
                 for position, prover in enumerate(provers):
@@ -265,8 +267,8 @@ class GraphIsomorphismScenario(Scenario):
                     answers[position] += 1
                     if (query < n) == (answer < n):
                         continue
-                    marks.append((query, answer - n) if query < n else (answer, query - n))
-                    faithful[position] += are_isomorphic(graph_a, graph_b, marks)
+                    marks[position].append((query, answer - n) if query < n else (answer, query - n))
+                    faithful[position] += are_isomorphic(graph_a, graph_b, marks[position])
                 if step[verifier] >= 0:
                     query = step[verifier]
         return {
