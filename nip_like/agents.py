@@ -80,17 +80,13 @@ class PerAgent(nn.Module):
         return torch.stack(outputs, dim=-2)
 
     def _forward_active(self, inputs: list[torch.Tensor], active: torch.Tensor) -> torch.Tensor:
-        lead = active.shape[:-1]
         outputs = []
         for index, name in enumerate(self.agent_names):
-            rows = active[..., index].reshape(-1).nonzero().squeeze(-1)
-            selected = []
-            for x, dim in zip(inputs, self.agent_dims):
-                x = x.select(dim, index)
-                selected.append(x.reshape(-1, *x.shape[len(lead):])[rows])
-            out = self.networks[name](*selected)
-            full = out.new_zeros(lead.numel(), *out.shape[1:])
-            outputs.append(full.index_copy(0, rows, out).reshape(*lead, *out.shape[1:]))
+            acts = active[..., index]
+            out = self.networks[name](*(x.select(dim, index)[acts] for x, dim in zip(inputs, self.agent_dims)))
+            full = out.new_zeros(*acts.shape, *out.shape[1:])
+            full[acts] = out
+            outputs.append(full)
         return torch.stack(outputs, dim=-2)
 
 

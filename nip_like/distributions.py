@@ -7,13 +7,25 @@ conversation or decides) spreads the first option over many actions, so a
 plain argmax would pick a final action whenever it beats the single most
 probable message, even when sending some message is far more probable. The
 two-stage mode first picks the most probable option, then the most probable
-action within it.
+action within it. :func:`masked_log_softmax` gives the log-probabilities of a
+categorical restricted to its legal actions.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torchrl.modules import MaskedCategorical
+
+
+def masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of a categorical restricted to the legal actions in ``mask``.
+
+    Illegal actions get the log-softmax of the most negative finite number (a
+    finite value far below any legal one, so no NaN appears downstream even
+    when every action is illegal).
+    """
+    return F.log_softmax(logits.masked_fill(~mask, torch.finfo(logits.dtype).min), dim=-1)
 
 
 class GroupedMaskedCategorical(MaskedCategorical):

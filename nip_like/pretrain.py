@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from nip_like.agents import LOGITS_KEY, AgentModules, PerAgent
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
-from nip_like.objectives.reference import masked_log_softmax
+from nip_like.distributions import masked_log_softmax
 
 #: Entries of a scenario's supervised data besides the agents' observations.
 TARGET_KEY = "target_action"

@@ -341,11 +341,11 @@ def test_policy_and_value_treat_the_two_graphs_alike():
     torch.testing.assert_close(logits.masked_fill(~present, -torch.inf).logsumexp(-1), torch.zeros(b))
 
 
-def test_cross_graph_bias_lets_nodes_see_only_the_other_graph_and_the_pair_tokens():
-    from nip_like.scenarios.graph_isomorphism.agents import cross_graph_bias
+def test_cross_graph_attention_lets_nodes_see_only_the_other_graph_and_the_pair_tokens():
+    from nip_like.scenarios.graph_isomorphism.agents import cross_graph_attention
 
     node_mask = torch.tensor([[[True, True, False], [True, True, False]]])
-    allowed = cross_graph_bias(node_mask, torch.float32)[0, 0] == 0  # (query, key) over 2 + 2 * 3 tokens
+    allowed = cross_graph_attention(node_mask)[0, 0]  # (query, key) over 2 + 2 * 3 tokens
     pair, first, second = [0, 1], [2, 3, 4], [5, 6, 7]
     assert allowed[pair][:, [0, 1, 2, 3, 5, 6]].all()  # pair tokens see every present token
     assert not allowed[:, [4, 7]].any()  # nobody sees an absent node

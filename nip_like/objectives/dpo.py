@@ -19,8 +19,9 @@ from torchrl.modules import ProbabilisticActor
 from torchrl.objectives import LossModule
 
 from nip_like import agents as keys
+from nip_like.distributions import masked_log_softmax
 from nip_like.objectives.episodes import episode_ids
-from nip_like.objectives.reference import ReferencePolicy, masked_log_softmax
+from nip_like.objectives.reference import ReferencePolicy
 
 #: The loss variants :func:`preference_loss` knows.
 LOSS_TYPES = ("sigmoid", "ipo", "hinge")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 from torchrl.modules import ProbabilisticActor
 
 from nip_like import agents as keys
+from nip_like.distributions import masked_log_softmax
 
 
 class ReferencePolicy(nn.Module):
@@ -38,11 +38,6 @@ class ReferencePolicy(nn.Module):
         """Move towards ``policy``: copy it (``decay=0``) or take an EMA step."""
         for mine, theirs in zip(self.policy.parameters(), policy.parameters()):
             mine.mul_(decay).add_(theirs.detach(), alpha=1.0 - decay)
-
-
-def masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities of a categorical restricted to the legal actions in ``mask``."""
-    return F.log_softmax(logits.masked_fill(~mask, torch.finfo(logits.dtype).min), dim=-1)
 
 
 def categorical_kl(p_logits: torch.Tensor, q_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ The architecture follows the NIP paper's agents (Hammond and Adam-Day):
 2. **Pair tokens**: each graph is sum-pooled, and the two graph vectors
    become two pair-invariant tokens, their mean and half their absolute
    difference (the same whichever graph comes first, and a difference of
-   exactly zero for isomorphic graphs whose marked nodes correspond).
+   zero, up to float rounding, for isomorphic graphs whose marked nodes
+   correspond).
 3. **Cross-graph transformer**: one post-norm encoder layer over the two pair
    tokens and the ``2n`` node tokens, each with flags for which pair token it
    is and whether its node was in the most recent message. A node attends only
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nip_like.agents import OBSERVATION_KEY, AgentModules, PerAgent, actor_critic_from_networks
-from nip_like.distributions import GroupedMaskedCategorical
+from nip_like.distributions import GroupedMaskedCategorical, masked_log_softmax
 
 IN_KEYS = [("agents", "adjacency"), ("agents", "node_mask"), ("agents", "messages"), OBSERVATION_KEY]
 #: Where the agent dimension of each of :data:`IN_KEYS` is.
@@ -43,7 +44,7 @@ PAIR_TOKENS = 2
 
 
 class CrossGraphEncoderLayer(nn.Module):
-    """A post-norm transformer encoder layer with an additive attention bias.
+    """A post-norm transformer encoder layer with an attention mask.
 
     Self-attention (``heads`` heads, :func:`torch.nn.functional.scaled_dot_product_attention`),
     residual and layer norm, then a ReLU feed-forward block of width
@@ -68,33 +69,29 @@ class CrossGraphEncoderLayer(nn.Module):
         self.feed_forward = nn.Sequential(nn.Linear(hidden_size, mlp_size), nn.ReLU(), nn.Linear(mlp_size, hidden_size))
         self.feed_forward_norm = nn.LayerNorm(hidden_size)
 
-    def forward(self, tokens: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Encode ``tokens`` ``(b, t, d)``; ``bias`` ``(b, 1, t, t)`` is added to the attention scores."""
+    def forward(self, tokens: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Encode ``tokens`` ``(b, t, d)``; a token attends to the keys that ``allowed`` ``(b, 1, t, t)`` marks."""
         b, t, d = tokens.shape
         h = self.heads
         flat = tokens.reshape(b * t, d)
         q, k, v = self.qkv(flat).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
-        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         x = self.attention_norm(flat + self.out(mixed.transpose(1, 2).reshape(b * t, d)))
         x = self.feed_forward_norm(x + self.feed_forward(x))
         return x.view(b, t, d)
 
 
-def cross_graph_bias(node_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The attention bias ``(b, 1, 2 + 2n, 2 + 2n)`` of :class:`GraphBody`'s tokens.
+def cross_graph_attention(node_mask: torch.Tensor) -> torch.Tensor:
+    """Which keys each of :class:`GraphBody`'s tokens attends to: ``(b, 1, 2 + 2n, 2 + 2n)`` bool.
 
-    Zero where attention is allowed, the most negative finite number where it
-    is not: no token attends to an absent node, and a node token does not
-    attend to the nodes of its own graph (itself included). Pair tokens attend
-    to every present token, and every token to the pair tokens, so no row is
-    empty.
+    No token attends to an absent node, and a node token does not attend to
+    the nodes of its own graph (itself included). Pair tokens attend to every
+    present token, and every token to the pair tokens, so no row is empty.
 
     Parameters
     ----------
     node_mask : torch.Tensor
         ``(b, 2, n)`` bool: which nodes exist.
-    dtype : torch.dtype
-        Dtype of the bias.
     """
     b, _, n = node_mask.shape
     device = node_mask.device
@@ -102,9 +99,7 @@ def cross_graph_bias(node_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     graph = torch.cat([torch.full((PAIR_TOKENS,), -1, device=device), torch.arange(2, device=device).repeat_interleave(n)])
     same_graph = (graph.unsqueeze(1) == graph.unsqueeze(0)) & (graph >= 0).unsqueeze(1)
     present = torch.cat([node_mask.new_ones(b, PAIR_TOKENS), node_mask.reshape(b, 2 * n)], dim=1)
-    allowed = ~same_graph & present.unsqueeze(1)  # (b, t, t): query, key
-    bias = torch.zeros(b, 1, *allowed.shape[1:], dtype=dtype, device=device)
-    return bias.masked_fill(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+    return (~same_graph & present.unsqueeze(1)).unsqueeze(1)  # query, key
 
 
 def exchange_marks(messages: torch.Tensor, steps: int, verifier: int) -> torch.Tensor:
@@ -219,7 +214,9 @@ class GraphBody(nn.Module):
         """
         nodes = self.message_passing(adjacency, node_mask, messages)
         b, _, n, d = nodes.shape
-        return nodes.view(b, 2 * n, d), _pair_summary(nodes)
+        first, second = nodes.sum(2).unbind(1)
+        pair = torch.stack([(first + second) / 2, (first - second).abs() / 2], dim=1)
+        return nodes.view(b, 2 * n, d), pair
 
     def forward(
         self, adjacency: torch.Tensor, node_mask: torch.Tensor, messages: torch.Tensor, context: torch.Tensor
@@ -229,9 +226,7 @@ class GraphBody(nn.Module):
         Inputs have one leading batch dimension ``b`` (flatten before calling).
         """
         b, _, n, features = messages.shape
-        nodes = self.message_passing(adjacency, node_mask, messages)
-        pair = _pair_summary(nodes)
-        nodes = nodes.view(b, 2 * n, self.hidden_size)
+        nodes, pair = self.pair_tokens(adjacency, node_mask, messages)
         if self.transformer is not None:
             steps = context.shape[-1] - 1
             # The nodes sent at the step before this one: the context's one-hot
@@ -247,15 +242,9 @@ class GraphBody(nn.Module):
                 ],
                 dim=1,
             )
-            tokens = self.transformer(self.token_encoder(tokens), cross_graph_bias(node_mask, tokens.dtype))
+            tokens = self.transformer(self.token_encoder(tokens), cross_graph_attention(node_mask))
             pair, nodes = tokens[:, :PAIR_TOKENS], tokens[:, PAIR_TOKENS:]
         return nodes, torch.cat([pair.reshape(b, PAIR_TOKENS * self.hidden_size), context], dim=-1)
-
-
-def _pair_summary(nodes: torch.Tensor) -> torch.Tensor:
-    """``(b, 2, n, d) -> (b, 2, d)``: the mean of the graphs' summed embeddings and half their absolute difference."""
-    first, second = nodes.sum(2).unbind(1)
-    return torch.stack([(first + second) / 2, (first - second).abs() / 2], dim=1)
 
 
 class GraphPolicy(nn.Module):
@@ -287,12 +276,9 @@ class GraphPolicy(nn.Module):
         lead = context.shape[:-1]
         adjacency, node_mask, messages, context = _flatten(adjacency, node_mask, messages, context)
         tokens, summary = self.body(adjacency, node_mask, messages, context)
-        nodes = self.node_head(tokens).squeeze(-1)
-        nodes = nodes.masked_fill(~node_mask.reshape(nodes.shape), torch.finfo(nodes.dtype).min)
+        nodes = masked_log_softmax(self.node_head(tokens).squeeze(-1), node_mask.flatten(1))
         continue_reject_accept = self.decision_head(summary).log_softmax(-1)
-        logits = torch.cat(
-            [continue_reject_accept[:, :1] + nodes.log_softmax(-1), continue_reject_accept[:, 1:]], dim=-1
-        )
+        logits = torch.cat([continue_reject_accept[:, :1] + nodes, continue_reject_accept[:, 1:]], dim=-1)
         return logits.reshape(*lead, logits.shape[-1])
 
 
@@ -329,7 +315,7 @@ def build_graph_agents(
     message_features: int,
     context_features: int,
     sizes: dict,
-    verifier: int | None = None,
+    verifier: int,
 ) -> AgentModules:
     """Build the graph agents: one body (or two) and heads per agent.
 
@@ -346,9 +332,9 @@ def build_graph_agents(
         ``attention_heads``, ``transformer_mlp_size``, ``message_encoding``
         (``"exchanges"`` or ``"steps"``) and ``shared_body`` (the policy and
         value share one body).
-    verifier : int, optional
-        Index of the verifier among the agents; needed by the ``exchanges``
-        encoding.
+    verifier : int
+        Index of the verifier among the agents (the ``exchanges`` encoding
+        counts its nodes).
 
     Notes
     -----
@@ -359,11 +345,7 @@ def build_graph_agents(
     policies, values = {}, {}
     for name in agent_names:
         size = sizes[name]
-        exchanges_of = None
-        if size.message_encoding == "exchanges":
-            if verifier is None:
-                raise ValueError("the exchanges message encoding needs the verifier's index")
-            exchanges_of = (context_features - 1, verifier)
+        exchanges_of = (context_features - 1, verifier) if size.message_encoding == "exchanges" else None
 
         def body() -> GraphBody:
             return GraphBody(

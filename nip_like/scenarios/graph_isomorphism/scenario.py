@@ -10,7 +10,7 @@ from tensordict import TensorDict, TensorDictBase
 from nip_like.agents import AgentModules
 from nip_like.config import GraphAgentConfig, typed_entry
 from nip_like.errors import ConfigError
-from nip_like.objectives.reference import masked_log_softmax
+from nip_like.distributions import masked_log_softmax
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import register_scenario
 from nip_like.scenarios.base import Scenario
