@@ -8,7 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from nip_like.errors import NipLikeError, SweepJobError
@@ -18,6 +20,23 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 #: Exit status of a run stopped by bad input.
 EXIT_BAD_INPUT = 2
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """Compose the experiment config from ``configs/`` with ``overrides``, as ``python -m nip_like`` would.
+
+    For scripts and notebooks: no run folder is made and nothing runs.
+
+    Parameters
+    ----------
+    overrides : list of str
+        Hydra overrides (``key=value``, ``group=option``).
+    """
+    from nip_like.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from nip_like.config import check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.logging import MetricLogger
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS
+from nip_like.scenarios.base import Scenario
 from nip_like.sweeps.progress import PROGRESS_FILE_ENV, ProgressFile
 from nip_like.trainers.base import Trainer
 
@@ -40,13 +41,24 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))
     seed_everything(int(config.seed))
-    protocol = PROTOCOLS.get(config.protocol.name)(config.protocol)
-    scenario = SCENARIOS.get(config.scenario.name)(config.scenario, protocol)
+    scenario = build_scenario(config)
     trainer_class = TRAINERS.get(config.trainer.trainer_type)
     if not issubclass(trainer_class, Trainer):
         raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
     logger = MetricLogger(config.logger, run_dir, str(config.name))
     return trainer_class(config, scenario, run_dir, logger)
+
+
+def build_scenario(config: DictConfig) -> Scenario:
+    """Build the protocol and the scenario that ``config`` names (no data is loaded yet).
+
+    Parameters
+    ----------
+    config : DictConfig
+        The whole experiment config.
+    """
+    protocol = PROTOCOLS.get(config.protocol.name)(config.protocol)
+    return SCENARIOS.get(config.scenario.name)(config.scenario, protocol)
 
 
 def _check_device(device: str) -> None:

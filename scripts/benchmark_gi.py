@@ -40,18 +40,6 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _config(overrides: list[str]):
-    sys.path.insert(0, str(REPO_ROOT))
-    from hydra import compose, initialize_config_dir
-
-    from nip_like.cli import CONFIG_DIR
-    from nip_like.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=overrides)
-
-
 def _common(args: argparse.Namespace) -> list[str]:
     return [
         "preset=paper",
@@ -68,14 +56,11 @@ def measure_env(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     """Random legal actions through the environment: steps (episodes x steps) per second."""
     import torch
 
-    from nip_like.experiment import build_trainer  # noqa: F401  (registers everything)
-    from nip_like.registry import PROTOCOLS, SCENARIOS
+    from nip_like.cli import compose_config
+    from nip_like.experiment import build_scenario
 
     torch.set_num_threads(args.threads)
-    config = _config(_common(args))
-    protocol = PROTOCOLS.get(config.protocol.name)(config.protocol)
-    scenario = SCENARIOS.get(config.scenario.name)(config.scenario, protocol)
-    env = scenario.make_env(num_envs, "train", 0, "cpu")
+    env = build_scenario(compose_config(_common(args))).make_env(num_envs, "train", 0, "cpu")
     generator = torch.Generator().manual_seed(0)
 
     def random_legal(td):
@@ -96,11 +81,12 @@ def measure_train(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     """PPO iterations of the paper preset: frames per second, collection and update split, peak memory."""
     import torch
 
+    from nip_like.cli import compose_config
     from nip_like.experiment import build_trainer
 
     torch.set_num_threads(args.threads)
     overrides = [*_common(args), f"trainer.num_envs={num_envs}", f"trainer.num_iterations={args.iterations + 1}"]
-    config = _config(overrides)
+    config = compose_config(overrides)
     run_dir = Path(args.work_dir) / f"train_{num_envs}"
     trainer = build_trainer(config, run_dir)
     collect = update = 0.0

@@ -71,13 +71,13 @@ import numpy as np
 import tensordict
 import torch
 import torchrl
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
 import nip_like.cli
+from nip_like.cli import compose_config
 import nip_like.config
 from nip_like.checkpoint import derive_seed
 from nip_like.experiment import build_trainer
@@ -107,24 +107,6 @@ BASE_OVERRIDES = (
 
 
 # ------------------------------------------------------------------ config
-def compose_config(overrides: list[str]) -> DictConfig:
-    """Compose the experiment config from ``configs/`` with ``overrides``.
-
-    Parameters
-    ----------
-    overrides : list of str
-        Hydra overrides (``key=value``).
-
-    Returns
-    -------
-    DictConfig
-        The whole experiment config, as ``python -m nip_like`` would see it.
-    """
-    nip_like.config.register_configs()
-    with initialize_config_dir(config_dir=str(nip_like.cli.CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 def benchmark_overrides(args: argparse.Namespace) -> list[str]:
     """Return the Hydra overrides for the command-line options ``args``."""
     overrides = list(BASE_OVERRIDES)

@@ -20,9 +20,10 @@ Run it from the repository root::
 
 With ``--plots`` it also draws, from the runs' CSV metrics, the validation
 accuracy against frames (``<out>/curves_accuracy.png``, one colour per
-protocol, the mean over seeds with a 95% bootstrap band) and, for the
-protocols whose prover is called ``prover``, its share of faithful answers
-(``<out>/curves_faithful.png``).
+protocol, the mean over seeds with a 95% bootstrap band) and the share of
+faithful answers of the prover that argues for acceptance
+(``<out>/curves_faithful_prover.png`` for the protocols with one prover,
+``curves_faithful_prover0.png`` for those with two).
 """
 
 from __future__ import annotations
@@ -102,7 +103,10 @@ def table(results: dict[str, list[dict]]) -> str:
 
 
 #: The curves ``--plots`` draws: file name and metric (protocols whose runs do not log it are left out).
-CURVES = {"curves_accuracy.png": "eval/accuracy", "curves_faithful.png": "eval/agents/prover/faithful_answers"}
+CURVES = {
+    "curves_accuracy.png": "eval/accuracy",
+    **{f"curves_faithful_{name}.png": f"eval/agents/{name}/faithful_answers" for name in ACCEPT_PROVERS},
+}
 
 
 def plot(out: Path, protocols: list[str], seeds: list[int]) -> list[Path]:

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from nip_like.scenarios.graph_isomorphism.isomorphism import wl_rounds_to_distinguish  # noqa: E402
+from nip_like.scenarios.graph_isomorphism.isomorphism import WL_NEVER, wl_rounds_to_distinguish  # noqa: E402
 
 
 def undetected(adj_a: np.ndarray, adj_b: np.ndarray, rounds: int, exchanges: int, marks: list) -> float:
@@ -77,22 +77,14 @@ def undetected(adj_a: np.ndarray, adj_b: np.ndarray, rounds: int, exchanges: int
 
 def load_split(overrides: list[str], split: str):
     """The scenario's ``split`` pairs for a composed experiment config."""
-    from hydra import compose, initialize_config_dir
+    from nip_like.cli import compose_config
+    from nip_like.experiment import build_scenario
 
-    from nip_like.cli import CONFIG_DIR
-    from nip_like.config import register_configs
-    from nip_like.experiment import build_trainer  # noqa: F401  (registers everything)
-    from nip_like.registry import PROTOCOLS, SCENARIOS
-
-    register_configs()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        config = compose("config", overrides=overrides)
-    protocol = PROTOCOLS.get(config.protocol.name)(config.protocol)
-    scenario = SCENARIOS.get(config.scenario.name)(config.scenario, protocol)
-    return scenario.splits()[split]
+    return build_scenario(compose_config(overrides)).splits()[split]
 
 
-STRATA = {1: "1", 2: "2", -1: "never"}
+#: Column of each 1-WL stratum (pairs told apart in 3 or more rounds share one).
+STRATA = {1: "1", 2: "2", WL_NEVER: "never"}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

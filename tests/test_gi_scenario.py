@@ -237,7 +237,7 @@ def test_protocol_results_plots_the_curves_each_protocol_logs(tmp_path):
                 values = [100, 200, 300] if name == "train/frames" else [0.5, 0.6 + 0.1 * seed, 0.9]
                 path.write_text("".join(f"{step},{value}\n" for step, value in zip((1, 2, 3), values)))
     written = script.plot(tmp_path, ["nip", "solo_verifier"], [0, 1, 2])  # seed 2 never ran
-    assert [path.name for path in written] == ["curves_accuracy.png", "curves_faithful.png"]
+    assert [path.name for path in written] == ["curves_accuracy.png", "curves_faithful_prover.png"]
     assert all(path.stat().st_size > 0 for path in written)
 
 
@@ -246,16 +246,12 @@ def test_protocol_results_plots_the_curves_each_protocol_logs(tmp_path):
 def test_gi_presets_build_agents_for_every_protocol(preset, protocol):
     # Built without the data (which the agents do not need): the presets must name
     # only agents every protocol has, and the provers must be the larger agents.
-    from nip_like.experiment import build_trainer  # noqa: F401  (registers everything)
-    from nip_like.registry import PROTOCOLS as PROTOCOL_CLASSES, SCENARIOS
+    from nip_like.experiment import build_scenario
     from tests.conftest import make_config
 
-    config = make_config(f"preset={preset}", f"protocol={protocol}")
-    proto = PROTOCOL_CLASSES.get(config.protocol.name)(config.protocol)
-    scenario = SCENARIOS.get(config.scenario.name)(config.scenario, proto)
+    scenario = build_scenario(make_config(f"preset={preset}", f"protocol={protocol}"))
     sizes = scenario.agent_sizes()
-    agents = scenario.make_agents()
-    assert agents.agent_names == proto.agent_names
+    assert scenario.make_agents().agent_names == scenario.agent_names
     if preset != "quick":
         assert sizes["verifier"].gin_layers == 2
-        assert all(sizes[name].gin_layers == 5 for name in proto.agent_names if name != "verifier")
+        assert all(sizes[name].gin_layers == 5 for name in scenario.agent_names if name != "verifier")
