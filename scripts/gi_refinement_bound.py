@@ -13,9 +13,9 @@ verifier could reach in an interactive proof with ``K`` exchanges:
   with ``marks``) and rejects when the colour histograms differ.
 * On an isomorphic pair a faithful prover answers with images, which never
   differ: the verifier accepts. On a non-isomorphic pair the prover answers,
-  knowing the past queries but not the next ones, so as to stay unnoticed as
-  long as possible. The probability that it is never noticed is computed
-  exactly (the mean over queries of the best answer's value, recursively).
+  knowing the past queries but not the next ones, so as to maximise its
+  chance of never being noticed. That probability is computed exactly (the
+  mean over queries of the best answer's value, recursively).
 
 The accuracy bound is the share of isomorphic pairs plus the share of
 non-isomorphic pairs times the probability of catching the prover. It is a

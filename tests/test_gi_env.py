@@ -488,3 +488,22 @@ def test_faithful_answers_are_judged_per_prover_and_either_way_round():
     assert first == {"agents/prover0/faithful_answers": 1.0, "agents/prover1/faithful_answers": 1.0}
     both = scenario.faithful_answers(td["state"])
     assert both == {"agents/prover0/faithful_answers": 1.0, "agents/prover1/faithful_answers": 0.75}
+
+
+def test_most_recent_message_flags_the_nodes_of_the_previous_step_only():
+    from nip_like.scenarios.graph_isomorphism.agents import most_recent_message
+
+    env = make_env(protocol("nip", min_rounds=3, max_rounds=8))
+    td = env.reset()
+
+    def recent(step_td, agent):
+        obs = step_td["agents"][:, agent]
+        return most_recent_message(obs["messages"], obs["observation"])[0]
+
+    assert recent(td, 1).sum() == 0  # nothing sent before step 0
+    after_query = play(env, td, [0, 1])  # the verifier sends node 1 of the first graph
+    flags = recent(after_query, 0)
+    assert flags[0, 1] == 1 and flags.sum() == 1
+    after_answer = play(env, after_query, [N + 2, 0])  # the prover answers node 2 of the second graph
+    flags = recent(after_answer, 1)
+    assert flags[1, 2] == 1 and flags.sum() == 1  # the query of step 0 is no longer recent

@@ -129,6 +129,22 @@ def exchange_marks(messages: torch.Tensor, steps: int, verifier: int) -> torch.T
     return torch.einsum("bgnta,btk->bgnk", history, exchange)
 
 
+def most_recent_message(messages: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """``(b, 2, n)``: 1 for the nodes that the agent saw sent at the step before the current one.
+
+    Parameters
+    ----------
+    messages : torch.Tensor
+        ``(b, 2, n, steps * agents)`` in the environment's encoding.
+    context : torch.Tensor
+        ``(b, steps + 1)``: the one-hot current step; shifted by one, it picks
+        the channels of the step before (none at step 0).
+    """
+    b, _, n, features = messages.shape
+    steps = context.shape[-1] - 1
+    return torch.einsum("bgnta,bt->bgn", messages.view(b, 2, n, steps, features // steps), context[:, 1:])
+
+
 class GraphBody(nn.Module):
     """Node tokens and pair tokens of a graph pair (see the module docstring).
 
@@ -225,14 +241,10 @@ class GraphBody(nn.Module):
 
         Inputs have one leading batch dimension ``b`` (flatten before calling).
         """
-        b, _, n, features = messages.shape
+        b, _, n, _ = messages.shape
         nodes, pair = self.pair_tokens(adjacency, node_mask, messages)
         if self.transformer is not None:
-            steps = context.shape[-1] - 1
-            # The nodes sent at the step before this one: the context's one-hot
-            # step, shifted by one, picks that step's channels.
-            previous = context[:, 1:]
-            recent = torch.einsum("bgnta,bt->bgn", messages.view(b, 2, n, steps, features // steps), previous)
+            recent = most_recent_message(messages, context)
             # Flags: pair token 0 or 1; node in the most recent message.
             pair_flags = torch.eye(PAIR_TOKENS, dtype=pair.dtype, device=pair.device).expand(b, -1, -1)
             tokens = torch.cat(
