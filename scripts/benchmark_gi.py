@@ -6,10 +6,13 @@ Two measurements, each for several numbers of parallel environments:
   ``nip``, the ``paper`` preset's 3 to 8 rounds) stepped with uniformly random
   legal actions, no network; resets included.
 * **Training frames per second**: PPO iterations of the ``paper`` preset
-  (2048 frames per batch, 10 epochs of 256-frame minibatches, the default GNN
-  agents), collection and optimisation together, after one untimed warm-up
-  iteration; with the split into collection and update time, and the
-  process's peak resident memory.
+  (2048 frames per batch, 10 epochs of 256-frame minibatches, the preset's
+  graph agents), collection and optimisation together, after one untimed
+  warm-up iteration; with the split into collection and update time, the
+  process's peak resident memory, the floating-point operations of one
+  optimiser step (loss forward and backward on a minibatch, counted by
+  ``torch.utils.flop_counter``) and the rate the update reaches (those
+  operations times the optimiser steps, over the update time).
 
 Each configuration runs in a fresh subprocess, so peak memory is its own.
 
@@ -99,6 +102,8 @@ def measure_train(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     frames = args.iterations * int(config.trainer.frames_per_batch)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step_flops = _step_flops(trainer)
+    steps = args.iterations * trainer.state.gradient_steps // (args.iterations + 1)
     return {
         "num_envs": num_envs,
         "iterations": args.iterations,
@@ -109,7 +114,21 @@ def measure_train(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         "collect_seconds_per_iteration": collect / args.iterations,
         "update_seconds_per_iteration": update / args.iterations,
         "peak_memory_mib": peak_kib / 1024,
+        "gflop_per_step": step_flops / 1e9,
+        "update_gflops_per_second": step_flops * steps / 1e9 / update,
     }
+
+
+def _step_flops(trainer) -> float:
+    """Floating-point operations of one optimiser step's loss, forward and backward, on a minibatch."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        losses = trainer.loss_module(trainer.buffer.sample())
+        sum(losses.get(key) for key in losses.keys() if key.startswith("loss_")).backward()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
 
 
 def _in_subprocess(args: argparse.Namespace, kind: str, num_envs: int) -> dict[str, Any]:
@@ -166,13 +185,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["env"].append(row)
         print(f"{size:>6} {row['steps_per_second']:>10.0f}")
     print(f"\nPPO training, paper preset ({args.iterations} timed iterations of 2048 frames, {args.threads} threads)")
-    print(f"{'envs':>6} {'frames/s':>10} {'s/iter':>8} {'collect':>8} {'update':>8} {'peak MiB':>9}")
+    print(f"{'envs':>6} {'frames/s':>10} {'s/iter':>8} {'collect':>8} {'update':>8} {'peak MiB':>9} "
+          f"{'GFLOP/step':>10} {'GFLOP/s':>8}")
     for size in args.train_sizes:
         row = _in_subprocess(args, "train", size)
         results["train"].append(row)
         print(f"{size:>6} {row['frames_per_second']:>10.0f} {row['seconds_per_iteration']:>8.2f} "
               f"{row['collect_seconds_per_iteration']:>8.2f} {row['update_seconds_per_iteration']:>8.2f} "
-              f"{row['peak_memory_mib']:>9.0f}")
+              f"{row['peak_memory_mib']:>9.0f} {row['gflop_per_step']:>10.2f} "
+              f"{row['update_gflops_per_second']:>8.1f}")
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
     return results
