@@ -423,24 +423,32 @@ def test_a_faithful_answer_leaves_no_difference_between_the_graphs():
     assert difference(wrong) > 1e-3
 
 
-def test_faithful_answers_count_the_answers_an_isomorphism_bears_out():
+def _two_episodes_on_pair_zero(protocol_name: str):
+    """A scenario, an environment and a reset state of two episodes that both play pair 0
+    (the isomorphic paths 0-1-2-3 and 1-3-0-2), and a step function taking each episode's
+    actions in agent order."""
     from nip_like.config import GraphIsomorphismConfig
     from nip_like.scenarios.graph_isomorphism.scenario import GraphIsomorphismScenario
 
-    proto = protocol("nip", min_rounds=3, max_rounds=8)
+    proto = protocol(protocol_name, min_rounds=3, max_rounds=8)
     scenario = GraphIsomorphismScenario(OmegaConf.structured(GraphIsomorphismConfig(min_nodes=3, max_nodes=N)), proto)
     env = make_env(proto, num_envs=2)
     td = env.reset()
-    td["state", "pair_index"] = torch.zeros(2, dtype=torch.long)  # both play the isomorphic paths 0-1-2-3 and 1-3-0-2
+    td["state", "pair_index"] = torch.zeros(2, dtype=torch.long)
     for key in ("adjacency", "node_mask", "label"):
         td["state", key] = env.data[key][td["state", "pair_index"]]
 
     def play_each(td, actions):
-        """Per episode, (prover action, verifier action)."""
+        """Per episode, the actions of the agents in order; the next state."""
         td = td.clone()
         td["agents", "action"] = torch.tensor(actions)
         return env.step(td)["next"]
 
+    return scenario, env, td, play_each
+
+
+def test_faithful_answers_count_the_answers_an_isomorphism_bears_out():
+    scenario, env, td, play_each = _two_episodes_on_pair_zero("nip")  # actions: (prover, verifier)
     # Episode 0 answers faithfully twice (1 -> 3, then 0 -> 1); episode 1 answers an end of
     # the path for the inner node 1, after which no answer can be borne out.
     td = play_each(td, [[0, 1], [0, 1]])  # the verifier sends node 1 of the first graph
@@ -460,23 +468,7 @@ def test_faithful_answers_are_judged_per_prover_and_either_way_round():
     # follows the isomorphism 0,1,2,3 -> 1,3,0,2 and prover1 the reversed one
     # 0,1,2,3 -> 2,0,3,1: both are faithful, although their answers differ. The
     # second query is a node of the second graph, answered in the first.
-    from nip_like.config import GraphIsomorphismConfig
-    from nip_like.scenarios.graph_isomorphism.scenario import GraphIsomorphismScenario
-
-    proto = protocol("mnip", min_rounds=3, max_rounds=8)
-    scenario = GraphIsomorphismScenario(OmegaConf.structured(GraphIsomorphismConfig(min_nodes=3, max_nodes=N)), proto)
-    env = make_env(proto, num_envs=2)
-    td = env.reset()
-    td["state", "pair_index"] = torch.zeros(2, dtype=torch.long)
-    for key in ("adjacency", "node_mask", "label"):
-        td["state", key] = env.data[key][td["state", "pair_index"]]
-
-    def play_each(td, actions):
-        """Per episode, (prover0, prover1, verifier) actions."""
-        td = td.clone()
-        td["agents", "action"] = torch.tensor(actions)
-        return env.step(td)["next"]
-
+    scenario, env, td, play_each = _two_episodes_on_pair_zero("mnip")  # actions: (prover0, prover1, verifier)
     td = play_each(td, [[0, 0, 1], [0, 0, 1]])  # query: node 1 of the first graph
     td = play_each(td, [[N + 3, N + 0, 0], [N + 3, N + 0, 0]])
     td = play_each(td, [[0, 0, N + 2], [0, 0, N + 2]])  # query: node 2 of the second graph
