@@ -12,6 +12,7 @@ Every field has a type, a default and a one-line comment. The YAML files under
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import typing
@@ -348,8 +349,9 @@ def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
         raise ConfigError(f"{where}: {first}") from error
 
 
+@functools.cache
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore.
+    """Store the schemas in Hydra's ConfigStore (once per process; later calls do nothing).
 
     The YAML files under ``configs/`` extend these nodes through their defaults
     lists (``- hidden_bits_schema``), so every value they set is type-checked.

@@ -76,9 +76,7 @@ from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 
-import nip_like.cli
 from nip_like.cli import compose_config
-import nip_like.config
 from nip_like.checkpoint import derive_seed
 from nip_like.experiment import build_trainer
 from nip_like.objectives.ppo import MultiAgentPPOLoss

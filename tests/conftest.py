@@ -8,15 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nip_like.cli import CONFIG_DIR
-from nip_like.config import register_configs
+from nip_like.cli import compose_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-register_configs()
 
 
 def make_config(*overrides: str) -> DictConfig:
@@ -28,8 +24,7 @@ def make_config(*overrides: str) -> DictConfig:
     """
     if not any(override.startswith("preset=") for override in overrides):
         overrides = ("preset=none", *overrides)
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose_config(list(overrides))
 
 
 def smoke_config(*overrides: str) -> DictConfig:

@@ -45,12 +45,9 @@ def test_group_options_compose():
 
 
 def test_main_job_default_is_the_graph_isomorphism_quick_preset():
-    from hydra import compose, initialize_config_dir
+    from nip_like.cli import compose_config
 
-    from nip_like.cli import CONFIG_DIR
-
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        config = compose("config")  # what `python -m nip_like` runs with no overrides
+    config = compose_config([])  # what `python -m nip_like` runs with no overrides
     assert (config.scenario.name, config.protocol.name, config.trainer.trainer_type) == ("graph_isomorphism", "nip", "ppo")
     assert config.trainer.num_iterations == 150 and config.protocol.min_rounds == 3
     paper = make_config("preset=paper")
