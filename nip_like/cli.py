@@ -15,8 +15,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nip_like.errors import NipLikeError, SweepJobError
 
-#: The Hydra config folder (``configs/`` at the top of the repository).
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+#: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
+#: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 #: Exit status of a run stopped by bad input.
 EXIT_BAD_INPUT = 2
