@@ -16,20 +16,15 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.modules import MaskedCategorical, ProbabilisticActor
 
-#: Standard keys of the multi-agent TensorDict layout.
-OBSERVATION_KEY = ("agents", "observation")
-ACTION_KEY = ("agents", "action")
-ACTION_MASK_KEY = ("agents", "action_mask")
-LOGITS_KEY = ("agents", "logits")
-LOG_PROB_KEY = ("agents", "action_log_prob")
-VALUE_KEY = ("agents", "state_value")
-ACTIVE_KEY = ("agents", "active")
-REWARD_KEY = ("agents", "reward")
-DONE_KEY = ("agents", "done")
-TERMINATED_KEY = ("agents", "terminated")
-ADVANTAGE_KEY = ("agents", "advantage")
-VALUE_TARGET_KEY = ("agents", "value_target")
-EPISODE_RETURN_KEY = ("agents", "episode_return")
+from nip_like.keys import ACTION_KEY, ACTION_MASK_KEY, ACTIVE_KEY, LOG_PROB_KEY, LOGITS_KEY, OBSERVATION_KEY, VALUE_KEY
+
+
+@dataclass
+class AgentNetConfig:
+    """Size of one agent's MLP networks (:func:`mlp`)."""
+
+    hidden_size: int = 64  # width of each hidden layer
+    num_layers: int = 2  # hidden layers in the policy and value networks
 
 
 class PerAgent(nn.Module):

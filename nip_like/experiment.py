@@ -16,6 +16,7 @@ from nip_like.checkpoint import seed_everything
 from nip_like.config import check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.logging import MetricLogger
+from nip_like.protocols.base import Protocol
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS
 from nip_like.scenarios.base import Scenario
 from nip_like.sweeps.progress import PROGRESS_FILE_ENV, ProgressFile
@@ -45,8 +46,46 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     trainer_class = TRAINERS.get(config.trainer.trainer_type)
     if not issubclass(trainer_class, Trainer):
         raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
+    check_objective(config)
     logger = MetricLogger(config.logger, run_dir, str(config.name))
     return trainer_class(config, scenario, run_dir, logger)
+
+
+def check_objective(config: DictConfig) -> None:
+    """Check ``trainer.objective`` against the objective schema of the trainer ``config`` names.
+
+    Raises
+    ------
+    ConfigError
+        If the options are another objective's (for a trainer named by dotted
+        path with an objective of its own, select its options with
+        ``trainer/objective=<name>``), or a key or type is wrong.
+    """
+    trainer_type = str(config.trainer.trainer_type)
+    entry = TRAINERS.entry(trainer_type)
+    options = config.trainer.get("objective")
+    if entry.schema is None:
+        return
+    given = OmegaConf.get_type(options) if isinstance(options, DictConfig) else None
+    if given is not None and given is not dict and not issubclass(given, entry.schema):
+        raise ConfigError(
+            f"trainer {trainer_type} takes objective options {entry.schema.__name__}, but trainer.objective holds "
+            f"{given.__name__}; select its options with trainer/objective={entry.name}"
+        )
+    TRAINERS.typed_options(trainer_type, options, "trainer.objective")
+
+
+def build_protocol(config: DictConfig) -> Protocol:
+    """Build the protocol ``config.protocol`` names from its options, checked against its schema.
+
+    Parameters
+    ----------
+    config : DictConfig
+        The whole experiment config.
+    """
+    name = str(config.protocol.name)
+    options = PROTOCOLS.typed_options(name, config.protocol, "protocol")
+    return PROTOCOLS.get(name)(**OmegaConf.to_container(options, resolve=True))
 
 
 def build_scenario(config: DictConfig) -> Scenario:
@@ -57,8 +96,9 @@ def build_scenario(config: DictConfig) -> Scenario:
     config : DictConfig
         The whole experiment config.
     """
-    protocol = PROTOCOLS.get(config.protocol.name)(config.protocol)
-    return SCENARIOS.get(config.scenario.name)(config.scenario, protocol)
+    protocol = build_protocol(config)
+    name = str(config.scenario.name)
+    return SCENARIOS.get(name)(SCENARIOS.typed_options(name, config.scenario, "scenario"), protocol)
 
 
 def _check_device(device: str) -> None:

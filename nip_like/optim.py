@@ -10,7 +10,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from nip_like.config import AgentUpdateConfig, typed_entry
+from nip_like.config import AgentUpdateConfig
+from nip_like.registry import typed_entry
 from nip_like.errors import ConfigError
 
 OPTIMIZERS = {

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDictBase
 
-from nip_like.agents import LOGITS_KEY, AgentModules, PerAgent
+from nip_like.agents import AgentModules, PerAgent
+from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax

@@ -1,58 +1,142 @@
-"""Name -> class registries for trainers, scenarios and protocols.
+"""One table per kind of component: trainers, protocols, scenarios.
 
-A config names a registered class by its short name (``trainer_type: ppo``) or
-any class by its dotted path (``trainer_type: my_pkg.my_module.MyTrainer``), so
-that a user's own class loads without an edit to the package.
+Each table maps a short name to a class and the dataclass schema of its
+options, and everything else is derived from it: the lookup by name (or by a
+dotted path ``package.module.Class``), the nodes stored in Hydra's
+ConfigStore, the check of a config section against its schema, the lists of
+names in error messages, and the tables in the docs.
+
+Built-in components register themselves with a decorator in the module that
+defines them. A table knows the one package that holds its built-in
+components and imports every module in it the first time it is read
+(:meth:`Registry.load_builtins`), so adding a built-in component is adding a
+module: no list elsewhere names it. A user's own class registers the same way
+from the user's module, or is named by its dotted path.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, TypeVar
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 
 from nip_like.errors import ConfigError
 
 T = TypeVar("T", bound=type)
 
+#: Class attribute a registered class receives: the dataclass schema of its options.
+SCHEMA_ATTRIBUTE = "config_schema"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of a registry table.
+
+    Parameters
+    ----------
+    name : str
+        The short name configs use.
+    cls : type
+        The component class.
+    schema : type or None
+        The dataclass schema of the component's options (for a trainer: of
+        its objective's options, ``trainer.objective``), or ``None`` if it
+        takes none.
+    """
+
+    name: str
+    cls: type
+    schema: type | None
+
+    @property
+    def summary(self) -> str:
+        """The first line of the class's docstring."""
+        return (self.cls.__doc__ or "").strip().splitlines()[0] if self.cls.__doc__ else ""
+
 
 class Registry(Generic[T]):
-    """A mapping from short names to classes of one kind.
+    """A table from short names to component classes and their config schemas.
 
     Parameters
     ----------
     kind : str
-        What the registry holds ("trainer", "scenario", "protocol"); used in
-        error messages.
+        What the table holds (``"trainer"``, ``"protocol"``, ``"scenario"``);
+        used in error messages.
+    package : str
+        The package whose modules hold the built-in components.
+    config_group : str
+        The Hydra config group the schemas are stored in (``"protocol"``,
+        ``"trainer/objective"``).
+    node_suffix : str
+        Appended to a name to make its ConfigStore node's name; the YAML file of
+        the same name extends that node (``nip.yaml`` starts from
+        ``nip_schema``). Empty when no YAML file shares the group.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, package: str, config_group: str, node_suffix: str = "_schema") -> None:
         self.kind = kind
-        self._classes: dict[str, T] = {}
+        self.package = package
+        self.config_group = config_group
+        self.node_suffix = node_suffix
+        self._entries: dict[str, Entry] = {}
+        self._builtins_loaded = False
+        self._store_enabled = False
 
-    def register(self, name: str) -> Callable[[T], T]:
+    # ------------------------------------------------------------ registering
+    def register(self, name: str, schema: type | None = None) -> Callable[[T], T]:
         """Return a class decorator that registers the class under ``name``.
 
         Parameters
         ----------
         name : str
             The short name used in configs.
+        schema : type, optional
+            The dataclass schema of the component's options. The class gets it
+            as its ``config_schema`` attribute, so that it is also found when
+            the class is named by its dotted path.
         """
 
         def decorator(cls: T) -> T:
-            if name in self._classes and self._classes[name] is not cls:
-                raise ValueError(f"a {self.kind} called {name!r} is already registered")
-            self._classes[name] = cls
+            known = self._entries.get(name)
+            if known is not None and known.cls is not cls:
+                raise ValueError(f"a {self.kind} called {name!r} is already registered ({known.cls.__qualname__})")
+            if schema is not None:
+                setattr(cls, SCHEMA_ATTRIBUTE, schema)
+            self._entries[name] = Entry(name, cls, schema)
+            if self._store_enabled:
+                self._store(self._entries[name])
             return cls
 
         return decorator
 
-    def names(self) -> list[str]:
-        """Return the registered names, sorted."""
-        _import_builtins()
-        return sorted(self._classes)
+    def load_builtins(self) -> None:
+        """Import every module of the built-in package (once), which registers its components."""
+        if self._builtins_loaded:
+            return
+        self._builtins_loaded = True
+        package = importlib.import_module(self.package)
+        for module in pkgutil.walk_packages(package.__path__, prefix=f"{self.package}."):
+            importlib.import_module(module.name)
 
-    def get(self, name: str) -> T:
-        """Return the class registered as ``name`` or found at that dotted path.
+    # ---------------------------------------------------------------- reading
+    def names(self, subclass_of: type | None = None) -> list[str]:
+        """Return the registered names, sorted; only those of ``subclass_of`` subclasses if given."""
+        self.load_builtins()
+        return sorted(
+            name for name, entry in self._entries.items() if subclass_of is None or issubclass(entry.cls, subclass_of)
+        )
+
+    def entries(self) -> list[Entry]:
+        """Return every entry, sorted by name."""
+        self.load_builtins()
+        return [self._entries[name] for name in sorted(self._entries)]
+
+    def entry(self, name: str) -> Entry:
+        """Return the entry registered as ``name``, or one for the class at that dotted path.
 
         Parameters
         ----------
@@ -64,15 +148,94 @@ class Registry(Generic[T]):
         ConfigError
             If the name is neither registered nor an importable class.
         """
-        _import_builtins()
-        if name in self._classes:
-            return self._classes[name]
+        self.load_builtins()
+        if name in self._entries:
+            return self._entries[name]
         if "." in name:
-            return _import_dotted(name, self.kind)
+            cls = _import_dotted(name, self.kind)
+            for entry in self._entries.values():
+                if entry.cls is cls:
+                    return entry
+            return Entry(name, cls, getattr(cls, SCHEMA_ATTRIBUTE, None))
         raise ConfigError(
-            f"unknown {self.kind} {name!r}; choose one of {self.names()} "
-            f"or give a dotted path such as my_module.MyClass"
+            f"unknown {self.kind} {name!r}; choose one of {self.names()} or give a dotted path such as my_module.MyClass"
         )
+
+    def get(self, name: str) -> T:
+        """Return the class registered as ``name`` or found at that dotted path (see :meth:`entry`)."""
+        return self.entry(name).cls
+
+    def typed_options(self, name: str, options: Any, where: str) -> DictConfig:
+        """Check a config section against the schema of component ``name``.
+
+        Parameters
+        ----------
+        name : str
+            The component's registered name or dotted path.
+        options : DictConfig or dict
+            The section's values.
+        where : str
+            The section's place in the config, for error messages (``"protocol"``).
+
+        Returns
+        -------
+        DictConfig
+            The section merged into the schema: every key known and every value
+            of its declared type.
+
+        Raises
+        ------
+        ConfigError
+            Naming the unknown key or the badly typed field.
+        """
+        schema = self.entry(name).schema
+        if schema is None:
+            return OmegaConf.create(options if options is not None else {})
+        return typed_entry(schema, options if options is not None else {}, where)
+
+    # ------------------------------------------------------------ ConfigStore
+    def node_name(self, name: str) -> str:
+        """The ConfigStore node name of component ``name``."""
+        return f"{name}{self.node_suffix}"
+
+    def store_configs(self) -> None:
+        """Store every schema in Hydra's ConfigStore, and each one registered later."""
+        self._store_enabled = True
+        for entry in self.entries():
+            self._store(entry)
+
+    def _store(self, entry: Entry) -> None:
+        if entry.schema is None:
+            return
+        node = OmegaConf.structured(entry.schema)
+        if "name" in node.keys():
+            # Components that share a schema (the proof protocols) each get their own name.
+            node.name = entry.name
+        ConfigStore.instance().store(group=self.config_group, name=self.node_name(entry.name), node=node)
+
+
+def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
+    """Check a config entry against a dataclass schema, with a one-line error.
+
+    Parameters
+    ----------
+    schema : type
+        The dataclass.
+    value : DictConfig or dict
+        The entry's values.
+    where : str
+        The entry's place in the config (``scenario.agents.verifier``), for the error.
+
+    Raises
+    ------
+    ConfigError
+        Naming the unknown key or the badly typed field.
+    """
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), value)
+    except Exception as error:  # OmegaConf raises several error types
+        first = str(error).splitlines()[0]
+        raise ConfigError(f"{where}: {first}") from error
 
 
 def _import_dotted(path: str, kind: str) -> type:
@@ -87,17 +250,36 @@ def _import_dotted(path: str, kind: str) -> type:
     return cls
 
 
-def _import_builtins() -> None:
-    # Importing the packages runs their @register decorators.
-    importlib.import_module("nip_like.trainers")
-    importlib.import_module("nip_like.protocols")
-    importlib.import_module("nip_like.scenarios")
+#: Trainers; a trainer's schema is that of its objective's options (``trainer.objective``).
+TRAINERS: Registry = Registry("trainer", "nip_like.trainers", "trainer/objective", node_suffix="")
+#: Interaction protocols (``protocol``).
+PROTOCOLS: Registry = Registry("protocol", "nip_like.protocols", "protocol")
+#: Scenarios (``scenario``).
+SCENARIOS: Registry = Registry("scenario", "nip_like.scenarios", "scenario")
+
+#: Every table, for ConfigStore filling and the docs.
+REGISTRIES: dict[str, Registry] = {registry.kind: registry for registry in (TRAINERS, PROTOCOLS, SCENARIOS)}
 
 
-TRAINERS: Registry = Registry("trainer")
-SCENARIOS: Registry = Registry("scenario")
-PROTOCOLS: Registry = Registry("protocol")
+def register_trainer(name: str, objective: type | None = None) -> Callable[[T], T]:
+    """Register a trainer class under ``name``, with the schema of its objective's options.
 
-register_trainer = TRAINERS.register
-register_scenario = SCENARIOS.register
-register_protocol = PROTOCOLS.register
+    Parameters
+    ----------
+    name : str
+        The name ``trainer.trainer_type`` takes.
+    objective : type, optional
+        The dataclass schema of ``trainer.objective`` for this trainer: the
+        keyword arguments of its loss module.
+    """
+    return TRAINERS.register(name, objective)
+
+
+def register_protocol(name: str, schema: type | None = None) -> Callable[[T], T]:
+    """Register a protocol class under ``name`` with the schema of its options (``protocol``)."""
+    return PROTOCOLS.register(name, schema)
+
+
+def register_scenario(name: str, schema: type | None = None) -> Callable[[T], T]:
+    """Register a scenario class under ``name`` with the schema of its options (``scenario``)."""
+    return SCENARIOS.register(name, schema)

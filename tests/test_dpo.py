@@ -9,7 +9,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.modules import MaskedCategorical, ProbabilisticActor
 
-from nip_like import agents as keys
+from nip_like import keys
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
-from torchrl.objectives import LossModule
 
-from nip_like import agents as keys
+from nip_like import keys
 from nip_like.distributions import masked_log_softmax
-from nip_like.objectives.episodes import episode_ids
+from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
+from nip_like.objectives.episodes import complete_episodes
 from nip_like.objectives.reference import ReferencePolicy
 
 #: The loss variants :func:`preference_loss` knows.
@@ -30,6 +31,35 @@ CHOSEN, REJECTED = "chosen", "rejected"
 PAIR_AGENT_KEY = "agent"
 REFERENCE_LOGPS_KEY = "reference_logps"
 RETURN_GAP_KEY = "return_gap"
+
+
+@dataclass
+class PreferenceConfig(ObjectiveConfig):
+    """Options every preference objective shares: the keyword arguments of :class:`DPOLoss` but the loss type."""
+
+    beta: float = 0.3  # inverse temperature (sigmoid, hinge) or regularisation strength (ipo)
+    margin: float = 0.0  # drop pairs whose return gap is below this (a zero gap is always dropped)
+    length_normalize: bool = False  # mean instead of summed log-probs over the agent's steps
+    label_smoothing: float = 0.0  # assumed preference-flip probability, conservative DPO (sigmoid only)
+    ref_sync_every: int = 0  # move the reference towards the policy every N iterations; 0 keeps the initial policy
+    ref_mixup_alpha: float = 1.0  # weight of the policy in that move: 1 copies it, below 1 is an EMA step
+
+
+@dataclass
+class DPOConfig(PreferenceConfig):
+    """Options of the DPO objective (and its hinge and IPO losses): the keyword arguments of :class:`DPOLoss`."""
+
+    variant_field: ClassVar[str | None] = "loss_type"
+
+    loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo | hinge
+
+
+@dataclass
+class IPOConfig(PreferenceConfig):
+    """Options of the IPO objective: DPO's pairs with the IPO loss, whose type is fixed."""
+
+    beta: float = 0.1  # regularisation strength: the loss pulls the log-ratio gap towards 1 / (2 beta)
+    length_normalize: bool = True  # mean log-probs over the agent's steps, as TRL's IPO
 
 
 def preference_loss(
@@ -168,7 +198,7 @@ def pad_episodes(batch: TensorDictBase, ids: torch.Tensor, episodes: torch.Tenso
     return steps
 
 
-class DPOLoss(LossModule):
+class DPOLoss(RolloutLoss):
     """Online DPO (and IPO, hinge) on preference pairs of whole episodes.
 
     :meth:`layout_rollouts` turns a collected batch into pairs: within each
@@ -213,6 +243,7 @@ class DPOLoss(LossModule):
         logits: NestedKey = keys.LOGITS_KEY
 
     default_keys = _AcceptedKeys
+    needs_groups = True
 
     #: Whether :meth:`layout_rollouts` computes the reference's log-probs
     #: (a reference-free subclass sets it to ``False``).
@@ -253,13 +284,19 @@ class DPOLoss(LossModule):
         self.label_smoothing = label_smoothing
         self.ref_sync_every = ref_sync_every
         self.ref_mixup_alpha = ref_mixup_alpha
-        # Layouts so far: when to sync the reference; saved with the loss's state.
+        # Iterations so far: when to sync the reference; saved with the loss's state.
         self.register_buffer("num_layouts", torch.zeros((), dtype=torch.long))
-        #: Pair counts and mean return gap of the last layout, logged by the trainer under ``train/``.
-        self.layout_metrics: dict[str, float] = {}
+        self._layout_metrics: dict[str, float] = {}
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
+    def start_iteration(self, iteration: int) -> None:
+        """Count the iteration and, every ``ref_sync_every`` of them, move the reference towards the policy."""
+        self.num_layouts += 1
+        if self.ref_sync_every and int(self.num_layouts) % self.ref_sync_every == 0:
+            self.reference.refresh(self.actor_network, decay=1.0 - self.ref_mixup_alpha)
+
+    def layout_metrics(self) -> dict[str, float]:
+        """Pair counts (kept, dropped; in all and per agent) and the mean return gap of the last layout."""
+        return self._layout_metrics
 
     # ------------------------------------------------------------------ layout
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
@@ -272,16 +309,9 @@ class DPOLoss(LossModule):
             ``(pairs, max_length)``, the pair's agent index, the reference's
             episode log-probs and the return gap.
         """
-        self.num_layouts += 1
-        if self.ref_sync_every and int(self.num_layouts) % self.ref_sync_every == 0:
-            self.reference.refresh(self.actor_network, decay=1.0 - self.ref_mixup_alpha)
-        ids, complete = episode_ids(batch)
-        ends = batch.get(("next", "done")).squeeze(-1) & complete
-        episodes = ids[ends]
-        returns = batch.get(("next", *keys.EPISODE_RETURN_KEY))[ends].squeeze(-1)
-        groups = batch.get(("state", "group_id"))[ends]
+        ids, _, _, episodes, returns, groups = complete_episodes(batch)
         chosen, rejected, agents = [], [], []
-        self.layout_metrics = {}
+        self._layout_metrics = {}
         dropped = 0.0
         for index, name in enumerate(self.agent_names):
             best, worst, gap = group_extremes(returns[..., index], groups)
@@ -289,11 +319,11 @@ class DPOLoss(LossModule):
             chosen.append(best[keep])
             rejected.append(worst[keep])
             agents.append(torch.full((int(keep.sum()),), index, device=gap.device))
-            self.layout_metrics[f"agents/{name}/pairs/kept"] = float(keep.sum())
-            self.layout_metrics[f"agents/{name}/pairs/dropped"] = float((~keep).sum())
+            self._layout_metrics[f"agents/{name}/pairs/kept"] = float(keep.sum())
+            self._layout_metrics[f"agents/{name}/pairs/dropped"] = float((~keep).sum())
             dropped += float((~keep).sum())
         chosen, rejected, agent = torch.cat(chosen), torch.cat(rejected), torch.cat(agents)
-        self.layout_metrics.update({"pairs/kept": float(agent.numel()), "pairs/dropped": dropped})
+        self._layout_metrics.update({"pairs/kept": float(agent.numel()), "pairs/dropped": dropped})
         pairs = TensorDict(
             {
                 CHOSEN: pad_episodes(batch, ids, episodes[chosen]),
@@ -305,7 +335,7 @@ class DPOLoss(LossModule):
             device=batch.device,
         )
         if agent.numel():
-            self.layout_metrics["pairs/return_gap"] = float(pairs.get(RETURN_GAP_KEY).float().mean())
+            self._layout_metrics["pairs/return_gap"] = float(pairs.get(RETURN_GAP_KEY).float().mean())
         if agent.numel() and self.uses_reference:
             reference = self.pair_log_probs(pairs, self.reference.logits)
             pairs.set(REFERENCE_LOGPS_KEY, TensorDict(reference, batch_size=pairs.batch_size))

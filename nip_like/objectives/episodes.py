@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from tensordict import TensorDictBase
+
+from nip_like import keys
 
 
 def episode_ids(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,7 +28,7 @@ def episode_ids(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
         ``(env, time)`` booleans: the step belongs to an episode that both
         starts (round 0) and ends (done) inside the batch.
     """
-    starts = batch.get(("state", "round")) == 0
+    starts = batch.get(keys.ROUND_KEY) == 0
     ends = batch.get(("next", "done")).squeeze(-1)
     num_envs, num_steps = starts.shape
     # Episode number within each environment's row; 0 marks a truncated beginning.
@@ -64,3 +68,45 @@ def group_relative(values: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6
     scale = std[inverse]
     valid = (counts[inverse] > 1).unsqueeze(-1) & (scale > eps)
     return torch.where(valid, centred / scale.clamp_min(eps), torch.zeros_like(values))
+
+
+class CompleteEpisodes(NamedTuple):
+    """The complete episodes of a batch, one entry per episode, and where their steps are.
+
+    Attributes
+    ----------
+    ids : torch.Tensor
+        ``(env, time)`` episode ids of every step (:func:`episode_ids`).
+    complete : torch.Tensor
+        ``(env, time)`` booleans: the step belongs to a complete episode.
+    ends : torch.Tensor
+        ``(env, time)`` booleans: the last step of a complete episode.
+    episodes : torch.Tensor
+        ``(episodes,)`` the id of each complete episode, in batch order of their last steps.
+    returns : torch.Tensor
+        ``(episodes, agents)`` each agent's return.
+    groups : torch.Tensor
+        ``(episodes,)`` the group (datapoint played side by side) of each episode.
+    """
+
+    ids: torch.Tensor
+    complete: torch.Tensor
+    ends: torch.Tensor
+    episodes: torch.Tensor
+    returns: torch.Tensor
+    groups: torch.Tensor
+
+
+def complete_episodes(batch: TensorDictBase) -> CompleteEpisodes:
+    """Find the episodes that start and end inside ``batch``, with their returns and groups.
+
+    Parameters
+    ----------
+    batch : TensorDictBase
+        Batch shape ``(env, time)`` as collected, with the round, the group id
+        and, under ``"next"``, done and the episode return.
+    """
+    ids, complete = episode_ids(batch)
+    ends = batch.get(("next", "done")).squeeze(-1) & complete
+    returns = batch.get(("next", *keys.EPISODE_RETURN_KEY))[ends].squeeze(-1)
+    return CompleteEpisodes(ids, complete, ends, ids[ends], returns, batch.get(keys.GROUP_ID_KEY)[ends])

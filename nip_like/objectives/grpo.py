@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
-from torchrl.objectives import LossModule
 
-from nip_like import agents as keys
-from nip_like.objectives.episodes import episode_ids, group_relative
+from nip_like import keys
+from nip_like.objectives.contract import STANDARD_METRIC_NAMES, ObjectiveConfig, RolloutLoss
+from nip_like.objectives.episodes import complete_episodes, group_relative
 from nip_like.objectives.masking import per_agent_mean, set_per_agent
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
 from nip_like.objectives.reference import ReferencePolicy, categorical_kl
@@ -19,7 +20,16 @@ from nip_like.objectives.reference import ReferencePolicy, categorical_kl
 REFERENCE_LOGITS_KEY = ("agents", "reference_logits")
 
 
-class GRPOLoss(LossModule):
+@dataclass
+class GRPOConfig(ObjectiveConfig):
+    """Options of the GRPO objective: the keyword arguments of :class:`GRPOLoss` after the reference."""
+
+    clip_epsilon: float = 0.2  # clip range of the probability ratio
+    kl_coeff: float = 0.0  # weight of the KL(pi || initial policy) penalty; 0 disables it
+    entropy_coeff: float = 0.01  # weight of the entropy bonus
+
+
+class GRPOLoss(RolloutLoss):
     """Group Relative Policy Optimisation over whole episodes.
 
     Episodes that started on the same datapoint (one group, see
@@ -56,6 +66,8 @@ class GRPOLoss(LossModule):
         active: NestedKey = keys.ACTIVE_KEY
 
     default_keys = _AcceptedKeys
+    needs_groups = True
+    metric_names: ClassVar = {**STANDARD_METRIC_NAMES, "kl_reference": "policy/kl_reference"}
 
     def __init__(
         self,
@@ -77,18 +89,13 @@ class GRPOLoss(LossModule):
         self.kl_coeff = kl_coeff
         self.entropy_coeff = entropy_coeff
 
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
-
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
         """Return the steps of complete episodes, each with its group-relative advantage."""
-        ids, complete = episode_ids(batch)
-        ends = batch.get(("next", "done")).squeeze(-1) & complete
-        returns = batch.get(("next", *keys.EPISODE_RETURN_KEY))[ends].squeeze(-1)
-        advantage = group_relative(returns, batch.get(("state", "group_id"))[ends])
-        episode_order, order = ids[ends].sort()
-        steps = batch[complete]
-        episode = order[torch.searchsorted(episode_order, ids[complete])]
+        found = complete_episodes(batch)
+        advantage = group_relative(found.returns, found.groups)
+        episode_order, order = found.episodes.sort()
+        steps = batch[found.complete]
+        episode = order[torch.searchsorted(episode_order, found.ids[found.complete])]
         steps.set(self.tensor_keys.advantage, advantage[episode].unsqueeze(-1))
         if self.kl_coeff > 0:
             steps.set(REFERENCE_LOGITS_KEY, self.reference.logits(steps))

@@ -3,25 +3,48 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
-from torchrl.objectives import LossModule, ValueEstimators
+from torchrl.objectives import ValueEstimators
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import GAE
 
-from nip_like import agents as keys
+from nip_like import keys
 from nip_like.errors import ConfigError
+from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.reference import categorical_kl
 
 PPO_VARIANTS = ("clip", "kl")
+#: Distances the value loss can use.
+CRITIC_LOSS_TYPES = ("l1", "l2", "smooth_l1")
 
 
-class MultiAgentPPOLoss(LossModule):
+@dataclass
+class PPOConfig(ObjectiveConfig):
+    """Options of the PPO objective: the keyword arguments of :class:`MultiAgentPPOLoss`."""
+
+    variant_field: ClassVar[str | None] = "variant"
+
+    variant: str = "clip"  # clip (clipped surrogate) | kl (adaptive KL penalty)
+    clip_epsilon: float = 0.2  # clip range of the probability ratio (clip variant)
+    kl_beta: float = 1.0  # initial KL-penalty coefficient (kl variant)
+    kl_target: float = 0.01  # target KL per update; beta adapts towards it (kl variant)
+    kl_adaptive: bool = True  # adapt beta after each minibatch (kl variant)
+    entropy_coeff: float = 0.01  # weight of the entropy bonus
+    critic_coeff: float = 0.5  # weight of the value loss
+    normalize_advantage: bool = True  # standardise advantages per agent over its active steps
+    loss_critic_type: str = "smooth_l1"  # l1 | l2 | smooth_l1
+    gamma: float = 0.99  # discount factor of GAE
+    lmbda: float = 0.95  # GAE lambda
+
+
+class MultiAgentPPOLoss(RolloutLoss):
     """PPO over the stacked ``("agents", ...)`` layout, one term per agent.
 
     Policy and entropy terms average, for each agent, over the steps where it
@@ -54,6 +77,9 @@ class MultiAgentPPOLoss(LossModule):
         Standardise advantages per agent over its active steps.
     loss_critic_type : str
         ``"l1"``, ``"l2"`` or ``"smooth_l1"``.
+    gamma, lmbda : float
+        Discount and lambda of the GAE advantage module built with the loss
+        (:attr:`value_estimator`; :meth:`make_value_estimator` rebuilds it).
 
     Notes
     -----
@@ -95,12 +121,14 @@ class MultiAgentPPOLoss(LossModule):
         critic_coeff: float = 0.5,
         normalize_advantage: bool = True,
         loss_critic_type: str = "smooth_l1",
+        gamma: float = 0.99,
+        lmbda: float = 0.95,
     ) -> None:
         if variant not in PPO_VARIANTS:
-            raise ConfigError(f"trainer.ppo.variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
-        if loss_critic_type not in ("l1", "l2", "smooth_l1"):
+            raise ConfigError(f"trainer.objective.variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
+        if loss_critic_type not in CRITIC_LOSS_TYPES:
             raise ConfigError(
-                f"trainer.ppo.loss_critic_type must be one of ['l1', 'l2', 'smooth_l1'], got {loss_critic_type!r}"
+                f"trainer.objective.loss_critic_type must be one of {list(CRITIC_LOSS_TYPES)}, got {loss_critic_type!r}"
             )
         super().__init__()
         self.actor_network = actor_network
@@ -115,17 +143,7 @@ class MultiAgentPPOLoss(LossModule):
         self.normalize_advantage = normalize_advantage
         self.loss_critic_type = loss_critic_type
         self.register_buffer("kl_beta", torch.tensor(float(kl_beta)))
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        if self._value_estimator is not None:
-            self._value_estimator.set_keys(
-                advantage=self.tensor_keys.advantage,
-                value_target=self.tensor_keys.value_target,
-                value=self.tensor_keys.value,
-                reward=self.tensor_keys.reward,
-                done=self.tensor_keys.done,
-                terminated=self.tensor_keys.terminated,
-            )
+        self.make_value_estimator(gamma=gamma, lmbda=lmbda)
 
     def make_value_estimator(self, value_type: ValueEstimators | None = None, **hyperparams) -> None:
         """Build the advantage estimator (GAE only) that reads this loss's keys."""

@@ -9,7 +9,7 @@ from tensordict import TensorDictBase
 from torch import nn
 from torchrl.modules import ProbabilisticActor
 
-from nip_like import agents as keys
+from nip_like import keys
 from nip_like.distributions import masked_log_softmax
 
 

@@ -9,9 +9,9 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
-from torchrl.objectives import LossModule
 
-from nip_like import agents as keys
+from nip_like import keys
+from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 
@@ -45,7 +45,18 @@ def returns_to_go(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tor
     return returns
 
 
-class MultiAgentReinforceLoss(LossModule):
+@dataclass
+class ReinforceConfig(ObjectiveConfig):
+    """Options of the REINFORCE objective: the keyword arguments of :class:`MultiAgentReinforceLoss`."""
+
+    baseline: bool = True  # subtract a learned value baseline (the agents' value networks)
+    gamma: float = 0.99  # discount factor of the returns
+    entropy_coeff: float = 0.01  # weight of the entropy bonus
+    critic_coeff: float = 0.5  # weight of the baseline's regression loss
+    normalize_advantage: bool = True  # standardise advantages per agent over its active steps
+
+
+class MultiAgentReinforceLoss(RolloutLoss):
     """REINFORCE per agent over its active steps, with an optional value baseline.
 
     The advantage of a step is its discounted return-to-go, minus the critic's
@@ -58,9 +69,12 @@ class MultiAgentReinforceLoss(LossModule):
     actor_network : ProbabilisticActor
         The policy.
     critic_network : TensorDictModule, optional
-        The baseline; ``None`` for plain REINFORCE.
+        The value network, the baseline when ``baseline`` is true.
     agent_names : tuple of str
         Agents, for per-agent statistics.
+    baseline : bool
+        Subtract the critic's value from the returns (and train it); false, or
+        no critic, gives plain REINFORCE.
     gamma : float
         Discount factor.
     entropy_coeff, critic_coeff : float
@@ -85,6 +99,7 @@ class MultiAgentReinforceLoss(LossModule):
         critic_network: TensorDictModule | None,
         agent_names: tuple[str, ...],
         *,
+        baseline: bool = True,
         gamma: float = 0.99,
         entropy_coeff: float = 0.0,
         critic_coeff: float = 0.5,
@@ -92,15 +107,12 @@ class MultiAgentReinforceLoss(LossModule):
     ) -> None:
         super().__init__()
         self.actor_network = actor_network
-        self.critic_network = critic_network
+        self.critic_network = critic_network if baseline else None
         self.agent_names = tuple(agent_names)
         self.gamma = gamma
         self.entropy_coeff = entropy_coeff
         self.critic_coeff = critic_coeff
         self.normalize_advantage = normalize_advantage
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass
 
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
         """Return the steps of complete episodes with their returns-to-go."""

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import MISSING
 from tensordict import TensorDictBase
+
+
+@dataclass
+class ProtocolConfig:
+    """Base of the protocol schemas; ``name`` selects the registered protocol."""
+
+    name: str = MISSING  # registered protocol name, or dotted path module.Class
 
 
 class Protocol(ABC):
@@ -16,17 +24,21 @@ class Protocol(ABC):
     lasts, and in which round the verifier decides. Scenarios interpret what an
     action means (a message, a decision); the protocol only schedules them.
 
+    A protocol is built from its schema's fields (``Protocol(**options)``):
+    the constructor of each registered protocol takes exactly the fields of the
+    schema it is registered with.
+
     Parameters
     ----------
-    config : DictConfig
-        The ``protocol`` node of the experiment config.
+    name : str
+        The name the protocol was selected by (``protocol.name``), for messages.
     """
 
     #: Names of the agents, in the order of the agent dimension.
     agent_names: tuple[str, ...] = ()
 
-    def __init__(self, config: DictConfig) -> None:
-        self.config = config
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     @property
     def num_agents(self) -> int:

@@ -10,28 +10,57 @@ Each prover argues for one decision (``prover_sides``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from omegaconf import DictConfig
 
 from nip_like.errors import ConfigError
-from nip_like.protocols.base import Protocol
+from nip_like.protocols.base import Protocol, ProtocolConfig
 
 VERIFIER = "verifier"
+#: Who may open a turn-based proof protocol.
+FIRST_SPEAKERS = ("verifier", "prover")
+
+
+@dataclass
+class ProofRewardsConfig(ProtocolConfig):
+    """Rewards of an interactive-proof protocol; all the options of one whose turns are fixed."""
+
+    shared_reward: bool = False  # every agent gets the verifier's reward (cooperative)
+    verifier_reward: float = 1.0  # the verifier's reward for a correct decision
+    verifier_incorrect_penalty: float = 0.0  # subtracted from the verifier's reward for a wrong decision
+    verifier_continue_reward: float = 0.0  # the verifier's reward for each turn it lets pass (small; negative = a cost)
+    prover_reward: float = 1.0  # a prover's reward when the verifier decides its side
+
+
+@dataclass
+class ProofTurnsConfig(ProofRewardsConfig):
+    """An interactive-proof protocol whose turns repeat until the verifier decides (nip, debate, mnip)."""
+
+    min_rounds: int = 1  # the verifier may decide from this step on (1-based)
+    max_rounds: int = 8  # the verifier must decide on its last turn within this many steps
+    first_speaker: str = "verifier"  # verifier | prover: who opens
 
 
 class ProofProtocol(Protocol):
     """A verifier and provers taking turns, with channels and prover sides.
 
     Subclasses set :attr:`agent_names`, :attr:`turns`, :attr:`prover_sides`
-    and optionally :attr:`channels`.
+    and optionally :attr:`channels`. The keyword arguments are the fields of
+    :class:`ProofTurnsConfig`.
 
     Parameters
     ----------
-    config : DictConfig
-        The ``protocol`` node: ``min_rounds``, ``max_rounds``,
-        ``first_speaker``, ``shared_reward``, ``verifier_reward``,
-        ``verifier_incorrect_penalty``, ``verifier_continue_reward`` and
-        ``prover_reward`` (see :class:`~nip_like.config.ProofProtocolConfig`).
+    name : str
+        The protocol's name (``protocol.name``).
+    shared_reward, verifier_reward, verifier_incorrect_penalty, verifier_continue_reward, prover_reward
+        The rewards (see :meth:`step_rewards`).
+    min_rounds : int
+        The verifier may decide from this step on (1-based).
+    max_rounds : int
+        The verifier must decide on its last turn within this many steps.
+    first_speaker : str
+        ``"verifier"`` or ``"prover"``: who opens.
     """
 
     #: The repeating turn pattern, beginning with the verifier's turn: groups of agents acting together.
@@ -40,19 +69,28 @@ class ProofProtocol(Protocol):
     prover_sides: dict[str, bool] = {}
     #: Groups of agents sharing messages; ``None``: one public channel.
     channels: tuple[tuple[str, ...], ...] | None = None
-    #: Fixed episode length in steps, or ``None`` to follow ``max_rounds``.
-    fixed_rounds: int | None = None
 
-    def __init__(self, config: DictConfig) -> None:
-        super().__init__(config)
-        name = config.get("name", type(self).__name__)
-        if config.first_speaker not in ("verifier", "prover"):
-            raise ConfigError(f"protocol.first_speaker must be 'verifier' or 'prover', got {config.first_speaker!r}")
+    def __init__(
+        self,
+        name: str,
+        *,
+        shared_reward: bool = False,
+        verifier_reward: float = 1.0,
+        verifier_incorrect_penalty: float = 0.0,
+        verifier_continue_reward: float = 0.0,
+        prover_reward: float = 1.0,
+        min_rounds: int = 1,
+        max_rounds: int = 8,
+        first_speaker: str = "verifier",
+    ) -> None:
+        super().__init__(name)
+        if first_speaker not in FIRST_SPEAKERS:
+            raise ConfigError(f"protocol.first_speaker must be one of {list(FIRST_SPEAKERS)}, got {first_speaker!r}")
         pattern = list(self.turns)
-        if config.first_speaker == "prover" and len(pattern) > 1:
+        if first_speaker == "prover" and len(pattern) > 1:
             pattern = pattern[1:] + pattern[:1]
         self.pattern = tuple(pattern)
-        max_rounds = self.fixed_rounds if self.fixed_rounds is not None else int(config.max_rounds)
+        max_rounds = int(max_rounds)
         verifier_steps = [step for step in range(max_rounds) if VERIFIER in self.pattern[step % len(self.pattern)]]
         if max_rounds < 1 or not verifier_steps:
             raise ConfigError(
@@ -60,23 +98,42 @@ class ProofProtocol(Protocol):
                 f"its turns repeat every {len(self.pattern)} steps"
             )
         self._num_rounds = verifier_steps[-1] + 1
-        self.min_rounds = 1 if self.fixed_rounds is not None else int(config.min_rounds)
+        self.min_rounds = int(min_rounds)
         if not 1 <= self.min_rounds <= self._num_rounds:
             raise ConfigError(
                 f"protocol.min_rounds must be between 1 and the episode length {self._num_rounds}, "
                 f"got {self.min_rounds}"
             )
-        self.shared_reward = bool(config.shared_reward)
-        self.verifier_reward = float(config.verifier_reward)
-        self.verifier_incorrect_penalty = float(config.verifier_incorrect_penalty)
-        self.verifier_continue_reward = float(config.verifier_continue_reward)
-        self.prover_reward = float(config.prover_reward)
+        self.shared_reward = bool(shared_reward)
+        self.verifier_reward = float(verifier_reward)
+        self.verifier_incorrect_penalty = float(verifier_incorrect_penalty)
+        self.verifier_continue_reward = float(verifier_continue_reward)
+        self.prover_reward = float(prover_reward)
         self.verifier_index = self.agent_index(VERIFIER)
         # (pattern length, agents): who acts in each step of the pattern.
         self._pattern_active = torch.tensor(
             [[agent in group for agent in self.agent_names] for group in self.pattern], dtype=torch.bool
         )
         self._sides = torch.tensor([self.prover_sides.get(agent, True) for agent in self.agent_names])
+
+
+class FixedTurnsProofProtocol(ProofProtocol):
+    """A proof protocol whose episode is a fixed sequence of turns (one message, then the decision).
+
+    Its options are the rewards alone (:class:`ProofRewardsConfig`): it has no
+    round limits and no choice of first speaker to configure, so a config
+    cannot set one and have it ignored.
+    """
+
+    #: Steps in an episode.
+    fixed_rounds: int = 2
+    #: Who opens.
+    fixed_first_speaker: str = "prover"
+
+    def __init__(self, name: str, **rewards: float) -> None:
+        super().__init__(
+            name, min_rounds=1, max_rounds=self.fixed_rounds, first_speaker=self.fixed_first_speaker, **rewards
+        )
 
     # ------------------------------------------------------------- schedule
     @property

@@ -9,13 +9,19 @@ from __future__ import annotations
 import torch
 from torchrl.data import Unbounded
 
-from nip_like.protocols.proof import VERIFIER, ProofProtocol
+from nip_like.protocols.proof import (
+    VERIFIER,
+    FixedTurnsProofProtocol,
+    ProofProtocol,
+    ProofRewardsConfig,
+    ProofTurnsConfig,
+)
 from nip_like.registry import register_protocol
 
 SPEAKER_KEY = "speaker"
 
 
-@register_protocol("nip")
+@register_protocol("nip", ProofTurnsConfig)
 class NipProtocol(ProofProtocol):
     """Neural interactive proof: the verifier and one prover alternate.
 
@@ -28,23 +34,19 @@ class NipProtocol(ProofProtocol):
     prover_sides = {"prover": True}
 
 
-@register_protocol("adp")
-class AdpProtocol(ProofProtocol):
+@register_protocol("adp", ProofRewardsConfig)
+class AdpProtocol(FixedTurnsProofProtocol):
     """Abstract decision problem: the prover sends one message, then the verifier decides.
 
-    Always two steps; ``min_rounds`` and ``max_rounds`` do not apply.
+    Always two steps; its options are the rewards alone.
     """
 
     agent_names = ("prover", VERIFIER)
     turns = ((VERIFIER,), ("prover",))
     prover_sides = {"prover": True}
-    fixed_rounds = 2
-
-    def __init__(self, config) -> None:
-        super().__init__(_prover_first(config))
 
 
-@register_protocol("debate")
+@register_protocol("debate", ProofTurnsConfig)
 class DebateProtocol(ProofProtocol):
     """Debate: two provers argue opposite sides, every message public.
 
@@ -57,7 +59,7 @@ class DebateProtocol(ProofProtocol):
     prover_sides = {"prover0": True, "prover1": False}
 
 
-@register_protocol("mnip")
+@register_protocol("mnip", ProofTurnsConfig)
 class MnipProtocol(ProofProtocol):
     """Multi-prover NIP: two provers, each alone in a private channel with the verifier.
 
@@ -71,21 +73,18 @@ class MnipProtocol(ProofProtocol):
     channels = (("prover0", VERIFIER), ("prover1", VERIFIER))
 
 
-@register_protocol("merlin_arthur")
-class MerlinArthurProtocol(ProofProtocol):
+@register_protocol("merlin_arthur", ProofRewardsConfig)
+class MerlinArthurProtocol(FixedTurnsProofProtocol):
     """Merlin-Arthur classifier: one of two provers, drawn at random, speaks once.
 
     Merlin (``prover0``) argues for acceptance, Morgana (``prover1``) for
-    rejection; the verifier does not know which spoke. Two steps.
+    rejection; the verifier does not know which spoke. Two steps; its options
+    are the rewards alone.
     """
 
     agent_names = ("prover0", "prover1", VERIFIER)
     turns = ((VERIFIER,), ("prover0", "prover1"))
     prover_sides = {"prover0": True, "prover1": False}
-    fixed_rounds = 2
-
-    def __init__(self, config) -> None:
-        super().__init__(_prover_first(config))
 
     def state_spec(self, batch: torch.Size, device: torch.device) -> dict[str, object]:
         return {SPEAKER_KEY: Unbounded(shape=batch, dtype=torch.int64, device=device)}
@@ -102,17 +101,11 @@ class MerlinArthurProtocol(ProofProtocol):
         return active
 
 
-@register_protocol("solo_verifier")
-class SoloVerifierProtocol(ProofProtocol):
+@register_protocol("solo_verifier", ProofRewardsConfig)
+class SoloVerifierProtocol(FixedTurnsProofProtocol):
     """No prover: the verifier decides in the first and only step. The baseline."""
 
     agent_names = (VERIFIER,)
     turns = ((VERIFIER,),)
     fixed_rounds = 1
-
-
-def _prover_first(config):
-    """A copy of ``config`` with the prover opening (for two-step protocols)."""
-    config = config.copy()
-    config.first_speaker = "prover"
-    return config
+    fixed_first_speaker = "verifier"

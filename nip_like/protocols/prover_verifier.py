@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.protocols.base import Protocol
+from nip_like.protocols.base import Protocol, ProtocolConfig
 from nip_like.registry import register_protocol
 
 
-@register_protocol("prover_verifier")
+@dataclass
+class ProverVerifierConfig(ProtocolConfig):
+    """A prover sends messages for some rounds, then the verifier decides."""
+
+    name: str = "prover_verifier"  # protocol name
+    message_rounds: int = 2  # rounds in which the prover speaks before the verifier decides
+    shared_reward: bool = True  # the prover is rewarded when the verifier is right (cooperative)
+
+
+@register_protocol("prover_verifier", ProverVerifierConfig)
 class ProverVerifierProtocol(Protocol):
     """The prover speaks for ``message_rounds`` rounds, then the verifier decides.
 
@@ -20,15 +31,13 @@ class ProverVerifierProtocol(Protocol):
 
     agent_names = ("prover", "verifier")
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        if config.message_rounds < 1:
-            raise ConfigError(
-                f"protocol.message_rounds must be at least 1, got {config.message_rounds}"
-            )
+    def __init__(self, name: str = "prover_verifier", message_rounds: int = 2, shared_reward: bool = True) -> None:
+        super().__init__(name)
+        if message_rounds < 1:
+            raise ConfigError(f"protocol.message_rounds must be at least 1, got {message_rounds}")
         # Plain values: the environment asks for them at every step.
-        self._num_rounds = int(config.message_rounds) + 1
-        self._shared_reward = bool(config.shared_reward)
+        self._num_rounds = int(message_rounds) + 1
+        self._shared_reward = bool(shared_reward)
 
     @property
     def num_rounds(self) -> int:

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 from tensordict import TensorDictBase
 
-from nip_like.agents import EPISODE_RETURN_KEY, AgentModules
+from nip_like.agents import AgentModules
+from nip_like.keys import EPISODE_RETURN_KEY
 from nip_like.protocols.base import Protocol
 from nip_like.scenarios.environment import InteractionEnv
+
+
+@dataclass
+class ScenarioConfig:
+    """Base of the scenario schemas; ``name`` selects the registered scenario."""
+
+    name: str = MISSING  # registered scenario name, or dotted path module.Class
 
 
 class Scenario(ABC):
@@ -19,7 +28,9 @@ class Scenario(ABC):
     Parameters
     ----------
     config : DictConfig
-        The ``scenario`` node of the experiment config.
+        The ``scenario`` node of the experiment config, already checked against
+        the schema the scenario is registered with (a typed node: every key
+        known, every value of its declared type).
     protocol : Protocol
         The interaction protocol the agents play under.
     """

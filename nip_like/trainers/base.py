@@ -129,9 +129,6 @@ class Trainer(ABC):
         Where metrics go.
     """
 
-    #: What the trainer needs built for the agents (``"rl"`` or ``"solo_agent"``).
-    trainer_type: str = "rl"
-
     def __init__(self, config: DictConfig, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
         self.config = config
         self.scenario = scenario

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from nip_like.objectives.reinforce import MultiAgentReinforceLoss
+from nip_like.objectives.reinforce import MultiAgentReinforceLoss, ReinforceConfig
 from nip_like.registry import register_trainer
 from nip_like.trainers.rl import TensorDictRlTrainer
 
 
-@register_trainer("reinforce")
+@register_trainer("reinforce", objective=ReinforceConfig)
 class ReinforceTrainer(TensorDictRlTrainer):
-    """REINFORCE (options under ``trainer.reinforce``)."""
+    """REINFORCE (options under ``trainer.objective``)."""
 
     def _get_loss_module_and_gae(self):
-        tc = self.config.trainer
-        loss = MultiAgentReinforceLoss(
-            self.policy,
-            self.value if tc.reinforce.baseline else None,
-            self.agent_names,
-            gamma=tc.gamma,
-            entropy_coeff=tc.entropy_coeff,
-            critic_coeff=tc.critic_coeff,
-            normalize_advantage=tc.reinforce.normalize_advantage,
-        )
-        return loss, None
+        return MultiAgentReinforceLoss(self.policy, self.value, self.agent_names, **self.objective_options), None

@@ -23,12 +23,14 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
+from omegaconf import OmegaConf
 from torchrl.objectives import LossModule
 
-from nip_like import agents as keys
+from nip_like import keys
 from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states
 from nip_like.errors import ConfigError, TrainingError
-from nip_like.logging import MetricLogger, metric_name
+from nip_like.logging import MetricLogger
+from nip_like.objectives.contract import LossContract, contract_of
 from nip_like.objectives.masking import per_agent_mean
 from nip_like.objectives.reference import ReferencePolicy, categorical_entropy, categorical_kl
 from nip_like.pretrain import pretrain_agents
@@ -71,11 +73,18 @@ def finished_episodes(rollout: TensorDictBase, first_only: bool = False) -> Tens
 class TensorDictRlTrainer(TensorDictTrainer):
     """Standard on-policy RL trainer; subclasses supply the loss module.
 
-    The loss module decides how collected rollouts are laid out in the replay
-    buffer: if it has a ``layout_rollouts(batch) -> TensorDictBase`` method,
-    its output is stored (e.g. preference pairs or groups of episodes);
-    otherwise the batch is flattened into transitions. The trainer never tests
-    which algorithm it runs.
+    The trainer talks to the loss through the declared loss contract
+    (:mod:`nip_like.objectives.contract`): the loss lays collected rollouts out
+    in the replay buffer (transitions by default; preference pairs, episodes,
+    groups for other losses), reports statistics of that layout, says whether
+    it needs grouped rollouts, gets a hook before each iteration and names its
+    metrics. A loss that does not subclass
+    :class:`~nip_like.objectives.contract.RolloutLoss` gets the defaults. The
+    trainer never tests which algorithm it runs.
+
+    A subclass builds its loss from :attr:`objective_options`, the options
+    under ``trainer.objective`` checked against the schema the trainer is
+    registered with (``@register_trainer(name, objective=Schema)``).
 
     Attributes
     ----------
@@ -92,8 +101,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
     -----
     The attributes above are ready when :meth:`_get_loss_module_and_gae` runs.
     """
-
-    trainer_type = "rl"
 
     def __init__(self, config, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
         super().__init__(config, scenario, run_dir, logger)
@@ -122,6 +129,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 f"got {type(self.loss_module).__name__}"
             )
         self.loss_module.to(self.device)
+        self.loss_contract: LossContract = contract_of(self.loss_module)
+        if self.loss_contract.needs_groups and self.trainer_config.group_size < 2:
+            raise ConfigError(
+                f"trainer {self.trainer_config.trainer_type} compares episodes that started on the same datapoint: "
+                f"set trainer.group_size >= 2, got {self.trainer_config.group_size}"
+            )
         optimizer_config = self.trainer_config.optimizer
         agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in self.agent_names}
         self.optimizer = build_optimizer(optimizer_config, agent_params)
@@ -164,29 +177,16 @@ class TensorDictRlTrainer(TensorDictTrainer):
         ``torch.no_grad``) before the loss module lays it out in the buffer.
         """
 
-    def use_agent_keys(self, loss_module: LossModule) -> LossModule:
-        """Point a TorchRL loss at the ``("agents", ...)`` keys and the active mask.
+    @property
+    def objective_options(self) -> dict[str, Any]:
+        """The objective's options (``trainer.objective``) as keyword arguments of its loss.
 
-        Sets every tensordict key that ``loss_module`` accepts among advantage,
-        value target, value, action, log-probability, reward, done and
-        terminated to its ``("agents", ...)`` entry, and sets
-        ``loss_module.loss_mask_key`` to ``("agents", "active")`` so that
-        inactive agents' steps are left out of the loss terms. Returns the loss.
+        Checked against the trainer's objective schema when the experiment is
+        built (:func:`nip_like.experiment.build_trainer`); empty for a trainer
+        registered without one.
         """
-        accepted = loss_module.tensor_keys.__dataclass_fields__ if hasattr(loss_module, "tensor_keys") else {}
-        wanted = {
-            "advantage": keys.ADVANTAGE_KEY,
-            "value_target": keys.VALUE_TARGET_KEY,
-            "value": keys.VALUE_KEY,
-            "action": keys.ACTION_KEY,
-            "sample_log_prob": keys.LOG_PROB_KEY,
-            "reward": keys.REWARD_KEY,
-            "done": keys.DONE_KEY,
-            "terminated": keys.TERMINATED_KEY,
-        }
-        loss_module.set_keys(**{name: key for name, key in wanted.items() if name in accepted})
-        loss_module.loss_mask_key = keys.ACTIVE_KEY
-        return loss_module
+        options = self.trainer_config.get("objective")
+        return OmegaConf.to_container(options, resolve=True) if options is not None else {}
 
     # ----------------------------------------------------------- configuration
     def _validate(self) -> None:
@@ -300,9 +300,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         with torch.no_grad():
             if self.advantage_module is not None:
                 self.advantage_module(batch)
-        data = self._layout_rollouts(batch)
+            self.loss_contract.start_iteration(iteration)
+            data = self.loss_contract.layout_rollouts(batch)
         metrics["train/layout_items"] = data.batch_size[0]
-        metrics.update({f"train/{k}": v for k, v in getattr(self.loss_module, "layout_metrics", {}).items()})
+        metrics.update({f"train/{k}": v for k, v in self.loss_contract.layout_metrics().items()})
         self._fill_buffer(data)
 
         trained = self.update_schedule.trained_agents(iteration)
@@ -346,12 +347,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
             metrics[f"agents/{name}/objective/entropy"] = entropy[index].item()
         metrics.update(self.scenario.policy_metrics(batch))
         return metrics
-
-    def _layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
-        layout = getattr(self.loss_module, "layout_rollouts", None)
-        if layout is not None:
-            return layout(batch)
-        return batch.reshape(-1)
 
     def _fill_buffer(self, data: TensorDictBase) -> None:
         # One buffer item per element of the first batch dimension (a
@@ -429,12 +424,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
         last = self.checkpoint_dir / "last.pt"
         return f"the last checkpoint is {last}" if last.is_file() else "no checkpoint was written yet"
 
-    @staticmethod
-    def _stat_name(key: str | tuple[str, ...]) -> str:
+    def _stat_name(self, key: str | tuple[str, ...]) -> str:
         if isinstance(key, str):
-            return metric_name(key)
+            return self.loss_contract.metric_name(key)
         if key[0] == "agents" and len(key) == 3:
-            return f"agents/{key[1]}/{metric_name(key[2])}"
+            return f"agents/{key[1]}/{self.loss_contract.metric_name(key[2])}"
         return "train/" + "/".join(key)
 
     @staticmethod

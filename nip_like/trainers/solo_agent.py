@@ -28,30 +28,35 @@ class SoloState:
     train_seconds: float = 0.0  # wall time in the train loop
 
 
-@register_trainer("solo_agent")
+@dataclass
+class SoloAgentConfig:
+    """Options of the supervised solo-agent objective (``trainer.objective``)."""
+
+    agent: str = "verifier"  # the agent trained on the labels
+
+
+@register_trainer("solo_agent", objective=SoloAgentConfig)
 class SoloAgentTrainer(TensorDictTrainer):
     """Train one agent's policy to output the right decision straight from the datapoint.
 
     The scenario supplies labelled data (``scenario.supervised_data(split)``):
     each agent's first observation of every datapoint, the correct action
     (``"target_action"``) and the actions to choose among (``"target_mask"``,
-    e.g. accept and reject). The agent named ``trainer.solo_agent.agent`` is
+    e.g. accept and reject). The agent named ``trainer.objective.agent`` is
     fitted by cross-entropy for ``trainer.num_iterations`` epochs of
     minibatches of ``trainer.minibatch_size`` datapoints, evaluated on the
     validation split every ``trainer.eval.every`` epochs, and tested on the
     test split: a baseline of what the agent can learn without interaction.
     """
 
-    trainer_type = "solo_agent"
-
     def __init__(self, config, scenario, run_dir, logger) -> None:
         super().__init__(config, scenario, run_dir, logger)
         require_labelled_data(scenario, "trainer solo_agent")
         tc = config.trainer
-        self.agent = str(tc.solo_agent.agent)
+        self.agent = str(tc.objective.agent)
         if self.agent not in scenario.agent_names:
             raise ConfigError(
-                f"trainer.solo_agent.agent {self.agent!r} is not an agent of the protocol; "
+                f"trainer.objective.agent {self.agent!r} is not an agent of the protocol; "
                 f"choose one of {list(scenario.agent_names)}"
             )
         self.agent_index = scenario.agent_names.index(self.agent)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from nip_like.agents import AgentModules
-from nip_like.config import GraphAgentConfig, typed_entry
 from nip_like.errors import ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.protocols.proof import ProofProtocol
-from nip_like.registry import register_scenario
-from nip_like.scenarios.base import Scenario
-from nip_like.scenarios.graph_isomorphism.agents import build_graph_agents
+from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
+from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.graph_isomorphism.agents import GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
 from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
@@ -24,7 +25,26 @@ SPLITS = ("train", "val", "test")
 MESSAGE_ENCODINGS = ("exchanges", "steps")
 
 
-@register_scenario("graph_isomorphism")
+@dataclass
+class GraphIsomorphismConfig(ScenarioConfig):
+    """The graph-isomorphism scenario (see :mod:`nip_like.scenarios.graph_isomorphism`)."""
+
+    name: str = "graph_isomorphism"  # scenario name
+    num_pairs: int = 2000  # graph pairs in the dataset, before the splits
+    dataset_seed: int = 0  # seed of the dataset generator (the run's seed does not change the data)
+    min_nodes: int = 7  # fewest nodes of a graph
+    max_nodes: int = 11  # most nodes of a graph
+    edge_probabilities: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8])  # Erdos-Renyi edge probabilities
+    wl_fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.7])  # non-isomorphic pairs told apart by 1-WL in 1, 2, >2 rounds
+    val_fraction: float = 0.1  # share of pairs in the validation split (periodic evaluation)
+    test_fraction: float = 0.2  # share of pairs in the held-out test split
+    cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
+    prover_answers_other_graph: bool = True  # a prover's node must lie in the graph the verifier's last node is not in
+    agents: dict[str, Any] = field(default_factory=dict)  # per-agent GraphAgentConfig entries; others use default_agent
+    default_agent: GraphAgentConfig = field(default_factory=GraphAgentConfig)  # network size of agents not in agents
+
+
+@register_scenario("graph_isomorphism", GraphIsomorphismConfig)
 class GraphIsomorphismScenario(Scenario):
     """Decide whether two graphs are isomorphic, helped (or misled) by provers.
 
@@ -41,12 +61,12 @@ class GraphIsomorphismScenario(Scenario):
         if not isinstance(protocol, ProofProtocol):
             raise ConfigError(
                 f"scenario graph_isomorphism needs an interactive-proof protocol "
-                f"(nip, adp, debate, mnip, merlin_arthur, solo_verifier), got {protocol.config.name!r}"
+                f"({', '.join(PROTOCOLS.names(subclass_of=ProofProtocol))}), got {protocol.name!r}"
             )
         unknown = sorted(set(config.agents) - set(protocol.agent_names))
         if unknown:
             raise ConfigError(
-                f"scenario.agents names {unknown}, which protocol {protocol.config.name!r} "
+                f"scenario.agents names {unknown}, which protocol {protocol.name!r} "
                 f"does not have; its agents are {list(protocol.agent_names)}"
             )
         fractions = (config.val_fraction, config.test_fraction)

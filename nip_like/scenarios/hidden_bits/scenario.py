@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 from tensordict import TensorDictBase
 
-from nip_like.agents import AgentModules, build_actor_critic, mlp
-from nip_like.config import AgentNetConfig, typed_entry
+from nip_like.agents import AgentModules, AgentNetConfig, build_actor_critic, mlp
 from nip_like.errors import ConfigError
-from nip_like.registry import register_scenario
-from nip_like.scenarios.base import Scenario
+from nip_like.registry import register_scenario, typed_entry
+from nip_like.scenarios.base import Scenario, ScenarioConfig
 from nip_like.scenarios.hidden_bits.environment import HiddenBitsEnv
 
 
-@register_scenario("hidden_bits")
+@dataclass
+class HiddenBitsConfig(ScenarioConfig):
+    """The built-in hidden-bits scenario (see :mod:`nip_like.scenarios.hidden_bits`)."""
+
+    name: str = "hidden_bits"  # scenario name
+    num_bits: int = 2  # length of the hidden bit string the verifier must output
+    message_vocab: int = 4  # number of distinct messages a prover can send per round
+    agents: dict[str, Any] = field(default_factory=dict)  # per-agent AgentNetConfig entries; others use default_agent
+    default_agent: AgentNetConfig = field(default_factory=AgentNetConfig)  # network size of agents not in agents
+
+
+@register_scenario("hidden_bits", HiddenBitsConfig)
 class HiddenBitsScenario(Scenario):
     """A prover must convey a hidden bit string to a verifier.
 
@@ -26,7 +39,7 @@ class HiddenBitsScenario(Scenario):
         if "verifier" not in protocol.agent_names:
             raise ConfigError(
                 f"scenario hidden_bits needs a protocol with a 'verifier' agent; "
-                f"protocol {protocol.config.name!r} has {list(protocol.agent_names)}"
+                f"protocol {protocol.name!r} has {list(protocol.agent_names)}"
             )
         if not 1 <= config.num_bits <= 16:
             raise ConfigError(f"scenario.num_bits must be between 1 and 16, got {config.num_bits}")
@@ -35,7 +48,7 @@ class HiddenBitsScenario(Scenario):
         unknown = sorted(set(config.agents) - set(protocol.agent_names))
         if unknown:
             raise ConfigError(
-                f"scenario.agents names {unknown}, which protocol {protocol.config.name!r} "
+                f"scenario.agents names {unknown}, which protocol {protocol.name!r} "
                 f"does not have; its agents are {list(protocol.agent_names)}"
             )
 
