@@ -3,8 +3,9 @@
 The framework side is :class:`nip_like.trainers.ppo.PpoTrainer`, built by
 :func:`nip_like.experiment.build_trainer` from the Hydra config of the
 repository (``configs/``) with evaluation, logging, progress bars and periodic
-checkpoints turned off. The plain side is a CleanRL-style loop written top to
-bottom in :func:`run_plain_loop`: it uses only the scenario's environment
+checkpoints turned off. The plain side is the CleanRL-style reference loop of
+``docs/examples/plain_ppo_loop.py`` (``build_plain_loop`` and
+``run_plain_loop``): it uses only the scenario's environment
 (``scenario.make_env``), its agents (``scenario.make_agents()``), the
 :class:`~nip_like.objectives.ppo.MultiAgentPPOLoss` and its GAE, and TorchRL's
 ``Collector`` and ``TensorDictReplayBuffer(LazyTensorStorage,
@@ -13,7 +14,8 @@ batch, environments, epochs, minibatch size, Adam learning rate and betas,
 per-agent gradient clipping, GAE gamma and lambda, PPO coefficients) from the
 same composed config, seed the same generators in the same order, and so
 compute the same updates: after the warm-up runs the script checks that both
-end with bit-identical parameters and reports it.
+end with bit-identical parameters and reports it
+(``tests/test_reference_loop.py`` checks the same).
 
 What is timed
 -------------
@@ -29,7 +31,7 @@ collector) and the final test loop are left out on both sides.
   metrics, LR scheduler, the logger call, the progress-bar object and the one
   checkpoint the loop always writes after its last iteration), and nothing
   that the plain loop would not also need before training starts.
-* Plain: the ``for`` loop over iterations in :func:`run_plain_loop`.
+* Plain: ``run_plain_loop(loop)``, the ``for`` loop over iterations of the example.
 
 Each measurement builds a fresh trainer / fresh plain-loop objects (untimed).
 One untimed warm-up run of each side comes first; then ``--repeats`` timed
@@ -58,8 +60,8 @@ import gc
 import json
 import logging
 import platform
-import random
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -67,22 +69,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tensordict
 import torch
 import torchrl
 from omegaconf import DictConfig
-from torchrl.collectors import Collector
-from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
-from torchrl.envs.utils import ExplorationType
 
-from nip_like.cli import compose_config
-from nip_like.checkpoint import derive_seed
-from nip_like.experiment import build_trainer
-from nip_like.objectives.ppo import MultiAgentPPOLoss
-from nip_like.optim import fast_implementation
-from nip_like.protocols.prover_verifier import ProverVerifierProtocol
-from nip_like.scenarios.hidden_bits import HiddenBitsScenario
+# Use the nip_like of this checkout, whatever is installed, and the reference loop of its docs.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "docs" / "examples")]
+
+from nip_like.cli import compose_config  # noqa: E402
+from nip_like.experiment import build_trainer  # noqa: E402
+from plain_ppo_loop import LoopSettings, build_plain_loop, ppo_options, run_plain_loop  # noqa: E402
 
 #: Largest acceptable overhead ratio framework / plain (the issue's target).
 TARGET_RATIO = 1.05
@@ -116,71 +114,6 @@ def benchmark_overrides(args: argparse.Namespace) -> list[str]:
     if args.minibatch_size is not None:
         overrides.append(f"trainer.minibatch_size={args.minibatch_size}")
     return overrides
-
-
-@dataclass(frozen=True)
-class PlainSettings:
-    """The hyper-parameters of the plain loop, as plain Python values.
-
-    Read from the same composed config as the framework, so both sides run the
-    same algorithm with the same numbers.
-    """
-
-    seed: int
-    iterations: int
-    num_envs: int
-    frames_per_batch: int
-    num_epochs: int
-    minibatch_size: int
-    lr: float
-    betas: tuple[float, float]
-    eps: float
-    max_grad_norm: float
-    gamma: float
-    lmbda: float
-    clip_epsilon: float
-    entropy_coeff: float
-    critic_coeff: float
-    normalize_advantage: bool
-    loss_critic_type: str
-
-    @classmethod
-    def from_config(cls, config: DictConfig) -> "PlainSettings":
-        """Take the values from an experiment config; refuse options the plain loop lacks."""
-        tc = config.trainer
-        unsupported = {
-            "trainer.optimizer.name": (tc.optimizer.name, "adam"),
-            "trainer.optimizer.weight_decay": (tc.optimizer.weight_decay, 0.0),
-            "trainer.optimizer.grad_accumulation_steps": (tc.optimizer.grad_accumulation_steps, 1),
-            "trainer.optimizer.lr_schedule": (tc.optimizer.lr_schedule, "constant"),
-            "trainer.optimizer.warmup_iterations": (tc.optimizer.warmup_iterations, 0),
-            "trainer.ppo.variant": (tc.ppo.variant, "clip"),
-            "run.autocast_dtype": (config.run.autocast_dtype, None),
-        }
-        for name, (value, wanted) in unsupported.items():
-            if value != wanted:
-                raise SystemExit(f"the plain loop supports only {name}={wanted!r}, got {value!r}")
-        if tc.optimizer.agent_lr or tc.agent_updates or tc.optimizer.max_grad_norm is None:
-            raise SystemExit("the plain loop supports neither per-agent lr/update schedules nor unclipped gradients")
-        return cls(
-            seed=int(config.seed),
-            iterations=int(tc.num_iterations),
-            num_envs=int(tc.num_envs),
-            frames_per_batch=int(tc.frames_per_batch),
-            num_epochs=int(tc.num_epochs),
-            minibatch_size=int(tc.minibatch_size),
-            lr=float(tc.optimizer.lr),
-            betas=(float(tc.optimizer.betas[0]), float(tc.optimizer.betas[1])),
-            eps=float(tc.optimizer.eps),
-            max_grad_norm=float(tc.optimizer.max_grad_norm),
-            gamma=float(tc.gamma),
-            lmbda=float(tc.lmbda),
-            clip_epsilon=float(tc.ppo.clip_epsilon),
-            entropy_coeff=float(tc.entropy_coeff),
-            critic_coeff=float(tc.critic_coeff),
-            normalize_advantage=bool(tc.ppo.normalize_advantage),
-            loss_critic_type=str(tc.ppo.loss_critic_type),
-        )
 
 
 # ---------------------------------------------------------------- the runs
@@ -230,99 +163,34 @@ def run_framework(config: DictConfig, profiler: cProfile.Profile | None = None) 
             trainer.logger.close()
 
 
-def run_plain_loop(config: DictConfig, profiler: cProfile.Profile | None = None) -> RunResult:
-    """Train with a hand-written TorchRL PPO loop; time the iterations only.
+def run_plain(config: DictConfig, profiler: cProfile.Profile | None = None) -> RunResult:
+    """Build the plain loop of ``docs/examples/plain_ppo_loop.py`` and time its iterations.
 
     Parameters
     ----------
     config : DictConfig
-        The composed experiment config; only the scenario, protocol and
-        hyper-parameter values are read from it.
+        The composed experiment config.
     profiler : cProfile.Profile, optional
         If given, enabled around the timed part only.
 
     Returns
     -------
     RunResult
-        Wall time of the iteration loop, frames collected, and the trained parameters.
+        Wall time of :func:`run_plain_loop`, frames collected, and the trained parameters.
     """
-    s = PlainSettings.from_config(config)
-
-    # Same seeding and construction order as build_trainer + TensorDictRlTrainer,
-    # so the global generator hands out the same numbers on both sides.
-    random.seed(s.seed)
-    np.random.seed(s.seed % 2**32)
-    torch.manual_seed(s.seed)
-    scenario = HiddenBitsScenario(config.scenario, ProverVerifierProtocol(config.protocol))
-    agents = scenario.make_agents()
-    loss_module = MultiAgentPPOLoss(
-        agents.policy,
-        agents.value,
-        agents.agent_names,
-        variant="clip",
-        clip_epsilon=s.clip_epsilon,
-        entropy_coeff=s.entropy_coeff,
-        critic_coeff=s.critic_coeff,
-        normalize_advantage=s.normalize_advantage,
-        loss_critic_type=s.loss_critic_type,
-    )
-    loss_module.make_value_estimator(gamma=s.gamma, lmbda=s.lmbda)
-    gae = loss_module.value_estimator
-    # One parameter group per agent: each agent's gradient is clipped on its own.
-    optimizer = torch.optim.Adam(
-        [{"params": list(agents.agent_parameters(name))} for name in agents.agent_names],
-        lr=s.lr,
-        betas=s.betas,
-        eps=s.eps,
-        **fast_implementation(torch.optim.Adam),  # the implementation the framework picks
-    )
-    env = scenario.make_env(s.num_envs, "train", derive_seed(s.seed, "train_env"), "cpu")
-    collector = Collector(
-        env,
-        agents.policy,
-        frames_per_batch=s.frames_per_batch,
-        total_frames=-1,
-        device="cpu",
-        exploration_type=ExplorationType.RANDOM,
-        auto_register_policy_transforms=False,
-    )
-    collector_iterator = iter(collector)
-    buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(s.frames_per_batch),
-        sampler=SamplerWithoutReplacement(drop_last=True),
-        batch_size=s.minibatch_size,
-    )
-    num_minibatches = s.frames_per_batch // s.minibatch_size
-    loss_module.train()
-    frames = 0
-
+    loop = build_plain_loop(config)
     try:
         gc.collect()
         if profiler is not None:
             profiler.enable()
         started, cpu_started = time.perf_counter(), time.process_time()
-        for _ in range(s.iterations):
-            with torch.no_grad():
-                batch = next(collector_iterator)
-                gae(batch)
-            frames += batch.numel()
-            buffer.empty()
-            buffer.extend(batch.reshape(-1))
-            for _ in range(s.num_epochs):
-                for _ in range(num_minibatches):
-                    losses = loss_module(buffer.sample())
-                    loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
-                    loss.backward()
-                    for group in optimizer.param_groups:
-                        torch.nn.utils.clip_grad_norm_(group["params"], s.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+        frames = run_plain_loop(loop)
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         if profiler is not None:
             profiler.disable()
     finally:
-        collector.shutdown()
-    parameters = [p.detach().clone() for p in loss_module.parameters()]
+        loop.close()
+    parameters = [p.detach().clone() for p in loop.loss_module.parameters()]
     return RunResult(seconds, cpu_seconds, frames, parameters)
 
 
@@ -424,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     torch.set_num_threads(args.num_threads)
     config = compose_config(benchmark_overrides(args))
-    settings = PlainSettings.from_config(config)
+    settings = LoopSettings.from_config(config)
     print(
         f"hidden_bits PPO: {settings.iterations} iterations x {settings.frames_per_batch} frames "
         f"({settings.num_envs} envs), {settings.num_epochs} epochs x "
@@ -435,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # Warm-up (untimed), which also checks that both loops do the same computation.
     warm_framework = run_framework(config)
-    warm_plain = run_plain_loop(config)
+    warm_plain = run_plain(config)
     identical = same_parameters(warm_framework, warm_plain)
     print(
         f"warm-up: framework {warm_framework.seconds:.3f}s, plain {warm_plain.seconds:.3f}s; "
@@ -449,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for repeat in range(args.repeats):
         order = ("framework", "plain") if repeat % 2 == 0 else ("plain", "framework")
         for side in order:
-            result = run_framework(config) if side == "framework" else run_plain_loop(config)
+            result = run_framework(config) if side == "framework" else run_plain(config)
             if result.frames != frames:
                 raise RuntimeError(f"{side} collected {result.frames} frames, expected {frames}")
             times[side].append(result.seconds)
@@ -467,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown_table(framework, plain))
 
     results: dict[str, Any] = {
-        "settings": asdict(settings),
+        "settings": {**asdict(settings), **ppo_options(config)},
         "num_threads": torch.get_num_threads(),
         "repeats": args.repeats,
         "framework": framework,
@@ -488,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.profile is not None:
         args.profile.parent.mkdir(parents=True, exist_ok=True)
-        for side, run in (("framework", run_framework), ("plain", run_plain_loop)):
+        for side, run in (("framework", run_framework), ("plain", run_plain)):
             profiler = cProfile.Profile()
             run(config, profiler)
             path = args.profile.with_name(f"{args.profile.name}.{side}.prof")
