@@ -23,6 +23,38 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 EXIT_BAD_INPUT = 2
 
 
+def select_user_objective(overrides: list[str]) -> list[str]:
+    """Import a trainer named by dotted path, and select its objective's options if it registered some.
+
+    ``trainer.trainer_type=my_module.MyTrainer`` names a class in the user's
+    own file. If that class registers itself with an objective schema
+    (``@register_trainer("mine", objective=MyConfig)``), importing it before
+    the config is composed puts the schema in Hydra's ConfigStore, and this
+    adds ``trainer/objective=mine`` (unless the overrides already choose
+    ``trainer/objective``), so that ``trainer.objective`` holds its options.
+
+    Parameters
+    ----------
+    overrides : list of str
+        Hydra overrides.
+
+    Returns
+    -------
+    list of str
+        The overrides, with ``trainer/objective=<name>`` added when it applies.
+    """
+    from nip_like.registry import TRAINERS
+
+    chosen = any(item.split("=", 1)[0].lstrip("+~") == "trainer/objective" for item in overrides)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.lstrip("+") == "trainer.trainer_type" and "." in value:
+            entry = TRAINERS.entry(value)
+            if entry.schema is not None and entry.name in TRAINERS.names() and not chosen:
+                return [*overrides, f"trainer/objective={entry.name}"]
+    return list(overrides)
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """Compose the experiment config from ``configs/`` with ``overrides``, as ``python -m nip_like`` would.
 
@@ -36,8 +68,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
     from nip_like.config import register_configs
 
     register_configs()
+    overrides = select_user_objective(list(overrides))
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        return compose("config", overrides=overrides)
 
 
 @contextmanager

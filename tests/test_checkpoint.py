@@ -56,7 +56,7 @@ class Interrupted(Exception):
     [
         (),
         # DPO's moving reference (an EMA step every 3 iterations) and its count live in the loss's state.
-        ("trainer=dpo", "trainer.dpo.ref_sync_every=3", "trainer.dpo.ref_mixup_alpha=0.5", "trainer.minibatch_size=4"),
+        ("trainer=dpo", "trainer.objective.ref_sync_every=3", "trainer.objective.ref_mixup_alpha=0.5", "trainer.minibatch_size=4"),
     ],
     ids=["ppo", "dpo_ema_reference"],
 )

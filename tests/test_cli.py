@@ -109,7 +109,7 @@ def test_main_job_in_test_run_mode_prints_test_metrics(tmp_path):
     [
         ("segment_ppo_trainer", "SegmentPpoTrainer", ["trainer.minibatch_size=8"]),
         ("value_regression_trainer", "ValueRegressionTrainer", []),
-        ("simpo_trainer", "SimpoTrainer", ["trainer=dpo", "+trainer.extra.gamma=0.5"]),
+        ("simpo_trainer", "SimpoTrainer", ["trainer=dpo", "trainer.objective.gamma=0.5"]),
     ],
 )
 def test_documented_example_trainers_run(tmp_path, module, trainer, overrides):

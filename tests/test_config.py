@@ -2,29 +2,42 @@
 
 import ast
 import dataclasses
+import inspect
 from pathlib import Path
 
+import pytest
+
 import nip_like.config as config_module
+from nip_like.cli import CONFIG_DIR
 from nip_like.config import run_id
+from nip_like.registry import REGISTRIES
 from tests.conftest import make_config, smoke_config
 
 
+def _schema_modules() -> set[str]:
+    """The global config module and every module that defines a registered component's schema."""
+    modules = {config_module.__file__}
+    for registry in REGISTRIES.values():
+        modules.update(inspect.getsourcefile(entry.schema) for entry in registry.entries() if entry.schema)
+    return modules
+
+
 def test_every_schema_field_has_a_default_and_a_comment():
-    source = Path(config_module.__file__).read_text()
-    lines = source.splitlines()
-    tree = ast.parse(source)
     checked = 0
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and any(
-            isinstance(d, ast.Name) and d.id == "dataclass" for d in node.decorator_list
-        ):
-            for statement in node.body:
-                if isinstance(statement, ast.AnnAssign):
-                    name = statement.target.id
-                    assert statement.value is not None, f"{node.name}.{name} has no default"
-                    assert "  # " in lines[statement.lineno - 1], f"{node.name}.{name} has no comment"
-                    checked += 1
-    assert checked > 50
+    for path in _schema_modules():
+        source = Path(path).read_text()
+        lines = source.splitlines()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(d, ast.Name) and d.id == "dataclass" for d in node.decorator_list
+            ):
+                for statement in node.body:
+                    if isinstance(statement, ast.AnnAssign) and "ClassVar" not in ast.unparse(statement.annotation):
+                        name = statement.target.id
+                        assert statement.value is not None, f"{node.name}.{name} has no default"
+                        assert "  # " in lines[statement.lineno - 1], f"{node.name}.{name} has no comment ({path})"
+                        checked += 1
+    assert checked > 80
 
 
 def test_run_settings_do_not_change_the_run_id():
@@ -32,12 +45,13 @@ def test_run_settings_do_not_change_the_run_id():
     assert run_id(smoke_config("run.device=cuda", "run.test_run=true", "logger=tensorboard",
                                "run.checkpoint_every=3", "run.progress_bar=true")) == base
     assert run_id(smoke_config("seed=1")) != base
-    assert run_id(smoke_config("trainer.ppo.clip_epsilon=0.1")) != base
+    assert run_id(smoke_config("trainer.objective.clip_epsilon=0.1")) != base
     assert run_id(smoke_config("protocol.message_rounds=3")) != base
 
 
 def test_group_options_compose():
-    assert make_config("trainer=ppo_kl").trainer.ppo.variant == "kl"
+    assert make_config("trainer=ppo_kl").trainer.objective.variant == "kl"
+    assert make_config("trainer=ipo").trainer.objective.beta == 0.1
     assert make_config("protocol=solo_verifier").protocol.name == "solo_verifier"
     assert list(make_config("logger=none").logger.backends) == []
     assert make_config("preset=smoke").trainer.num_iterations == 3
@@ -52,11 +66,26 @@ def test_main_job_default_is_the_graph_isomorphism_quick_preset():
     assert config.trainer.num_iterations == 150 and config.protocol.min_rounds == 3
     paper = make_config("preset=paper")
     assert (paper.trainer.frames_per_batch, paper.trainer.num_epochs, paper.trainer.optimizer.lr) == (2048, 10, 0.0003)
-    assert (paper.trainer.gamma, paper.trainer.lmbda, paper.protocol.max_rounds) == (0.95, 0.95, 8)
+    assert (paper.trainer.objective.gamma, paper.trainer.objective.lmbda, paper.protocol.max_rounds) == (0.95, 0.95, 8)
+    # A preset's turn limits reach the protocols that take turns, and only those.
+    assert make_config("preset=quick", "protocol=debate").protocol.max_rounds == 6
+    assert "max_rounds" not in make_config("preset=quick", "protocol=adp").protocol
 
 
-def test_schema_defaults_match_the_dataclasses():
-    config = make_config("trainer=ppo")
-    defaults = config_module.PPOConfig()
-    for field in dataclasses.fields(defaults):
-        assert config.trainer.ppo[field.name] == getattr(defaults, field.name)
+@pytest.mark.parametrize("kind", sorted(REGISTRIES))
+def test_schema_defaults_are_the_defaults_in_effect(kind):
+    """No YAML repeats or changes a schema's default: each component's composed section equals its schema."""
+    registry = REGISTRIES[kind]
+    group = "trainer" if kind == "trainer" else kind
+    checked = 0
+    for entry in registry.entries():
+        if entry.schema is None or not (CONFIG_DIR / group / f"{entry.name}.yaml").is_file():
+            continue
+        config = make_config(f"{group}={entry.name}")
+        section = config.trainer.objective if kind == "trainer" else config[kind]
+        for field in dataclasses.fields(entry.schema):
+            expected = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            if field.name != "name":
+                assert section[field.name] == expected, f"{group}/{entry.name}.yaml changes {field.name}"
+        checked += 1
+    assert checked >= 2

@@ -171,7 +171,7 @@ def test_layout_pairs_the_best_and_worst_episode_of_each_group_per_agent():
             values = returns[groups == group, index]
             expected += int(values.max() > values.min())
     assert 0 < expected == pairs.batch_size[0]
-    metrics = loss.layout_metrics
+    metrics = loss.layout_metrics()
     assert metrics["pairs/kept"] == expected
     assert metrics["pairs/kept"] + metrics["pairs/dropped"] == 2 * groups.unique().numel()
     assert (pairs["return_gap"] > 0).all()
@@ -188,9 +188,9 @@ def test_margin_drops_pairs_and_counts_them():
     loss = DPOLoss(agents.policy, agents.agent_names, ReferencePolicy(agents.policy), margin=1.5)
     pairs = loss.layout_rollouts(batch)
     assert pairs.batch_size == (0,)
-    assert loss.layout_metrics["pairs/kept"] == 0
+    assert loss.layout_metrics()["pairs/kept"] == 0
     # Four groups (two blocks of four environments, two episodes each), two agents.
-    assert loss.layout_metrics["pairs/dropped"] == 4 * 2
+    assert loss.layout_metrics()["pairs/dropped"] == 4 * 2
 
 
 def test_reference_sync_copies_or_averages_the_policy():
@@ -201,9 +201,9 @@ def test_reference_sync_copies_or_averages_the_policy():
         for param in agents.policy.parameters():
             param.add_(1.0)
     loss = DPOLoss(agents.policy, agents.agent_names, reference, ref_sync_every=2, ref_mixup_alpha=0.25)
-    loss.layout_rollouts(batch)
+    loss.start_iteration(0)
     assert all(torch.equal(a, b) for a, b in zip(reference.policy.parameters(), initial))
-    loss.layout_rollouts(batch)
+    loss.start_iteration(1)
     for ref, start, now in zip(reference.policy.parameters(), initial, agents.policy.parameters()):
         torch.testing.assert_close(ref, 0.75 * start + 0.25 * now)
     assert int(loss.state_dict()["num_layouts"]) == 2
@@ -213,15 +213,15 @@ def test_dpo_trainer_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="group_size >= 2"):
         build_trainer(smoke_config("trainer=dpo", "trainer.group_size=1"), tmp_path / "a")
     with pytest.raises(ConfigError, match="loss_type must be one of sigmoid, ipo, hinge"):
-        build_trainer(smoke_config("trainer=dpo", "trainer.dpo.loss_type=kto"), tmp_path / "b")
-    with pytest.raises(ConfigError, match="runs the ipo loss"):
-        build_trainer(smoke_config("trainer=ipo", "trainer.dpo.loss_type=sigmoid"), tmp_path / "c")
+        build_trainer(smoke_config("trainer=dpo", "trainer.objective.loss_type=kto"), tmp_path / "b")
+    with pytest.raises(Exception, match="Could not override 'trainer.objective.loss_type'"):
+        smoke_config("trainer=ipo", "trainer.objective.loss_type=sigmoid")  # IPO's loss type is fixed
     with pytest.raises(ConfigError, match="beta must be positive"):
-        build_trainer(smoke_config("trainer=dpo", "trainer.dpo.beta=0"), tmp_path / "d")
+        build_trainer(smoke_config("trainer=dpo", "trainer.objective.beta=0"), tmp_path / "d")
 
 
 def test_an_iteration_without_pairs_makes_no_update(tmp_path):
-    trainer = build_trainer(smoke_config("trainer=dpo", "trainer.dpo.margin=5", "trainer.eval.every=0"), tmp_path)
+    trainer = build_trainer(smoke_config("trainer=dpo", "trainer.objective.margin=5", "trainer.eval.every=0"), tmp_path)
     before = [p.clone() for p in trainer.policy.parameters()]
     metrics = trainer._train_iteration()
     assert metrics["train/layout_items"] == 0
@@ -233,7 +233,7 @@ def test_an_iteration_without_pairs_makes_no_update(tmp_path):
 def test_moving_reference_is_separate_from_the_diagnostics_reference(tmp_path):
     still = build_trainer(smoke_config("trainer=dpo"), tmp_path / "a")
     assert still.loss_module.reference is still.reference_policy
-    moving = build_trainer(smoke_config("trainer=dpo", "trainer.dpo.ref_sync_every=1"), tmp_path / "b")
+    moving = build_trainer(smoke_config("trainer=dpo", "trainer.objective.ref_sync_every=1"), tmp_path / "b")
     assert moving.loss_module.reference is not moving.reference_policy
 
 

@@ -6,17 +6,17 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from nip_like.config import HiddenBitsConfig, ProverVerifierConfig, SoloVerifierConfig
 from nip_like.errors import ConfigError
 from nip_like.protocols import ProverVerifierProtocol, SoloVerifierProtocol
 from nip_like.scenarios.hidden_bits import HiddenBitsScenario
+from nip_like.scenarios.hidden_bits.scenario import HiddenBitsConfig
 
 
 def make_scenario(protocol="prover_verifier", **scenario_fields):
     if protocol == "prover_verifier":
-        proto = ProverVerifierProtocol(OmegaConf.structured(ProverVerifierConfig))
+        proto = ProverVerifierProtocol()
     else:
-        proto = SoloVerifierProtocol(OmegaConf.structured(SoloVerifierConfig))
+        proto = SoloVerifierProtocol("solo_verifier")
     return HiddenBitsScenario(OmegaConf.structured(HiddenBitsConfig(**scenario_fields)), proto)
 
 
@@ -61,8 +61,7 @@ def test_messages_rewards_and_done_on_a_hand_built_episode():
 
 
 def test_wrong_answer_gets_nothing_and_unshared_prover_reward():
-    config = OmegaConf.structured(ProverVerifierConfig(shared_reward=False))
-    scenario = HiddenBitsScenario(OmegaConf.structured(HiddenBitsConfig()), ProverVerifierProtocol(config))
+    scenario = HiddenBitsScenario(OmegaConf.structured(HiddenBitsConfig()), ProverVerifierProtocol(shared_reward=False))
     env = scenario.make_env(2, "train", 0, "cpu")
     td = env.reset()
     td["state", "bits"] = torch.tensor([[1, 1], [0, 1]])
@@ -102,8 +101,7 @@ def test_solo_verifier_decides_at_once_and_optimum():
 
 
 def test_unshared_reward_leaves_the_prover_no_optimum():
-    config = OmegaConf.structured(ProverVerifierConfig(shared_reward=False))
-    scenario = HiddenBitsScenario(OmegaConf.structured(HiddenBitsConfig()), ProverVerifierProtocol(config))
+    scenario = HiddenBitsScenario(OmegaConf.structured(HiddenBitsConfig()), ProverVerifierProtocol(shared_reward=False))
     assert scenario.optimal_rewards() == {"prover": 0.0, "verifier": 1.0}
 
 

@@ -6,12 +6,16 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from nip_like.config import run_id
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric
-from tests.conftest import smoke_config
+from nip_like.protocols.proof import FixedTurnsProofProtocol, ProofProtocol
+from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS
+from tests.conftest import make_config, smoke_config
 
-PROTOCOLS = ["nip", "adp", "debate", "mnip", "merlin_arthur", "solo_verifier"]
+#: Every registered interactive-proof protocol, from the registry (no list of names here).
+PROTOCOLS = REGISTERED_PROTOCOLS.names(subclass_of=ProofProtocol)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,8 @@ def gi_config(cache_dir, *overrides):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol):
-    rounds = [] if protocol == "solo_verifier" else ["protocol.max_rounds=4"]
+    takes_turns = not issubclass(REGISTERED_PROTOCOLS.get(protocol), FixedTurnsProofProtocol)
+    rounds = ["protocol.max_rounds=4"] if takes_turns else []
     metrics = run_experiment(gi_config(cache_dir, f"protocol={protocol}", *rounds, "logger=csv"), tmp_path)
     for name in ("accuracy", "precision", "recall", "episode_length", "accuracy_worst_datapoint"):
         assert f"test/{name}" in metrics, name
@@ -53,6 +58,18 @@ def test_splits_are_disjoint_and_evaluation_uses_validation(tmp_path, cache_dir)
     assert trainer.scenario.eval_split == "val"
     with pytest.raises(ConfigError, match="splits are"):
         trainer.scenario.make_env(4, "dev", 0, "cpu")
+
+
+@pytest.mark.parametrize("setting", ["protocol.max_rounds=4", "protocol.min_rounds=1", "protocol.first_speaker=verifier"])
+def test_fixed_turn_protocols_refuse_turn_settings(cache_dir, setting):
+    """adp and merlin_arthur have no round limits or first speaker: setting one is an error, not ignored."""
+    for protocol in ("adp", "merlin_arthur", "solo_verifier"):
+        with pytest.raises(Exception, match=f"Could not override '{setting.split('=')[0]}'"):
+            gi_config(cache_dir, f"protocol={protocol}", setting)
+    # And so two runs that play the same game have the same run id, whatever the preset's turn limits.
+    quick = make_config("preset=quick", "protocol=adp")
+    assert run_id(quick) == run_id(make_config("preset=quick", "protocol=adp", "protocol.prover_reward=1.0"))
+    assert "max_rounds" not in quick.protocol and make_config("preset=quick").protocol.max_rounds == 6
 
 
 def test_gi_needs_a_proof_protocol(tmp_path, cache_dir):
@@ -100,7 +117,7 @@ def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir):
     resumed = run_experiment(gi_config(cache_dir, *overrides, "logger=csv"), tmp_path / "a", resume=True)
     assert resumed == metrics
     with pytest.raises(ConfigError, match="not an agent of the protocol"):
-        build_trainer(gi_config(cache_dir, *overrides, "trainer.solo_agent.agent=prover"), tmp_path / "c")
+        build_trainer(gi_config(cache_dir, *overrides, "trainer.objective.agent=prover"), tmp_path / "c")
 
 
 def test_solo_agent_needs_labelled_data(tmp_path):

@@ -75,5 +75,5 @@ def test_plain_loop_ends_with_the_frameworks_parameters_bit_for_bit(tmp_path, pl
 
     # The comparison can fail: another seed, or one objective hyper-parameter
     # changed on the plain side only, ends with other parameters.
-    for override in ("seed=1", "trainer.entropy_coeff=0.02"):
+    for override in ("seed=1", "trainer.objective.entropy_coeff=0.02"):
         assert not identical(plain_parameters(plain_ppo_loop, make_config(*SMALL, override)), framework), override

@@ -106,7 +106,7 @@ def test_early_stopping_stops_training(tmp_path):
         ("trainer.num_epochs=0", "at least 1"),
         ("trainer.eval.mode=best", "'max' or 'min'"),
         ("trainer.eval.metric=train/reward", "eval/..."),
-        ("trainer.ppo.variant=trust", "variant"),
+        ("trainer.objective.variant=trust", "variant"),
         ("trainer.optimizer.name=lion", "optimizer.name"),
     ],
 )

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
@@ -143,19 +143,19 @@ def ppo_options(config: DictConfig) -> dict[str, Any]:
         ``gamma`` and ``lmbda`` for the GAE, and the keyword arguments of
         :class:`~nip_like.objectives.ppo.MultiAgentPPOLoss`.
     """
-    tc = config.trainer
+    objective = config.trainer.objective  # PPOConfig: the loss's keyword arguments
     return {
-        "gamma": float(tc.gamma),  # discount factor of the returns
-        "lmbda": float(tc.lmbda),  # GAE lambda: 0 bootstraps after one step, 1 sums the whole episode
-        "variant": str(tc.ppo.variant),  # "clip": clipped surrogate; "kl": adaptive KL penalty
-        "clip_epsilon": float(tc.ppo.clip_epsilon),  # the ratio is clipped to [1 - eps, 1 + eps] (clip)
-        "kl_beta": float(tc.ppo.kl_beta),  # initial weight of the KL penalty (kl)
-        "kl_target": float(tc.ppo.kl_target),  # KL per update that the weight adapts towards (kl)
-        "kl_adaptive": bool(tc.ppo.kl_adaptive),  # whether the weight adapts after each minibatch (kl)
-        "entropy_coeff": float(tc.entropy_coeff),  # weight of the entropy bonus
-        "critic_coeff": float(tc.critic_coeff),  # weight of the value loss
-        "normalize_advantage": bool(tc.ppo.normalize_advantage),  # standardise advantages per agent
-        "loss_critic_type": str(tc.ppo.loss_critic_type),  # value loss: "l1", "l2" or "smooth_l1"
+        "variant": str(objective.variant),  # "clip": clipped surrogate; "kl": adaptive KL penalty
+        "clip_epsilon": float(objective.clip_epsilon),  # the ratio is clipped to [1 - eps, 1 + eps] (clip)
+        "kl_beta": float(objective.kl_beta),  # initial weight of the KL penalty (kl)
+        "kl_target": float(objective.kl_target),  # KL per update that the weight adapts towards (kl)
+        "kl_adaptive": bool(objective.kl_adaptive),  # whether the weight adapts after each minibatch (kl)
+        "entropy_coeff": float(objective.entropy_coeff),  # weight of the entropy bonus
+        "critic_coeff": float(objective.critic_coeff),  # weight of the value loss
+        "normalize_advantage": bool(objective.normalize_advantage),  # standardise advantages per agent
+        "loss_critic_type": str(objective.loss_critic_type),  # value loss: "l1", "l2" or "smooth_l1"
+        "gamma": float(objective.gamma),  # discount factor of the returns (GAE)
+        "lmbda": float(objective.lmbda),  # GAE lambda: 0 bootstraps after one step, 1 sums the whole episode
     }
 
 
@@ -206,14 +206,13 @@ def build_plain_loop(config: DictConfig) -> PlainLoop:
     torch.manual_seed(settings.seed)
 
     # The game and its players: a prover who sees the hidden bits and a verifier who must name them.
-    scenario = HiddenBitsScenario(config.scenario, ProverVerifierProtocol(config.protocol))
+    protocol = ProverVerifierProtocol(**OmegaConf.to_container(config.protocol))
+    scenario = HiddenBitsScenario(config.scenario, protocol)
     agents = scenario.make_agents()  # stacked policy and value networks, one slice per agent
     agents.modules().to(device)
 
-    # The PPO loss, and the GAE that reads the same ("agents", ...) keys.
-    gamma, lmbda = options.pop("gamma"), options.pop("lmbda")
+    # The PPO loss, and its GAE (loss_module.value_estimator), which reads the same ("agents", ...) keys.
     loss_module = MultiAgentPPOLoss(agents.policy, agents.value, agents.agent_names, **options)
-    loss_module.make_value_estimator(gamma=gamma, lmbda=lmbda)
     loss_module.to(device)
 
     # One parameter group per agent, so that each agent's gradient is clipped on its own.

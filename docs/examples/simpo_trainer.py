@@ -9,16 +9,30 @@ The pairs are DPO's (best against worst episode of each group, per agent), so
 the loss inherits :class:`~nip_like.objectives.dpo.DPOLoss`'s
 ``layout_rollouts`` and replaces only ``forward``. Run it from the folder
 holding this file, on the DPO trainer config (grouped rollouts, minibatches of
-pairs):
+pairs); the trainer registers the schema of its options, which naming it
+selects, so ``trainer.objective.gamma`` is a checked option like any other:
 
-    python -m nip_like preset=none trainer=dpo trainer.trainer_type=simpo_trainer.SimpoTrainer +trainer.extra.gamma=0.5
+    python -m nip_like preset=none trainer=dpo trainer.trainer_type=simpo_trainer.SimpoTrainer trainer.objective.gamma=0.5
 """
+
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 
+from nip_like.objectives import ObjectiveConfig
 from nip_like.objectives.dpo import CHOSEN, REJECTED, DPOLoss
+from nip_like.registry import register_trainer
 from nip_like.trainers.rl import TensorDictRlTrainer
+
+
+@dataclass
+class SimPOConfig(ObjectiveConfig):
+    """Options of the SimPO objective (``trainer.objective``)."""
+
+    beta: float = 0.3  # inverse temperature of the length-normalised log-ratio
+    margin: float = 0.0  # drop pairs whose return gap is below this
+    gamma: float = 0.5  # target margin between the chosen and the rejected episode
 
 
 class SimPOLoss(DPOLoss):
@@ -44,17 +58,10 @@ class SimPOLoss(DPOLoss):
         )
 
 
+@register_trainer("simpo", objective=SimPOConfig)
 class SimpoTrainer(TensorDictRlTrainer):
-    """SimPO; ``beta`` from ``trainer.dpo.beta``, ``gamma`` from ``trainer.extra.gamma``."""
+    """SimPO, with its options under ``trainer.objective``."""
 
     def _get_loss_module_and_gae(self):
-        tc = self.config.trainer
-        loss = SimPOLoss(
-            self.policy,
-            self.agent_names,
-            self.reference_policy,  # unused by the loss; DPOLoss's signature wants one
-            beta=tc.dpo.beta,
-            margin=tc.dpo.margin,
-            gamma=float(tc.extra.get("gamma", 0.5)),
-        )
-        return loss, None
+        # The reference is unused by the loss; DPOLoss's signature wants one.
+        return SimPOLoss(self.policy, self.agent_names, self.reference_policy, **self.objective_options), None

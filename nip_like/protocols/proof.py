@@ -116,25 +116,6 @@ class ProofProtocol(Protocol):
         )
         self._sides = torch.tensor([self.prover_sides.get(agent, True) for agent in self.agent_names])
 
-
-class FixedTurnsProofProtocol(ProofProtocol):
-    """A proof protocol whose episode is a fixed sequence of turns (one message, then the decision).
-
-    Its options are the rewards alone (:class:`ProofRewardsConfig`): it has no
-    round limits and no choice of first speaker to configure, so a config
-    cannot set one and have it ignored.
-    """
-
-    #: Steps in an episode.
-    fixed_rounds: int = 2
-    #: Who opens.
-    fixed_first_speaker: str = "prover"
-
-    def __init__(self, name: str, **rewards: float) -> None:
-        super().__init__(
-            name, min_rounds=1, max_rounds=self.fixed_rounds, first_speaker=self.fixed_first_speaker, **rewards
-        )
-
     # ------------------------------------------------------------- schedule
     @property
     def num_rounds(self) -> int:
@@ -198,3 +179,22 @@ class FixedTurnsProofProtocol(ProofProtocol):
         rewards = provers.clone()
         rewards[:, self.verifier_index] = verifier
         return rewards
+
+
+class FixedTurnsProofProtocol(ProofProtocol):
+    """A proof protocol whose episode is a fixed sequence of turns (one message, then the decision).
+
+    Its options are the rewards alone (:class:`ProofRewardsConfig`): it has no
+    round limits and no choice of first speaker to configure, so a config
+    cannot set one and have it ignored.
+    """
+
+    #: Steps in an episode.
+    fixed_rounds: int = 2
+    #: Who opens.
+    fixed_first_speaker: str = "prover"
+
+    def __init__(self, name: str, **rewards: float) -> None:
+        super().__init__(
+            name, min_rounds=1, max_rounds=self.fixed_rounds, first_speaker=self.fixed_first_speaker, **rewards
+        )
