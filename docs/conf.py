@@ -9,6 +9,8 @@ from pathlib import Path
 # The repository root, so that autodoc imports the package from this checkout.
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Local extensions (docs/_ext): tables drawn from the registries and the config folder.
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 project = "nip_like"
 author = "nip_like maintainers"
@@ -20,6 +22,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "component_tables",
 ]
 
 # Numpy-style docstrings only.

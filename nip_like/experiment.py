@@ -37,6 +37,7 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     run_dir : Path
         The run folder.
     """
+    check_objective(config)
     check_known_keys(config)
     _check_device(config.run.device)
     if config.run.num_threads:
@@ -46,7 +47,6 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     trainer_class = TRAINERS.get(config.trainer.trainer_type)
     if not issubclass(trainer_class, Trainer):
         raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
-    check_objective(config)
     logger = MetricLogger(config.logger, run_dir, str(config.name))
     return trainer_class(config, scenario, run_dir, logger)
 

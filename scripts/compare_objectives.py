@@ -13,7 +13,7 @@ unless ``--allow-mixed-budgets`` is given. See docs/comparing.rst.
 Examples
 --------
 ``python scripts/compare_objectives.py outputs/sweeps/ppo_vs_dpo``
-``python scripts/compare_objectives.py outputs/sweeps/objectives --objectives ppo,dpo,grpo``
+``python scripts/compare_objectives.py outputs/sweeps/objectives --objectives ppo,dpo``
 ``python scripts/compare_objectives.py runs/a runs/b --threshold 0.95 --gradient-steps within:2``
 """
 

@@ -14,7 +14,7 @@ paper reports.
 
 Run it from the repository root::
 
-    python scripts/gi_protocol_results.py                                  # quick preset, 3 seeds, all protocols
+    python scripts/gi_protocol_results.py                                  # quick preset, 3 seeds, every proof protocol
     python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 --jobs 2
     python scripts/gi_protocol_results.py --preset paper_fast --out outputs/gi_paper_fast trainer.num_iterations=1500
 
@@ -39,9 +39,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTOCOLS = ["nip", "adp", "debate", "mnip", "merlin_arthur", "solo_verifier"]
-#: Final test accuracy reported by Hammond and Adam-Day (NIP paper), graph isomorphism.
-PAPER = {"nip": 0.945, "adp": 0.61, "debate": 0.64, "mnip": 0.67}
+sys.path.insert(0, str(REPO_ROOT))
+
+from nip_like.protocols.proof import ProofProtocol  # noqa: E402
+from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS  # noqa: E402
+
+#: Every registered interactive-proof protocol (the graph-isomorphism scenario takes those).
+PROTOCOLS = REGISTERED_PROTOCOLS.names(subclass_of=ProofProtocol)
+#: Final test accuracy reported by Hammond and Adam-Day (NIP paper), graph isomorphism: published data.
+PAPER = {
+    "nip": 0.945,
+    "adp": 0.61,
+    "debate": 0.64,
+    "mnip": 0.67,
+}
 
 
 def run_one(args: argparse.Namespace, protocol: str, seed: int) -> dict:

@@ -32,6 +32,7 @@ def write_run(
     lr: float = 0.001,
     protocol: str = "prover_verifier",
     test_episodes: int = 64,
+    objective: dict | None = None,
 ) -> Path:
     """Write a finished run folder: config, summary and the CSV curves the report reads.
 
@@ -41,7 +42,12 @@ def write_run(
     config = {
         "name": "synthetic",
         "seed": seed,
-        "trainer": {"trainer_type": trainer, "num_iterations": iterations, "optimizer": {"lr": lr}},
+        "trainer": {
+            "trainer_type": trainer,
+            "num_iterations": iterations,
+            "optimizer": {"lr": lr},
+            **({"objective": objective} if objective is not None else {}),
+        },
         "scenario": {"name": "hidden_bits"},
         "protocol": {"name": protocol},
         "run": {"test_run": False},
@@ -185,6 +191,21 @@ def test_duplicate_seeds_are_refused(tmp_path, sweep):
     write_run(tmp_path / "other" / "seed=0,trainer=ppo", "ppo", 0, 0.9, [1, 1, 1, 1])
     with pytest.raises(ReportError, match="more than one run of seed 0"):
         build_report(find_runs([sweep, tmp_path / "other"]), options())
+
+
+def test_objectives_are_told_apart_by_their_variant(tmp_path):
+    """The `objectives` sweep runs ppo and ppo_kl: one trainer type, two objectives (it failed with "more than one run")."""
+    root = tmp_path / "objectives"
+    for seed in range(2):
+        write_run(root / f"seed={seed},trainer=ppo", "ppo", seed, 0.8, [1] * 4, objective={"variant": "clip"})
+        write_run(root / f"seed={seed},trainer=ppo_kl", "ppo", seed, 0.6, [1] * 4, objective={"variant": "kl"})
+        write_run(root / f"seed={seed},trainer=dpo", "dpo", seed, 0.5, [1] * 4, objective={"loss_type": "hinge"})
+        write_run(root / f"seed={seed},trainer=ipo", "ipo", seed, 0.4, [1] * 4, objective={"beta": 0.1})
+    report = build_report(find_runs([root]), options())
+    assert sorted(row["objective"] for row in report.tasks[0].summary) == ["dpo_hinge", "ipo", "ppo", "ppo_kl"]
+    # Naming the objective by the trainer type alone pools ppo and ppo_kl, and is refused.
+    with pytest.raises(ReportError, match="more than one run of seed 0"):
+        build_report(find_runs([root]), options(objective_keys=("trainer.trainer_type",)))
 
 
 def test_tasks_are_compared_separately(sweep):

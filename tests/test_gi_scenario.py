@@ -12,6 +12,8 @@ from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.protocols.proof import FixedTurnsProofProtocol, ProofProtocol
 from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS
+from nip_like.registry import TRAINERS
+from nip_like.trainers import TensorDictRlTrainer
 from tests.conftest import make_config, smoke_config
 
 #: Every registered interactive-proof protocol, from the registry (no list of names here).
@@ -63,7 +65,9 @@ def test_splits_are_disjoint_and_evaluation_uses_validation(tmp_path, cache_dir)
 @pytest.mark.parametrize("setting", ["protocol.max_rounds=4", "protocol.min_rounds=1", "protocol.first_speaker=verifier"])
 def test_fixed_turn_protocols_refuse_turn_settings(cache_dir, setting):
     """adp and merlin_arthur have no round limits or first speaker: setting one is an error, not ignored."""
-    for protocol in ("adp", "merlin_arthur", "solo_verifier"):
+    fixed = REGISTERED_PROTOCOLS.names(subclass_of=FixedTurnsProofProtocol)
+    assert "adp" in fixed and "nip" not in fixed
+    for protocol in fixed:
         with pytest.raises(Exception, match=f"Could not override '{setting.split('=')[0]}'"):
             gi_config(cache_dir, f"protocol={protocol}", setting)
     # And so two runs that play the same game have the same run id, whatever the preset's turn limits.
@@ -185,7 +189,11 @@ def test_decision_and_message_entropies_closed_form(tmp_path, cache_dir):
     assert metrics["agents/verifier/policy/decision_entropy"] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("trainer", ["dpo", "ipo", "grpo", "reinforce"])
+#: Every registered RL objective but PPO (which every other test of this file trains).
+OBJECTIVES = [name for name in TRAINERS.names(subclass_of=TensorDictRlTrainer) if name != "ppo"]
+
+
+@pytest.mark.parametrize("trainer", OBJECTIVES)
 def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_dir, trainer):
     config = gi_config(cache_dir, f"trainer={trainer}", "protocol=nip", "protocol.max_rounds=4", "logger=csv")
     metrics = run_experiment(config, tmp_path)

@@ -4,14 +4,27 @@ from pathlib import Path
 
 import pytest
 
+from nip_like.cli import CONFIG_DIR
 from nip_like.experiment import run_experiment
+from nip_like.registry import TRAINERS
+from nip_like.trainers import TensorDictRlTrainer
 from tests.conftest import make_config
 
 QUIET = ("run.progress_bar=false", "logger=none", "run.num_threads=1")
 
 
+def _rl_trainer_options() -> list[str]:
+    """Every trainer option (``configs/trainer/*.yaml``) of an RL objective, but REINFORCE (its own bar below)."""
+    options = []
+    for path in sorted((CONFIG_DIR / "trainer").glob("*.yaml")):
+        trainer_type = make_config(f"trainer={path.stem}").trainer.trainer_type
+        if issubclass(TRAINERS.get(trainer_type), TensorDictRlTrainer) and trainer_type != "reinforce":
+            options.append(path.stem)
+    return options
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["ppo", "ppo_kl", "grpo", "dpo", "ipo"])
+@pytest.mark.parametrize("trainer", _rl_trainer_options())
 def test_trainer_reaches_95_percent_of_the_optimum_on_hidden_bits(tmp_path, trainer):
     metrics = run_experiment(make_config(f"trainer={trainer}", "seed=0", *QUIET), tmp_path)
     # Both agents share the verifier's reward; the optimum is 1 for 2 bits over 2 rounds of 4 symbols.

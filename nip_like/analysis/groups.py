@@ -1,10 +1,12 @@
 """Group runs by task and objective, and check that a group differs only in its seeds.
 
 A *task* is what the objectives are compared on (by default the scenario and
-the protocol); an *objective* is what is compared (by default the trainer
-type). Both are named by config keys, so that any sweep axis can play either
-part: ``objective_keys=("trainer.trainer_type", "trainer.optimizer.lr")``
-compares each trainer at each learning rate.
+the protocol); an *objective* is what is compared: by default the objective's
+identity (:data:`OBJECTIVE`: the trainer's registered name, plus its variant
+when the run's variant is not the schema's default, so ``ppo`` and
+``ppo_kl`` are told apart). Both are named by config keys, so that any sweep
+axis can play either part: ``objective_keys=("objective", "trainer.optimizer.lr")``
+compares each objective at each learning rate.
 
 The runs of one group are the seeds of one configuration: apart from
 ``seed``, their hyper-parameters must be equal. Otherwise the group would pool
@@ -18,11 +20,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import dataclasses
+
 from nip_like.analysis.runs import Run
-from nip_like.errors import ReportError
+from nip_like.errors import ConfigError, ReportError
+from nip_like.registry import TRAINERS
+
+#: The pseudo-key naming a run's objective by its identity (see :func:`objective_label`).
+OBJECTIVE = "objective"
 
 #: Default config keys naming a run's objective.
-OBJECTIVE_KEYS = ("trainer.trainer_type",)
+OBJECTIVE_KEYS = (OBJECTIVE,)
 
 #: Default config keys naming a run's task.
 TASK_KEYS = ("scenario.name", "protocol.name")
@@ -52,10 +60,31 @@ class Group:
         return [run.seed for run in self.runs]
 
 
+def objective_label(run: Run) -> str:
+    """What distinguishes a run's objective: its trainer's registered name, and its variant if not the default.
+
+    The variant is the field the objective schema names as its
+    ``variant_field`` (PPO's ``variant``, DPO's ``loss_type``): ``ppo`` and
+    ``ppo_kl``, ``dpo`` and ``dpo_hinge``. A trainer that cannot be imported
+    (a user's, elsewhere) is named by its ``trainer_type``.
+    """
+    trainer_type = str(run.value("trainer.trainer_type"))
+    try:
+        entry = TRAINERS.entry(trainer_type)
+    except ConfigError:
+        return trainer_type
+    field = getattr(entry.schema, "variant_field", None)
+    options = run.value("trainer.objective") or {}
+    if field is None or field not in options:
+        return entry.name
+    default = {item.name: item.default for item in dataclasses.fields(entry.schema)}[field]
+    return entry.name if options[field] == default else f"{entry.name}_{options[field]}"
+
+
 def _label(run: Run, keys: Sequence[str]) -> str:
     values = []
     for key in keys:
-        value = run.value(key)
+        value = objective_label(run) if key == OBJECTIVE else run.value(key)
         if value is None:
             raise ReportError(f"run {run.folder} has no config key {key!r}; check --objective-key / --task-key")
         values.append(str(value))

@@ -35,7 +35,7 @@ class ProofRewardsConfig(ProtocolConfig):
 
 @dataclass
 class ProofTurnsConfig(ProofRewardsConfig):
-    """An interactive-proof protocol whose turns repeat until the verifier decides (nip, debate, mnip)."""
+    """An interactive-proof protocol whose turns repeat until the verifier decides (NIP, debate, MNIP, ...)."""
 
     min_rounds: int = 1  # the verifier may decide from this step on (1-based)
     max_rounds: int = 8  # the verifier must decide on its last turn within this many steps
