@@ -1,4 +1,4 @@
-"""Shared fixtures: compose configs in-process and run the CLI in a subprocess."""
+"""Shared fixtures: compose configs in-process, run the CLI in a subprocess, watch a run from outside."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import DictConfig
+from tensordict import TensorDictBase
 
+import nip_like.experiment as experiment
 from nip_like.cli import compose_config
+from nip_like.scenarios.environment import InteractionEnv
+from nip_like.trainers.rl import TensorDictRlTrainer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,8 +39,11 @@ def smoke_config(*overrides: str) -> DictConfig:
 
 def run_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like", timeout: int = 300):
     """Run ``python -m <module> args`` and return the completed process."""
-    # Tiny models run fastest on one thread, and tests may run beside other work.
-    env = {**os.environ, "PYTHONPATH": str(cwd or REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    # The folder it runs in first (a user's trainer module), then this checkout's nip_like, not
+    # another copy that the environment may have installed. Tiny models run fastest on one thread,
+    # and tests may run beside other work.
+    path = os.pathsep.join(dict.fromkeys([str(cwd or REPO_ROOT), str(REPO_ROOT)]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd or REPO_ROOT,
@@ -50,3 +58,80 @@ def run_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like", 
 def config_factory():
     """Return :func:`smoke_config`."""
     return smoke_config
+
+
+class RunProbe:
+    """What a :func:`~nip_like.experiment.run_experiment` call did, seen from outside the trainer.
+
+    Records the trainer that ``run_experiment`` built, every agent's parameters
+    right after it was built (pretraining included), and the full rollouts
+    (actions and states of every step) that its test loop played.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.trainer = None
+        self.initial: dict[str, list[torch.Tensor]] = {}
+        self.test_rollouts: list[TensorDictBase] = []
+        self._testing = False
+        build, rollout, test_loop = experiment.build_trainer, InteractionEnv.rollout, TensorDictRlTrainer._run_test_loop
+        probe = self
+
+        def build_and_record(config, run_dir):
+            probe.trainer = build(config, run_dir)
+            probe.initial = probe.parameters()
+            return probe.trainer
+
+        def record_rollout(env, *args, **kwargs):
+            result = rollout(env, *args, **kwargs)
+            if probe._testing:
+                probe.test_rollouts.append(result)
+            return result
+
+        def flag_test_loop(trainer, *args, **kwargs):
+            probe._testing = True
+            try:
+                return test_loop(trainer, *args, **kwargs)
+            finally:
+                probe._testing = False
+
+        monkeypatch.setattr(experiment, "build_trainer", build_and_record)
+        monkeypatch.setattr(InteractionEnv, "rollout", record_rollout)
+        monkeypatch.setattr(TensorDictRlTrainer, "_run_test_loop", flag_test_loop)
+
+    def parameters(self) -> dict[str, list[torch.Tensor]]:
+        """A copy of each agent's current parameters (policy and value)."""
+        agents = getattr(self.trainer, "agent_modules", None) or self.trainer.agents
+        return {name: [p.detach().clone() for p in agents.agent_parameters(name)] for name in agents.agent_names}
+
+    def changed(self) -> set[str]:
+        """The agents whose parameters differ from those they were built with."""
+        now = self.parameters()
+        return {name for name in now if any(not torch.equal(a, b) for a, b in zip(self.initial[name], now[name]))}
+
+    def test_decisions(self, num_episodes: int) -> TensorDictBase:
+        """The step that ended each test episode: the state before it and every agent's action.
+
+        Like the test loop, keeps each environment's first finished episode of
+        every test rollout, in order, and the first ``num_episodes`` of them.
+        """
+        steps = []
+        for rollout in self.test_rollouts:
+            done = rollout.get(("next", "done")).squeeze(-1)
+            steps.append(rollout[done & (done.cumsum(-1) == 1)])
+        return torch.cat(steps)[:num_episodes]
+
+
+def hidden_bits_correct(decisions: TensorDictBase, verifier: int) -> torch.Tensor:
+    """Whether the verifier's last action (of :meth:`RunProbe.test_decisions`) names the hidden bits.
+
+    The answers are the bit strings read as binary numbers (the first bit is the most significant).
+    """
+    bits = decisions["state", "bits"]
+    value = (bits * 2 ** torch.arange(bits.shape[-1] - 1, -1, -1)).sum(-1)
+    return decisions["agents", "action"][:, verifier] == value
+
+
+@pytest.fixture
+def run_probe(monkeypatch) -> RunProbe:
+    """A :class:`RunProbe` on the next ``run_experiment`` call of the test."""
+    return RunProbe(monkeypatch)

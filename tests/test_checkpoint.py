@@ -97,6 +97,7 @@ def _iteration_of(path):
         return -1
 
 
+@pytest.mark.slow
 def test_killed_process_resumes_to_the_same_final_metrics(tmp_path):
     args = [
         "preset=smoke", "trainer.num_iterations=40", "trainer.eval.every=10", "run.checkpoint_every=1",

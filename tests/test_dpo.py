@@ -22,7 +22,7 @@ from nip_like.objectives.dpo import (
 )
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.reference import ReferencePolicy
-from tests.conftest import smoke_config
+from tests.conftest import hidden_bits_correct, smoke_config
 from tests.test_grpo import rollout
 
 
@@ -238,9 +238,23 @@ def test_moving_reference_is_separate_from_the_diagnostics_reference(tmp_path):
 
 
 @pytest.mark.parametrize("trainer", ["dpo", "ipo"])
-def test_preference_trainers_run_end_to_end_and_log_trl_names(tmp_path, trainer):
+def test_preference_trainers_run_end_to_end_and_log_trl_names(tmp_path, trainer, run_probe):
     metrics = run_experiment(smoke_config(f"trainer={trainer}", "logger=csv"), tmp_path)
-    assert "test/reward" in metrics
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                 "logps/rejected", "train/pairs/kept", "train/pairs/dropped", "objective/kl"):
-        assert read_csv_metric(tmp_path, name), name
+    assert run_probe.changed() == {"prover", "verifier"}  # the pairs trained both agents
+    csv = {
+        name: [value for _, value in read_csv_metric(tmp_path, name)]
+        for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                     "logps/rejected", "train/pairs/kept", "train/pairs/dropped", "objective/kl", "loss/policy")
+    }
+    assert len(csv["train/pairs/kept"]) == 3 and sum(csv["train/pairs/kept"]) > 0
+    assert all(math.isfinite(value) for value in csv["loss/policy"]) and any(csv["loss/policy"])
+    # TRL's statistics agree with one another: margin = chosen - rejected reward, accuracy a share.
+    assert csv["rewards/margins"] == pytest.approx(
+        [chosen - rejected for chosen, rejected in zip(csv["rewards/chosen"], csv["rewards/rejected"])], abs=1e-6
+    )
+    assert all(0.0 <= value <= 1.0 for value in csv["rewards/accuracies"])
+    # The test metrics agree with a count by hand of the test episodes.
+    correct = hidden_bits_correct(run_probe.test_decisions(64), run_probe.trainer.agent_names.index("verifier"))
+    assert metrics["test/accuracy"] == pytest.approx(correct.float().mean().item())
+    agents = [metrics["test/agents/prover/reward"], metrics["test/agents/verifier/reward"]]
+    assert metrics["test/reward"] == pytest.approx(sum(agents) / 2)

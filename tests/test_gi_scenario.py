@@ -1,5 +1,6 @@
 """The graph-isomorphism scenario end to end: every protocol under PPO, the solo-agent trainer, metrics."""
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from nip_like.logging import read_csv_metric
 from nip_like.protocols.proof import FixedTurnsProofProtocol, ProofProtocol
 from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS
 from nip_like.registry import TRAINERS
+from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
 from nip_like.trainers import TensorDictRlTrainer
 from tests.conftest import make_config, smoke_config
 
@@ -38,16 +40,45 @@ def gi_config(cache_dir, *overrides):
     )
 
 
+def decided_correctly(probe, num_episodes: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recount the test loop's episodes by hand: whether each was accepted, whether rightly, its length.
+
+    Whether a pair is isomorphic is decided afresh from the graphs the episode
+    showed (not read from the dataset's labels); the decision is the verifier's
+    action at the step that ended the episode.
+    """
+    trainer = probe.trainer
+    decisions = probe.test_decisions(num_episodes)
+    assert len(decisions) == num_episodes
+    action = decisions["agents", "action"][:, trainer.agent_names.index("verifier")]
+    accept, reject = 2 * trainer.train_env.max_nodes + 1, 2 * trainer.train_env.max_nodes
+    assert ((action == accept) | (action == reject)).all()  # every test episode ended by a decision
+    isomorphic = []
+    for adjacency, nodes in zip(decisions["state", "adjacency"], decisions["state", "node_mask"]):
+        graphs = [adjacency[g][nodes[g]][:, nodes[g]].numpy() for g in (0, 1)]
+        isomorphic.append(are_isomorphic(*graphs))
+    accepted = action == accept
+    return accepted, accepted == torch.tensor(isomorphic), decisions["state", "round"] + 1
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol):
+def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol, run_probe):
     takes_turns = not issubclass(REGISTERED_PROTOCOLS.get(protocol), FixedTurnsProofProtocol)
     rounds = ["protocol.max_rounds=4"] if takes_turns else []
     metrics = run_experiment(gi_config(cache_dir, f"protocol={protocol}", *rounds, "logger=csv"), tmp_path)
-    for name in ("accuracy", "precision", "recall", "episode_length", "accuracy_worst_datapoint"):
-        assert f"test/{name}" in metrics, name
-    assert 0.0 <= metrics["test/accuracy"] <= 1.0
-    # Periodic evaluation played the validation split.
-    assert read_csv_metric(tmp_path, "eval/accuracy")
+    assert run_probe.changed() == set(run_probe.trainer.agent_names)  # PPO updated every agent
+    # The test metrics agree with a count by hand of the 64 test episodes.
+    accepted, correct, length = decided_correctly(run_probe)
+    isomorphic = accepted == correct
+    assert metrics["test/episodes"] == 64
+    assert metrics["test/accuracy"] == pytest.approx(correct.float().mean().item())
+    assert metrics["test/episode_length"] == pytest.approx(length.float().mean().item())
+    true_accepts = int((accepted & isomorphic).sum())
+    assert metrics["test/precision"] == pytest.approx(true_accepts / max(int(accepted.sum()), 1))
+    assert metrics["test/recall"] == pytest.approx(true_accepts / int(isomorphic.sum()))
+    assert 0.0 <= metrics["test/accuracy_worst_datapoint"] <= metrics["test/accuracy"]
+    # Periodic evaluation (every 2 iterations and at the last) played the validation split.
+    assert [step for step, _ in read_csv_metric(tmp_path, "eval/accuracy")] == [2, 3]
     assert read_csv_metric(tmp_path, "agents/verifier/policy/decision_entropy")
 
 
@@ -111,10 +142,11 @@ def test_episode_metrics_closed_form(tmp_path, cache_dir):
     assert "agents/prover/faithful_answers" not in metrics
 
 
-def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir):
+def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir, run_probe):
     overrides = ("trainer=solo_agent", "protocol=solo_verifier", "trainer.num_iterations=4", "trainer.eval.every=2")
     metrics = run_experiment(gi_config(cache_dir, *overrides, "logger=csv"), tmp_path / "a")
     assert {"test/accuracy", "test/precision", "test/recall"} <= set(metrics)
+    assert run_probe.changed() == {"verifier"}
     assert len(read_csv_metric(tmp_path / "a", "loss/policy")) == 4
     assert len(read_csv_metric(tmp_path / "a", "eval/accuracy")) == 2
     # Resuming the finished run restores the agent from its checkpoint: the same test metrics.
@@ -139,10 +171,19 @@ def test_pretraining_fits_once_then_loads_from_the_cache(tmp_path, cache_dir):
     )
     first = build_trainer(gi_config(cache_dir, *overrides), tmp_path / "a")
     assert first.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
-    assert 0.0 <= first.pretrain_metrics["pretrain/verifier/train_accuracy"] <= 1.0
+    # Pretraining moved the verifier, and only the verifier, away from the seed's initialisation.
+    plain = build_trainer(gi_config(cache_dir, *overrides[:2]), tmp_path / "plain")
+    network = lambda trainer, agent: trainer.agent_modules.policy.module[0].module.networks[agent]  # noqa: E731
+    verifier = lambda trainer: network(trainer, "verifier")  # noqa: E731
+    assert not all(torch.equal(a, b) for a, b in zip(verifier(first).parameters(), verifier(plain).parameters()))
+    for a, b in zip(network(first, "prover").parameters(), network(plain, "prover").parameters()):
+        torch.testing.assert_close(a, b)
     second = build_trainer(gi_config(cache_dir, *overrides), tmp_path / "b")
     assert second.pretrain_metrics["pretrain/verifier/from_cache"] == 1.0
-    verifier = lambda trainer: trainer.agent_modules.policy.module[0].module.networks["verifier"]  # noqa: E731
+    assert (
+        second.pretrain_metrics["pretrain/verifier/train_accuracy"]
+        == first.pretrain_metrics["pretrain/verifier/train_accuracy"]
+    )
     for a, b in zip(verifier(first).parameters(), verifier(second).parameters()):
         torch.testing.assert_close(a, b)
     # The value body starts from the pretrained policy body; the reference is the pretrained policy.
@@ -194,11 +235,29 @@ OBJECTIVES = [name for name in TRAINERS.names(subclass_of=TensorDictRlTrainer) i
 
 
 @pytest.mark.parametrize("trainer", OBJECTIVES)
-def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_dir, trainer):
+def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_dir, trainer, run_probe):
     config = gi_config(cache_dir, f"trainer={trainer}", "protocol=nip", "protocol.max_rounds=4", "logger=csv")
     metrics = run_experiment(config, tmp_path)
-    assert "test/accuracy" in metrics
-    assert read_csv_metric(tmp_path, "objective/kl")  # the shared diagnostics, whatever the objective
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["trainer_type"] == trainer
+    assert summary["iterations"] == 3 and summary["frames"] == 3 * 96  # num_iterations x frames_per_batch
+    # The objective updated both agents, through its own loss terms and no others.
+    assert run_probe.changed() == {"prover", "verifier"}
+    scalars = tmp_path / "metrics" / "scalars"
+    logged = {f"loss/{path.stem}" for path in (scalars / "loss").glob("*.csv")}
+    trainer_ = run_probe.trainer
+    own_terms = trainer_.loss_module(trainer_.buffer.sample()).keys()
+    assert logged == {trainer_.loss_contract.metric_name(key) for key in own_terms if key.startswith("loss_")}
+    # Only a loss with a critic (REINFORCE's baseline) has a value term.
+    assert ("loss/value" in logged) == (getattr(trainer_.loss_module, "critic_network", None) is not None)
+    policy_loss = [value for _, value in read_csv_metric(tmp_path, "loss/policy")]
+    assert policy_loss and all(math.isfinite(value) for value in policy_loss) and any(policy_loss)
+    # The shared diagnostics, whatever the objective: zero KL on the first batch (the initial policy), then more.
+    kl = [value for _, value in read_csv_metric(tmp_path, "objective/kl")]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[-1] > 0
+    # The test accuracy is the share of the 64 test episodes decided correctly.
+    _, correct, _ = decided_correctly(run_probe)
+    assert metrics["test/accuracy"] == pytest.approx(correct.float().mean().item())
 
 
 def test_agent_options_are_checked_in_one_line(tmp_path, cache_dir):

@@ -190,6 +190,7 @@ def test_rerun_finishes_only_what_was_missing(finished_sweep, config_dir, tmp_pa
     assert "4 jobs (4 finished); 0 of 20 iterations left" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_reported_and_the_others_finish(config_dir, tmp_path):
     out = tmp_path / "sweep"
     grid = ["trainer=ppo", "seed=0", "trainer.minibatch_size=32,5000"]

@@ -2,15 +2,17 @@
 
 import re
 import json
+import math
 
 import pytest
 import torch
 
 from nip_like.errors import ConfigError, TrainingError
 from nip_like.experiment import build_trainer, run_experiment
+from nip_like.logging import read_csv_metric
 from nip_like.registry import TRAINERS
 from nip_like.trainers import PpoTrainer
-from tests.conftest import smoke_config
+from tests.conftest import hidden_bits_correct, smoke_config
 
 
 def test_total_iterations_sum_the_decorated_loops(tmp_path):
@@ -18,14 +20,23 @@ def test_total_iterations_sum_the_decorated_loops(tmp_path):
     assert trainer.get_total_num_iterations() == 3 + 4
 
 
-def test_smoke_run_writes_summary_metrics_and_checkpoints(tmp_path):
+def test_smoke_run_writes_summary_metrics_and_checkpoints(tmp_path, run_probe):
     config = smoke_config("logger=csv")
     metrics = run_experiment(config, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["test_metrics"] == metrics
     assert summary["iterations"] == 3 and summary["frames"] == 3 * 96
+    # Each iteration: 2 epochs of 96 / 32 = 3 minibatches, one optimiser step each.
+    assert summary["gradient_steps"] == 3 * 2 * 3
     assert summary["seed"] == 0 and summary["run_id"]
-    assert 0.0 <= metrics["test/accuracy"] <= 1.0
+    assert run_probe.changed() == {"prover", "verifier"}
+    losses = [value for _, value in read_csv_metric(tmp_path, "loss/policy")]
+    assert len(losses) == 3 and all(math.isfinite(value) and value != 0 for value in losses)
+    # Test accuracy, counted by hand from the test loop's actions: 64 episodes (2 batches of 32).
+    decisions = run_probe.test_decisions(64)
+    assert metrics["test/episodes"] == len(decisions) == 64
+    correct = hidden_bits_correct(decisions, run_probe.trainer.agent_names.index("verifier"))
+    assert metrics["test/accuracy"] == pytest.approx(correct.float().mean().item())
     assert (tmp_path / "checkpoints" / "last.pt").is_file()
     assert (tmp_path / "checkpoints" / "best.pt").is_file()
     assert (tmp_path / "config.yaml").is_file()
@@ -202,8 +213,6 @@ def test_missing_logger_package_is_a_config_error(tmp_path, monkeypatch):
 
 def test_kl_from_the_initial_policy_starts_at_zero_and_grows(tmp_path):
     run_experiment(smoke_config("logger=csv", "trainer.num_iterations=4"), tmp_path)
-    from nip_like.logging import read_csv_metric
-
     kl = [value for _, value in read_csv_metric(tmp_path, "objective/kl")]
     assert kl[0] == pytest.approx(0.0, abs=1e-7)  # the first batch is collected by the initial policy
     assert kl[-1] > 0
