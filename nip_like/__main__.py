@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from nip_like.cli import CONFIG_DIR, report_errors, report_job_errors, select_user_objective
+from nip_like.cli import CONFIG_DIR, check_group_options, report_errors, report_job_errors, select_user_objective
 from nip_like.config import register_configs
 from nip_like.experiment import format_metrics, run_experiment
 from nip_like.sweeps.multirun import run_multirun_job
@@ -57,6 +57,7 @@ def main() -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with report_errors():
         # A trainer in the user's file registers its objective's schema when imported: before composing.
+        check_group_options(sys.argv[1:])
         sys.argv[1:] = select_user_objective(sys.argv[1:])
         _run()
 

@@ -13,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.errors import NipLikeError, SweepJobError
+from nip_like.errors import ConfigError, NipLikeError, SweepJobError
 
 #: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
 #: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
@@ -21,6 +21,28 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 #: Exit status of a run stopped by bad input.
 EXIT_BAD_INPUT = 2
+
+
+def check_group_options(overrides: list[str]) -> None:
+    """Refuse ``group=option`` for a config group that has no such option, listing the group's options.
+
+    Hydra's own message would also list the schema nodes the registries store
+    (``nip_schema``, ...), which are not options to choose.
+
+    Raises
+    ------
+    ConfigError
+        Naming the group, the option and the options there are.
+    """
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        group = key.lstrip("+")
+        folder = CONFIG_DIR / group
+        if not sep or "." in group or key.startswith("~") or not folder.is_dir() or "," in value:
+            continue
+        options = sorted(path.stem for path in folder.glob("*.yaml") if not path.stem.startswith("_"))
+        if value not in options and value != "null":
+            raise ConfigError(f"unknown {group} {value!r}; choose one of {options}")
 
 
 def select_user_objective(overrides: list[str]) -> list[str]:
@@ -68,6 +90,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
     from nip_like.config import register_configs
 
     register_configs()
+    check_group_options(list(overrides))
     overrides = select_user_objective(list(overrides))
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=overrides)

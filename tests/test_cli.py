@@ -49,19 +49,21 @@ def build_from_overrides(overrides: list[str], run_dir):
     [
         ("trainer.trainer_type=dpoo", ["unknown trainer 'dpoo'", "'ppo'"]),
         ("scenario.name=mazes", ["unknown scenario 'mazes'", "'hidden_bits'"]),
-        ("protocol=judge", ["Could not find 'protocol/judge'", "prover_verifier", "solo_verifier"]),
+        ("protocol=judge", ["unknown protocol 'judge'", "'prover_verifier'", "'solo_verifier'"]),
         ("trainer.num_epochs=four", ["trainer.num_epochs", "Integer"]),
         ("trainer.num_epoch=4", ["Key 'num_epoch' not in 'TrainerConfig'"]),
         ("trainer.minibatch_size=1000", ["minibatch_size (1000) is larger than the batch"]),
         ("trainer.frames_per_batch=100", ["frames_per_batch (100) must be a multiple of trainer.num_envs (16)"]),
-        ("logger=csv_and_more", ["Could not find 'logger/csv_and_more'"]),
+        ("logger=csv_and_more", ["unknown logger 'csv_and_more'", "'tensorboard'"]),
+        ("protocol=adp protocol.max_rounds=4", ["Could not override 'protocol.max_rounds'", "ProofRewardsConfig"]),
+        ("trainer.objective.clip_epsilon=wide", ["trainer.objective.clip_epsilon", "Float"]),
         ("run.device=tpu", ["run.device 'tpu'"]),
         ("+trainer.optimizer.lrr=0.1", ["unknown config keys ['trainer.optimizer.lrr']"]),
         ("+scenario.num_bitz=3", ["unknown config keys ['scenario.num_bitz']"]),
     ],
 )
 def test_bad_config_gives_one_line(tmp_path, capsys, override, fragments):
-    line = reported(capsys, build_from_overrides, [*QUICK, override], tmp_path / "run")
+    line = reported(capsys, build_from_overrides, [*QUICK, *override.split()], tmp_path / "run")
     for fragment in fragments:
         assert fragment in line, line
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -71,7 +73,7 @@ def test_bad_config_gives_one_line(tmp_path, capsys, override, fragments):
     "override, fragment",
     [
         # A config error of Hydra's (composing the config), and one of nip_like's (building the trainer).
-        ("protocol=judge", "Could not find 'protocol/judge'"),
+        ("trainer.num_epochs=four", "could not be converted to Integer"),
         ("trainer.frames_per_batch=100", "frames_per_batch (100) must be a multiple of trainer.num_envs (16)"),
     ],
 )
