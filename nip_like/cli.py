@@ -23,25 +23,53 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 EXIT_BAD_INPUT = 2
 
 
-def check_group_options(overrides: list[str]) -> None:
+def _config_dirs(arguments: list[str]) -> list[Path] | None:
+    """The config folders a command line composes from: the package's, ``--config-dir`` and file search paths.
+
+    ``None`` when a search path is not a plain folder (a ``pkg://`` entry): its
+    options cannot be listed here.
+    """
+    folders = [CONFIG_DIR]
+    for index, item in enumerate(arguments):
+        if item in ("--config-dir", "-cd") and index + 1 < len(arguments):
+            folders.append(Path(arguments[index + 1]))
+        elif item.startswith("--config-dir="):
+            folders.append(Path(item.split("=", 1)[1]))
+        elif item.lstrip("+").startswith("hydra.searchpath="):
+            for entry in item.split("=", 1)[1].strip("[]").split(","):
+                entry = entry.strip().strip("'\"")
+                if not entry.startswith("file://"):
+                    return None
+                folders.append(Path(entry[len("file://"):]))
+    return folders
+
+
+def check_group_options(arguments: list[str]) -> None:
     """Refuse ``group=option`` for a config group that has no such option, listing the group's options.
 
-    Hydra's own message would also list the schema nodes the registries store
-    (``nip_schema``, ...), which are not options to choose.
+    The options are the YAML files of the group in the package's config folder
+    and in any ``--config-dir`` or ``hydra.searchpath`` folder of the command
+    line. Hydra's own message would also list the schema nodes the registries
+    store (``nip_schema``, ...), which are not options to choose.
 
     Raises
     ------
     ConfigError
         Naming the group, the option and the options there are.
     """
-    for item in overrides:
+    folders = _config_dirs(arguments)
+    if folders is None:
+        return
+    for item in arguments:
         key, sep, value = item.partition("=")
         group = key.lstrip("+")
-        folder = CONFIG_DIR / group
-        if not sep or "." in group or key.startswith("~") or not folder.is_dir() or "," in value:
+        if not sep or "." in group or key.startswith(("~", "-")) or "," in value or value == "null":
             continue
-        options = sorted(path.stem for path in folder.glob("*.yaml") if not path.stem.startswith("_"))
-        if value not in options and value != "null":
+        groups = [folder / group for folder in folders if (folder / group).is_dir()]
+        if not groups:
+            continue
+        options = sorted({path.stem for folder in groups for path in folder.glob("*.yaml") if not path.stem.startswith("_")})
+        if value not in options:
             raise ConfigError(f"unknown {group} {value!r}; choose one of {options}")
 
 
