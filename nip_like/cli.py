@@ -98,7 +98,7 @@ def select_user_objective(overrides: list[str]) -> list[str]:
     chosen = any(item.split("=", 1)[0].lstrip("+~") == "trainer/objective" for item in overrides)
     for item in overrides:
         key, _, value = item.partition("=")
-        if key.lstrip("+") == "trainer.trainer_type" and "." in value:
+        if key.lstrip("+") == "trainer.trainer_type" and "." in value and "," not in value:
             entry = TRAINERS.entry(value)
             if entry.schema is not None and entry.name in TRAINERS.names() and not chosen:
                 return [*overrides, f"trainer/objective={entry.name}"]
