@@ -2,10 +2,11 @@
 
 Metric names are namespaced (``train/...``, ``eval/...``, ``test/...``,
 ``loss/...``, ``objective/...``, ``policy/...``, ``timers/...``, ``SPS``) and
-follow TRL's names where the quantity is the same. ``objective/kl`` and
-``objective/entropy`` are measured by the trainer on each collected batch, the
-same way whatever the objective; a loss's own entropy estimate is
-``policy/entropy``.
+follow TRL's names where the quantity is the same. A loss names its own
+outputs (:mod:`nip_like.objectives.contract`), so a new loss term needs no
+edit here. ``objective/kl`` and ``objective/entropy`` are measured by the
+trainer on each collected batch, the same way whatever the objective; a
+loss's own entropy estimate is ``policy/entropy``.
 """
 
 from __future__ import annotations
@@ -23,31 +24,6 @@ from nip_like.errors import ConfigError
 
 #: Optional logger backends and the package each needs.
 BACKEND_PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-
-#: Loss-module output names -> namespaced metric names.
-LOSS_METRIC_NAMES = {
-    "loss_objective": "loss/policy",
-    "loss_critic": "loss/value",
-    "loss_entropy": "loss/entropy",
-    "loss_actor": "loss/policy",
-    "loss_value": "loss/value",
-    "entropy": "policy/entropy",
-    "kl_approx": "policy/approxkl",
-    "clip_fraction": "policy/clipfrac",
-    "loss_kl": "loss/kl",
-    "kl_reference": "policy/kl_reference",
-}
-
-
-def metric_name(loss_key: str) -> str:
-    """Return the namespaced metric name of a loss-module output.
-
-    Names that already carry a namespace (``rewards/chosen``) are kept.
-    """
-    if "/" in loss_key:
-        return loss_key
-    return LOSS_METRIC_NAMES.get(loss_key, f"train/{loss_key}")
-
 
 class MetricLogger:
     """Send scalar metrics to one or more TorchRL loggers.

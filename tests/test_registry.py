@@ -10,6 +10,7 @@ import pytest
 import torch
 from hydra.core.config_store import ConfigStore
 from tensordict import TensorDict, TensorDictBase
+from torchrl.objectives import LossModule
 
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
@@ -114,9 +115,6 @@ def test_a_new_objectives_options_are_checked(tmp_path):
 
 
 def test_a_plain_torchrl_loss_gets_the_contracts_defaults():
-    loss = torch.nn.Module()
-    from torchrl.objectives import LossModule
-
     plain = contract_of(LossModule())
     batch = TensorDict({"x": torch.zeros(4, 3)}, batch_size=[4, 3])
     assert plain.layout_rollouts(batch).batch_size == (12,)
@@ -124,7 +122,6 @@ def test_a_plain_torchrl_loss_gets_the_contracts_defaults():
     assert plain.metric_name("loss_objective") == "loss/policy" and plain.metric_name("loss_new") == "loss/new"
     assert plain.metric_name("ESS") == "train/ESS" and plain.metric_name("rewards/chosen") == "rewards/chosen"
     assert default_metric_name("kl_approx") == "policy/approxkl"
-    del loss
 
 
 @pytest.mark.parametrize("kind", sorted(REGISTRIES))

@@ -65,9 +65,21 @@ class ConfigOptions(_Table):
         for path in sorted((CONFIG_DIR / self.arguments[0]).glob("*.yaml")):
             if path.stem.startswith("_"):
                 continue
-            comments = [line for line in path.read_text().splitlines() if line.startswith("# ") and "@package" not in line]
-            rows.append((f"``{path.stem}``", comments[0][2:] if comments else ""))
+            rows.append((f"``{path.stem}``", _first_sentence(path.read_text())))
         return rows
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of a YAML file's leading comment (it may wrap over several lines)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if "@package" not in line:
+            lines.append(line.lstrip("# ").strip())
+    comment = " ".join(lines)
+    end = comment.find(". ")
+    return comment[: end + 1] if end >= 0 else comment
 
 
 def setup(app):

@@ -11,7 +11,7 @@ from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
-from nip_like.objectives.contract import STANDARD_METRIC_NAMES, ObjectiveConfig, RolloutLoss
+from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, group_relative
 from nip_like.objectives.masking import per_agent_mean, set_per_agent
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
@@ -67,7 +67,7 @@ class GRPOLoss(RolloutLoss):
 
     default_keys = _AcceptedKeys
     needs_groups = True
-    metric_names: ClassVar = {**STANDARD_METRIC_NAMES, "kl_reference": "policy/kl_reference"}
+    metric_names: ClassVar = {"kl_reference": "policy/kl_reference"}
 
     def __init__(
         self,
