@@ -1,0 +1,28 @@
+"""Language-model agents: a Hugging Face causal LM and its tokenizer as a policy.
+
+* :mod:`nip_like.lm.tokenizer`: word-level tokenizers for a scenario's alphabet;
+* :mod:`nip_like.lm.models`: the agent's config and the builders of its model;
+* :mod:`nip_like.lm.sampling`: the distribution tokens are sampled from;
+* :mod:`nip_like.lm.policy`: sampling, teacher-forced scoring and values;
+* :mod:`nip_like.lm.value`: the value head;
+* :mod:`nip_like.lm.checkpoints`: ``save_pretrained`` folders plus the value head.
+"""
+
+from nip_like.lm.checkpoints import load_agent, save_agent
+from nip_like.lm.models import LMAgentConfig, build_lm, build_lm_policy
+from nip_like.lm.policy import LMPolicy
+from nip_like.lm.sampling import SamplingSettings
+from nip_like.lm.tokenizer import build_tokenizer
+from nip_like.lm.value import LMValueHead
+
+__all__ = [
+    "LMAgentConfig",
+    "LMPolicy",
+    "LMValueHead",
+    "SamplingSettings",
+    "build_lm",
+    "build_lm_policy",
+    "build_tokenizer",
+    "load_agent",
+    "save_agent",
+]

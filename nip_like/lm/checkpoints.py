@@ -1,0 +1,149 @@
+"""Language-model agents on disk: ``save_pretrained`` folders plus a value head.
+
+An agent's folder is what ``save_pretrained`` writes for the model
+(``config.json``, ``generation_config.json``, ``model.safetensors``) and for
+the tokenizer (``tokenizer.json``, ``tokenizer_config.json``), so plain
+``AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)`` and
+``AutoTokenizer.from_pretrained(folder)`` reload it, plus the value head, if
+any, in ``value_head.pt`` beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from nip_like.checkpoint import save_atomic
+from nip_like.errors import CheckpointError, ConfigError
+from nip_like.lm.value import LMValueHead
+
+#: The value head's file in an agent's folder.
+VALUE_HEAD_FILE = "value_head.pt"
+
+
+def save_agent(
+    folder: Union[str, Path],
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    value_head: Optional[LMValueHead] = None,
+) -> Path:
+    """Write a language-model agent to ``folder``.
+
+    Parameters
+    ----------
+    folder : str or Path
+        Created if missing; the agent's files in it are overwritten, and a
+        value head file left by an earlier save is removed when
+        ``value_head`` is None.
+    model : PreTrainedModel
+        The causal LM (``save_pretrained``).
+    tokenizer : PreTrainedTokenizerBase
+        Its tokenizer (``save_pretrained``).
+    value_head : LMValueHead, optional
+        Saved with :func:`~nip_like.checkpoint.save_atomic` as
+        ``value_head.pt``: whether its body is shared, its width and its
+        state dict (a separate body's weights included).
+
+    Returns
+    -------
+    Path
+        The folder.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    value_path = folder / VALUE_HEAD_FILE
+    if value_head is None:
+        value_path.unlink(missing_ok=True)
+    else:
+        state = {
+            "shared_body": value_head.shared_body,
+            "hidden_size": value_head.linear.in_features,
+            "state_dict": value_head.state_dict(),
+        }
+        save_atomic(state, value_path)
+    return folder
+
+
+def load_agent(
+    folder: Union[str, Path],
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Optional[LMValueHead]]:
+    """Read an agent written by :func:`save_agent` (or any local model folder).
+
+    Parameters
+    ----------
+    folder : str or Path
+        A local folder; nothing is downloaded.
+
+    Returns
+    -------
+    model : PreTrainedModel
+        The causal LM, float32, on the CPU.
+    tokenizer : PreTrainedTokenizerBase
+        Its tokenizer.
+    value_head : LMValueHead or None
+        The value head, None if the folder has no ``value_head.pt``.
+
+    Raises
+    ------
+    ConfigError
+        If ``folder`` is not an existing folder.
+    """
+    folder = local_model_folder(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return model, tokenizer, load_value_head(folder, model)
+
+
+def load_value_head(folder: Union[str, Path], model: PreTrainedModel) -> Optional[LMValueHead]:
+    """Read ``value_head.pt`` from an agent's folder, None if there is none.
+
+    Parameters
+    ----------
+    folder : str or Path
+        The agent's folder.
+    model : PreTrainedModel
+        The agent's causal LM (a separate value body is built like its
+        ``base_model`` before its weights are loaded).
+
+    Returns
+    -------
+    LMValueHead or None
+
+    Raises
+    ------
+    CheckpointError
+        If the file cannot be read or does not fit the model.
+    """
+    path = Path(folder) / VALUE_HEAD_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        head = LMValueHead.for_model(model, shared_body=state["shared_body"])
+        head.load_state_dict(state["state_dict"])
+    except Exception as error:  # noqa: BLE001 - any failure is one line for the user
+        raise CheckpointError(f"cannot load the value head {path}: {type(error).__name__}: {error}") from error
+    return head.to(next(model.parameters()).device)
+
+
+def local_model_folder(path: Union[str, Path]) -> Path:
+    """``path`` as a Path if it is an existing folder, else a one-line :class:`ConfigError`.
+
+    Parameters
+    ----------
+    path : str or Path
+        A model folder (``save_pretrained``); hub names are refused.
+
+    Returns
+    -------
+    Path
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"model folder {str(path)!r} does not exist: only local folders are read, nothing is downloaded")
+    return folder
