@@ -16,6 +16,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.modules import MaskedCategorical, ProbabilisticActor
 
+from nip_like.allowed import checked
 from nip_like.keys import ACTION_KEY, ACTION_MASK_KEY, ACTIVE_KEY, LOG_PROB_KEY, LOGITS_KEY, OBSERVATION_KEY, VALUE_KEY
 
 
@@ -23,8 +24,8 @@ from nip_like.keys import ACTION_KEY, ACTION_MASK_KEY, ACTIVE_KEY, LOG_PROB_KEY,
 class AgentNetConfig:
     """Size of one agent's MLP networks (:func:`mlp`)."""
 
-    hidden_size: int = 64  # width of each hidden layer
-    num_layers: int = 2  # hidden layers in the policy and value networks
+    hidden_size: int = checked(64, ge=1)  # width of each hidden layer
+    num_layers: int = checked(2, ge=0)  # hidden layers in the policy and value networks
 
 
 class PerAgent(nn.Module):

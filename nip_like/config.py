@@ -28,6 +28,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from nip_like.allowed import Allowed, check_values, checked
 from nip_like.errors import ConfigError
 from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS
 
@@ -40,26 +41,26 @@ class OptimizerConfig:
     """Optimiser, learning-rate schedule and gradient handling."""
 
     name: str = "adam"  # adam | adamw | sgd | rmsprop | adagrad
-    lr: float = 1e-3  # learning rate of every agent without an entry in agent_lr
-    agent_lr: dict[str, float] = field(default_factory=dict)  # per-agent learning rates, by agent name
-    weight_decay: float = 0.0  # L2 penalty (decoupled for adamw)
-    momentum: float = 0.0  # momentum for sgd and rmsprop
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam/AdamW betas
-    eps: float = 1e-8  # numerical epsilon of adaptive optimisers
-    max_grad_norm: Optional[float] = 1.0  # clip each agent's gradient norm to this; null disables
-    grad_accumulation_steps: int = 1  # minibatches whose gradients are summed before one optimiser step
+    lr: float = checked(1e-3, gt=0)  # learning rate of every agent without an entry in agent_lr
+    agent_lr: dict[str, float] = checked(factory=dict, each=Allowed(gt=0))  # per-agent learning rates, by agent name
+    weight_decay: float = checked(0.0, ge=0)  # L2 penalty (decoupled for adamw)
+    momentum: float = checked(0.0, ge=0, lt=1)  # momentum for sgd and rmsprop
+    betas: list[float] = checked(factory=lambda: [0.9, 0.999], length=2, each=Allowed(ge=0, lt=1))  # Adam/AdamW betas
+    eps: float = checked(1e-8, gt=0)  # numerical epsilon of adaptive optimisers
+    max_grad_norm: Optional[float] = checked(1.0, gt=0)  # clip each agent's gradient norm to this; null disables
+    grad_accumulation_steps: int = checked(1, ge=1)  # minibatches whose gradients are summed before one optimiser step
     lr_schedule: str = "constant"  # constant | linear | cosine, over the training iterations
-    lr_final_factor: float = 0.0  # linear/cosine: final lr as a fraction of the initial lr
-    warmup_iterations: int = 0  # iterations of linear warm-up from 0 before the schedule
+    lr_final_factor: float = checked(0.0, ge=0, le=1)  # linear/cosine: final lr as a fraction of the initial lr
+    warmup_iterations: int = checked(0, ge=0)  # iterations of linear warm-up from 0 before the schedule
 
 
 @dataclass
 class AgentUpdateConfig:
     """When one agent is trained; on other iterations its parameters stay fixed."""
 
-    start: int = 0  # first iteration (0-based) on which the agent is trained
-    stop: Optional[int] = None  # iteration from which it is no longer trained; null = never stops
-    every: int = 1  # train on every k-th iteration counted from start
+    start: int = checked(0, ge=0)  # first iteration (0-based) on which the agent is trained
+    stop: Optional[int] = checked(None, ge=1)  # iteration from which it is no longer trained; null = never stops
+    every: int = checked(1, ge=1)  # train on every k-th iteration counted from start
 
 
 @dataclass
@@ -67,9 +68,9 @@ class PretrainConfig:
     """Supervised pretraining of agents on the labels before RL (scenarios with labelled data)."""
 
     agents: list[str] = field(default_factory=list)  # agents whose policy networks are first fitted to the labels
-    epochs: int = 10  # passes over the train split
-    lr: float = 0.001  # Adam learning rate of the pretraining
-    minibatch_size: int = 64  # datapoints per pretraining minibatch
+    epochs: int = checked(10, ge=1)  # passes over the train split
+    lr: float = checked(0.001, gt=0)  # Adam learning rate of the pretraining
+    minibatch_size: int = checked(64, ge=1)  # datapoints per pretraining minibatch
     cache_dir: str = "~/.cache/nip_like/pretrained"  # where pretrained agents are cached, keyed by what determines them
 
 
@@ -77,13 +78,13 @@ class PretrainConfig:
 class EvalConfig:
     """Periodic evaluation during training, best checkpoint and early stopping."""
 
-    every: int = 10  # evaluate every N iterations (and after the last); 0 disables
-    num_episodes: int = 256  # episodes per evaluation
+    every: int = checked(10, ge=0)  # evaluate every N iterations (and after the last); 0 disables
+    num_episodes: int = checked(256, ge=1)  # episodes per evaluation
     deterministic: bool = True  # take the most likely action instead of sampling
     metric: str = "eval/reward"  # metric that picks the best checkpoint
-    mode: str = "max"  # max | min: whether a larger or smaller metric is better
-    early_stopping_patience: int = 0  # stop after this many evaluations without improvement; 0 disables
-    test_checkpoint: str = "final"  # final | best: which agents the test loop evaluates
+    mode: str = checked("max", choices=("max", "min"))  # max | min: whether a larger or smaller metric is better
+    early_stopping_patience: int = checked(0, ge=0)  # stop after this many evaluations without improvement; 0 disables
+    test_checkpoint: str = checked("final", choices=("final", "best"))  # final | best: which agents the test loop evaluates
 
 
 @dataclass
@@ -92,14 +93,14 @@ class TrainerConfig:
 
     trainer_type: str = "ppo"  # registered trainer name, or dotted path module.Class
     objective: Any = None  # the objective's options (the schema the trainer is registered with; group trainer/objective)
-    num_iterations: int = 40  # collect-then-optimise iterations
-    num_envs: int = 64  # parallel environments in the vectorised train env
-    frames_per_batch: int = 1536  # environment steps per iteration (a multiple of num_envs)
-    num_epochs: int = 4  # passes over each collected batch
-    group_size: int = 1  # episodes played on the same datapoint, side by side (grouped rollouts; num_envs must be a multiple)
-    minibatch_size: int = 256  # items per minibatch (transitions, pairs or groups, as the loss lays them out)
-    num_test_episodes: int = 1024  # episodes in the final test loop
-    test_batch_episodes: int = 256  # episodes per test-loop iteration
+    num_iterations: int = checked(40, ge=1)  # collect-then-optimise iterations
+    num_envs: int = checked(64, ge=1)  # parallel environments in the vectorised train env
+    frames_per_batch: int = checked(1536, ge=1)  # environment steps per iteration (a multiple of num_envs)
+    num_epochs: int = checked(4, ge=1)  # passes over each collected batch
+    group_size: int = checked(1, ge=1)  # episodes played on the same datapoint, side by side (grouped rollouts; num_envs must be a multiple)
+    minibatch_size: int = checked(256, ge=1)  # items per minibatch (transitions, pairs or groups, as the loss lays them out)
+    num_test_episodes: int = checked(1024, ge=1)  # episodes in the final test loop
+    test_batch_episodes: int = checked(256, ge=1)  # episodes per test-loop iteration
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
     agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL
@@ -113,10 +114,10 @@ class LoggerConfig:
 
     backends: list[str] = field(default_factory=lambda: ["csv"])  # any of csv, tensorboard, wandb, mlflow
     wandb_project: str = "nip_like"  # W&B project name
-    wandb_mode: str = "offline"  # W&B mode: offline | online | disabled
+    wandb_mode: str = checked("offline", choices=("offline", "online", "disabled"))  # W&B mode: offline | online | disabled
     mlflow_tracking_uri: Optional[str] = None  # MLflow URI; null = a folder inside the run folder
     print_metrics: bool = True  # print the final test metrics to standard output
-    diagnostics_every: int = 1  # measure objective/kl and objective/entropy every N iterations; 0 = never
+    diagnostics_every: int = checked(1, ge=0)  # measure objective/kl and objective/entropy every N iterations; 0 = never
 
 
 @dataclass
@@ -126,9 +127,9 @@ class RunSettings:
     device: str = "cpu"  # torch device: cpu, cuda, cuda:1, ...
     test_run: bool = False  # run every loop for a single iteration (smoke test of a config)
     progress_bar: bool = True  # show tqdm progress bars
-    checkpoint_every: int = 10  # save the whole state every N iterations (and at the end); 0 = only at the end
-    num_threads: Optional[int] = None  # torch CPU threads; null leaves torch's default
-    autocast_dtype: Optional[str] = None  # run loops under torch.autocast with this dtype (bfloat16, float16); null = off
+    checkpoint_every: int = checked(10, ge=0)  # save the whole state every N iterations (and at the end); 0 = only at the end
+    num_threads: Optional[int] = checked(None, ge=1)  # torch CPU threads; null leaves torch's default
+    autocast_dtype: Optional[str] = checked(None, choices=(None, "bfloat16", "float16"))  # run loops under torch.autocast with this dtype (bfloat16, float16); null = off
 
 
 @dataclass
@@ -136,7 +137,7 @@ class ExperimentConfig:
     """The whole experiment: hyper-parameters and run settings."""
 
     name: str = "experiment"  # a label for the run folder
-    seed: int = 0  # seed of every random number generator
+    seed: int = checked(0, ge=0)  # seed of every random number generator
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the trainer and its loop
     scenario: Any = MISSING  # a scenario schema (config group "scenario")
     protocol: Any = MISSING  # a protocol schema (config group "protocol")
@@ -184,6 +185,23 @@ def check_known_keys(config: DictConfig) -> None:
             unknown += _unknown_keys(node, schema, f"{where}.")
     if unknown:
         raise ConfigError(f"unknown config keys {unknown}; check the spelling (see docs: configuration)")
+
+
+def check_config_values(config: DictConfig) -> None:
+    """Check every value against what its field allows (:mod:`nip_like.allowed`), before any work.
+
+    The global sections against :class:`~nip_like.config.ExperimentConfig`,
+    the protocol, the scenario and the objective against the schemas their
+    components are registered with.
+
+    Raises
+    ------
+    ConfigError
+        Naming the first field whose value is not allowed, the value and what is.
+    """
+    check_values(config, ExperimentConfig, "")
+    PROTOCOLS.typed_options(str(config.protocol.name), config.protocol, "protocol")
+    SCENARIOS.typed_options(str(config.scenario.name), config.scenario, "scenario")
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nip_like.checkpoint import seed_everything
-from nip_like.config import check_known_keys, run_id
+from nip_like.config import check_config_values, check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.logging import MetricLogger
 from nip_like.protocols.base import Protocol
@@ -39,6 +39,7 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     """
     check_objective(config)
     check_known_keys(config)
+    check_config_values(config)
     _check_device(config.run.device)
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))

@@ -24,6 +24,7 @@ from typing import Any, Callable, Generic, TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from nip_like.allowed import check_values
 from nip_like.errors import ConfigError
 
 T = TypeVar("T", bound=type)
@@ -229,13 +230,16 @@ def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
     Raises
     ------
     ConfigError
-        Naming the unknown key or the badly typed field.
+        Naming the unknown key, the badly typed field, or the value its field
+        does not allow (:func:`nip_like.allowed.check_values`).
     """
     try:
-        return OmegaConf.merge(OmegaConf.structured(schema), value)
+        merged = OmegaConf.merge(OmegaConf.structured(schema), value)
     except Exception as error:  # OmegaConf raises several error types
         first = str(error).splitlines()[0]
         raise ConfigError(f"{where}: {first}") from error
+    check_values(merged, schema, where)
+    return merged
 
 
 def _import_dotted(path: str, kind: str) -> type:

@@ -89,3 +89,66 @@ def test_schema_defaults_are_the_defaults_in_effect(kind):
                 assert section[field.name] == expected, f"{group}/{entry.name}.yaml changes {field.name}"
         checked += 1
     assert checked >= 2
+
+
+def _all_schemas() -> list[tuple[str, type]]:
+    """The global schema and every built-in component's, with the config section each fills."""
+    where = {"trainer": "trainer.objective", "protocol": "protocol", "scenario": "scenario"}
+    schemas = [("", config_module.ExperimentConfig)]
+    for kind, registry in REGISTRIES.items():
+        schemas += [
+            (where[kind], entry.schema)
+            for entry in registry.entries()
+            if entry.schema is not None and entry.cls.__module__.startswith("nip_like.")
+        ]
+    return schemas
+
+
+def test_every_numeric_field_declares_what_it_allows():
+    """A new int or float field cannot be added without its range (nip_like.allowed.checked)."""
+    from nip_like.allowed import numeric_fields_without_range
+
+    missing = [f"{schema.__name__}.{name}" for _, schema in _all_schemas() for name in numeric_fields_without_range(schema)]
+    assert not missing, missing
+
+
+def test_every_default_is_allowed():
+    from omegaconf import OmegaConf
+
+    from nip_like.allowed import check_values
+
+    for where, schema in _all_schemas():
+        check_values(OmegaConf.structured(schema), schema, where)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.optimizer.lr=-0.1", "trainer.optimizer.lr must be > 0, got -0.1"),
+        ("trainer.optimizer.max_grad_norm=-1", "trainer.optimizer.max_grad_norm must be > 0"),
+        ("trainer.objective.gamma=1.5", "trainer.objective.gamma must be in [0, 1], got 1.5"),
+        ("trainer.objective.lmbda=-0.5", "trainer.objective.lmbda must be in [0, 1]"),
+        ("trainer.objective.clip_epsilon=-0.2", "trainer.objective.clip_epsilon must be > 0"),
+        ("trainer.eval.every=-1", "trainer.eval.every must be >= 0"),
+        ("run.checkpoint_every=-1", "run.checkpoint_every must be >= 0"),
+        ("trainer.optimizer.warmup_iterations=-3", "trainer.optimizer.warmup_iterations must be >= 0"),
+        ("run.num_threads=0", "run.num_threads must be >= 1"),
+        ("run.autocast_dtype=int8", "run.autocast_dtype must be one of [None, 'bfloat16', 'float16']"),
+        ("run.autocast_dtype=bf16", "run.autocast_dtype must be one of"),
+        ("trainer.test_batch_episodes=0", "trainer.test_batch_episodes must be >= 1"),
+        ("trainer.num_test_episodes=0", "trainer.num_test_episodes must be >= 1"),
+        ("trainer.optimizer.betas=[0.9]", "trainer.optimizer.betas must be a list of 2, each in [0, 1), got [0.9]"),
+        ("scenario.default_agent.hidden_size=-4", "scenario.default_agent.hidden_size must be >= 1"),
+        ("protocol.message_rounds=0", "protocol.message_rounds must be >= 1"),
+        ("+trainer.optimizer.agent_lr.prover=-1", "trainer.optimizer.agent_lr must be all > 0"),
+        ("trainer.objective.entropy_coeff=nan", "trainer.objective.entropy_coeff must be >= 0, got nan"),
+    ],
+)
+def test_values_outside_their_range_stop_the_build_in_one_line(tmp_path, override, message):
+    from nip_like.errors import ConfigError
+    from nip_like.experiment import build_trainer
+
+    with pytest.raises(ConfigError) as error:
+        build_trainer(smoke_config(override), tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not any(tmp_path.iterdir())  # nothing was written: the check comes before any work

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
+from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric
@@ -28,8 +29,8 @@ from tests.conftest import REPO_ROOT, smoke_config
 class AnchoredReinforceConfig(ObjectiveConfig):
     """Options of the test objective: exactly its loss's keyword arguments."""
 
-    anchor_weight: float = 0.1  # weight of a pull of the logits towards zero
-    scale: float = 1.0  # multiplies the episode return
+    anchor_weight: float = checked(0.1, ge=0)  # weight of a pull of the logits towards zero
+    scale: float = checked(1.0, gt=0)  # multiplies the episode return
 
 
 class AnchoredReinforceLoss(RolloutLoss):
@@ -108,6 +109,8 @@ def test_a_new_objectives_options_are_checked(tmp_path):
         smoke_config(f"trainer.trainer_type={DOTTED}", "trainer.objective.anchor_wait=0.2")
     with pytest.raises(Exception, match="scale"):
         smoke_config(f"trainer.trainer_type={DOTTED}", "trainer.objective.scale=big")
+    with pytest.raises(ConfigError, match="trainer.objective.scale must be > 0, got -2.0"):
+        build_trainer(smoke_config(f"trainer.trainer_type={DOTTED}", "trainer.objective.scale=-2"), tmp_path / "b")
     # A trainer named with another objective's options is refused, naming the way to select them.
     config = smoke_config(f"trainer.trainer_type={DOTTED}", "trainer/objective=ppo")
     with pytest.raises(ConfigError, match="trainer/objective=anchored_reinforce_test"):

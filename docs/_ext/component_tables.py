@@ -4,7 +4,8 @@
 (:mod:`nip_like.registry`): every built-in component's name, class, options
 schema and summary. ``.. config-options:: trainer`` lists the options of a
 config group (the YAML files under ``nip_like/configs/<group>/``) with the
-first line of each file's leading comment. No page writes such a list by
+first sentence of each file's leading comment. ``.. allowed-values::`` lists
+what every schema field allows. No page writes such a list by
 hand, so a new component appears in the docs when it is added.
 """
 
@@ -69,6 +70,32 @@ class ConfigOptions(_Table):
         return rows
 
 
+class AllowedValues(_Table):
+    """What every field allows (``nip_like.allowed``): the global schema, then each registered component's."""
+
+    required_arguments = 0
+    header = ("field", "allowed", "schema")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        from nip_like.allowed import allowed_values
+        from nip_like.config import ExperimentConfig
+        from nip_like.registry import REGISTRIES
+
+        sections = {"trainer": "trainer.objective", "protocol": "protocol", "scenario": "scenario"}
+        schemas = [("", ExperimentConfig)]
+        seen = {ExperimentConfig}
+        for kind, registry in REGISTRIES.items():
+            for entry in registry.entries():
+                if entry.schema is not None and entry.schema not in seen and entry.cls.__module__.startswith("nip_like."):
+                    seen.add(entry.schema)
+                    schemas.append((f"{sections[kind]}.", entry.schema))
+        return [
+            (f"``{prefix}{name}``", allowed.replace("*", "\\*"), _reference(schema))
+            for prefix, schema in schemas
+            for name, allowed in allowed_values(schema)
+        ]
+
+
 def _first_sentence(text: str) -> str:
     """The first sentence of a YAML file's leading comment (it may wrap over several lines)."""
     lines = []
@@ -85,4 +112,5 @@ def _first_sentence(text: str) -> str:
 def setup(app):
     app.add_directive("registry-table", RegistryTable)
     app.add_directive("config-options", ConfigOptions)
+    app.add_directive("allowed-values", AllowedValues)
     return {"parallel_read_safe": True}

@@ -19,6 +19,7 @@ from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
+from nip_like.allowed import checked
 from nip_like.distributions import masked_log_softmax
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes
@@ -37,12 +38,12 @@ RETURN_GAP_KEY = "return_gap"
 class PreferenceConfig(ObjectiveConfig):
     """Options every preference objective shares: the keyword arguments of :class:`DPOLoss` but the loss type."""
 
-    beta: float = 0.3  # inverse temperature (sigmoid, hinge) or regularisation strength (ipo)
-    margin: float = 0.0  # drop pairs whose return gap is below this (a zero gap is always dropped)
+    beta: float = checked(0.3, gt=0)  # inverse temperature (sigmoid, hinge) or regularisation strength (ipo)
+    margin: float = checked(0.0, ge=0)  # drop pairs whose return gap is below this (a zero gap is always dropped)
     length_normalize: bool = False  # mean instead of summed log-probs over the agent's steps
-    label_smoothing: float = 0.0  # assumed preference-flip probability, conservative DPO (sigmoid only)
-    ref_sync_every: int = 0  # move the reference towards the policy every N iterations; 0 keeps the initial policy
-    ref_mixup_alpha: float = 1.0  # weight of the policy in that move: 1 copies it, below 1 is an EMA step
+    label_smoothing: float = checked(0.0, ge=0, lt=0.5)  # assumed preference-flip probability, conservative DPO (sigmoid only)
+    ref_sync_every: int = checked(0, ge=0)  # move the reference towards the policy every N iterations; 0 keeps the initial policy
+    ref_mixup_alpha: float = checked(1.0, gt=0, le=1)  # weight of the policy in that move: 1 copies it, below 1 is an EMA step
 
 
 @dataclass
@@ -51,14 +52,14 @@ class DPOConfig(PreferenceConfig):
 
     variant_field: ClassVar[str | None] = "loss_type"
 
-    loss_type: str = "sigmoid"  # sigmoid (DPO) | ipo | hinge
+    loss_type: str = checked("sigmoid", choices=LOSS_TYPES)  # sigmoid (DPO) | ipo | hinge
 
 
 @dataclass
 class IPOConfig(PreferenceConfig):
     """Options of the IPO objective: DPO's pairs with the IPO loss, whose type is fixed."""
 
-    beta: float = 0.1  # regularisation strength: the loss pulls the log-ratio gap towards 1 / (2 beta)
+    beta: float = checked(0.1, gt=0)  # regularisation strength: the loss pulls the log-ratio gap towards 1 / (2 beta)
     length_normalize: bool = True  # mean log-probs over the agent's steps, as TRL's IPO
 
 

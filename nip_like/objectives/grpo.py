@@ -11,6 +11,7 @@ from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
+from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, group_relative
 from nip_like.objectives.masking import per_agent_mean, set_per_agent
@@ -24,9 +25,9 @@ REFERENCE_LOGITS_KEY = ("agents", "reference_logits")
 class GRPOConfig(ObjectiveConfig):
     """Options of the GRPO objective: the keyword arguments of :class:`GRPOLoss` after the reference."""
 
-    clip_epsilon: float = 0.2  # clip range of the probability ratio
-    kl_coeff: float = 0.0  # weight of the KL(pi || initial policy) penalty; 0 disables it
-    entropy_coeff: float = 0.01  # weight of the entropy bonus
+    clip_epsilon: float = checked(0.2, gt=0)  # clip range of the probability ratio
+    kl_coeff: float = checked(0.0, ge=0)  # weight of the KL(pi || initial policy) penalty; 0 disables it
+    entropy_coeff: float = checked(0.01, ge=0)  # weight of the entropy bonus
 
 
 class GRPOLoss(RolloutLoss):

@@ -15,6 +15,7 @@ from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import GAE
 
 from nip_like import keys
+from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
@@ -31,17 +32,17 @@ class PPOConfig(ObjectiveConfig):
 
     variant_field: ClassVar[str | None] = "variant"
 
-    variant: str = "clip"  # clip (clipped surrogate) | kl (adaptive KL penalty)
-    clip_epsilon: float = 0.2  # clip range of the probability ratio (clip variant)
-    kl_beta: float = 1.0  # initial KL-penalty coefficient (kl variant)
-    kl_target: float = 0.01  # target KL per update; beta adapts towards it (kl variant)
+    variant: str = checked("clip", choices=PPO_VARIANTS)  # clip (clipped surrogate) | kl (adaptive KL penalty)
+    clip_epsilon: float = checked(0.2, gt=0)  # clip range of the probability ratio (clip variant)
+    kl_beta: float = checked(1.0, ge=0)  # initial KL-penalty coefficient (kl variant)
+    kl_target: float = checked(0.01, gt=0)  # target KL per update; beta adapts towards it (kl variant)
     kl_adaptive: bool = True  # adapt beta after each minibatch (kl variant)
-    entropy_coeff: float = 0.01  # weight of the entropy bonus
-    critic_coeff: float = 0.5  # weight of the value loss
+    entropy_coeff: float = checked(0.01, ge=0)  # weight of the entropy bonus
+    critic_coeff: float = checked(0.5, ge=0)  # weight of the value loss
     normalize_advantage: bool = True  # standardise advantages per agent over its active steps
-    loss_critic_type: str = "smooth_l1"  # l1 | l2 | smooth_l1
-    gamma: float = 0.99  # discount factor of GAE
-    lmbda: float = 0.95  # GAE lambda
+    loss_critic_type: str = checked("smooth_l1", choices=CRITIC_LOSS_TYPES)  # l1 | l2 | smooth_l1
+    gamma: float = checked(0.99, ge=0, le=1)  # discount factor of GAE
+    lmbda: float = checked(0.95, ge=0, le=1)  # GAE lambda
 
 
 class MultiAgentPPOLoss(RolloutLoss):

@@ -11,6 +11,7 @@ from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
+from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
@@ -50,9 +51,9 @@ class ReinforceConfig(ObjectiveConfig):
     """Options of the REINFORCE objective: the keyword arguments of :class:`MultiAgentReinforceLoss`."""
 
     baseline: bool = True  # subtract a learned value baseline (the agents' value networks)
-    gamma: float = 0.99  # discount factor of the returns
-    entropy_coeff: float = 0.01  # weight of the entropy bonus
-    critic_coeff: float = 0.5  # weight of the baseline's regression loss
+    gamma: float = checked(0.99, ge=0, le=1)  # discount factor of the returns
+    entropy_coeff: float = checked(0.01, ge=0)  # weight of the entropy bonus
+    critic_coeff: float = checked(0.5, ge=0)  # weight of the baseline's regression loss
     normalize_advantage: bool = True  # standardise advantages per agent over its active steps
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.protocols.base import Protocol, ProtocolConfig
 
@@ -27,19 +28,19 @@ class ProofRewardsConfig(ProtocolConfig):
     """Rewards of an interactive-proof protocol; all the options of one whose turns are fixed."""
 
     shared_reward: bool = False  # every agent gets the verifier's reward (cooperative)
-    verifier_reward: float = 1.0  # the verifier's reward for a correct decision
-    verifier_incorrect_penalty: float = 0.0  # subtracted from the verifier's reward for a wrong decision
-    verifier_continue_reward: float = 0.0  # the verifier's reward for each turn it lets pass (small; negative = a cost)
-    prover_reward: float = 1.0  # a prover's reward when the verifier decides its side
+    verifier_reward: float = checked(1.0)  # the verifier's reward for a correct decision
+    verifier_incorrect_penalty: float = checked(0.0, ge=0)  # subtracted from the verifier's reward for a wrong decision
+    verifier_continue_reward: float = checked(0.0)  # the verifier's reward for each turn it lets pass (small; negative = a cost)
+    prover_reward: float = checked(1.0)  # a prover's reward when the verifier decides its side
 
 
 @dataclass
 class ProofTurnsConfig(ProofRewardsConfig):
     """An interactive-proof protocol whose turns repeat until the verifier decides (NIP, debate, MNIP, ...)."""
 
-    min_rounds: int = 1  # the verifier may decide from this step on (1-based)
-    max_rounds: int = 8  # the verifier must decide on its last turn within this many steps
-    first_speaker: str = "verifier"  # verifier | prover: who opens
+    min_rounds: int = checked(1, ge=1)  # the verifier may decide from this step on (1-based)
+    max_rounds: int = checked(8, ge=1)  # the verifier must decide on its last turn within this many steps
+    first_speaker: str = checked("verifier", choices=FIRST_SPEAKERS)  # verifier | prover: who opens
 
 
 class ProofProtocol(Protocol):

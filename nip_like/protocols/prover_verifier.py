@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.protocols.base import Protocol, ProtocolConfig
 from nip_like.registry import register_protocol
@@ -16,7 +17,7 @@ class ProverVerifierConfig(ProtocolConfig):
     """A prover sends messages for some rounds, then the verifier decides."""
 
     name: str = "prover_verifier"  # protocol name
-    message_rounds: int = 2  # rounds in which the prover speaks before the verifier decides
+    message_rounds: int = checked(2, ge=1)  # rounds in which the prover speaks before the verifier decides
     shared_reward: bool = True  # the prover is rewarded when the verifier is right (cooperative)
 
 

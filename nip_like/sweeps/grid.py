@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nip_like.cli import CONFIG_DIR, one_line
-from nip_like.config import check_known_keys, register_configs, run_id
+from nip_like.config import check_config_values, check_known_keys, register_configs, run_id
 from nip_like.errors import ConfigError, NipLikeError
 from nip_like.registry import TRAINERS
 
@@ -230,6 +230,7 @@ def _make_job(overrides: list[str], hydra_overrides: list[str], root: Path) -> J
         with open_dict(config):
             del config["hydra"]
         check_known_keys(config)
+        check_config_values(config)
         return Job(
             overrides=list(overrides),
             name=folder_name,

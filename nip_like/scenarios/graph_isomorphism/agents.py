@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nip_like.allowed import checked
 from nip_like.agents import AgentModules, PerAgent, actor_critic_from_networks
 from nip_like.keys import OBSERVATION_KEY
 from nip_like.distributions import GroupedMaskedCategorical, masked_log_softmax
@@ -43,18 +44,20 @@ IN_KEYS = [("agents", "adjacency"), ("agents", "node_mask"), ("agents", "message
 AGENT_DIMS = (-4, -3, -4, -2)
 #: Pair tokens (mean, half difference) before the node tokens.
 PAIR_TOKENS = 2
+#: Node-input encodings of the message history (:func:`exchange_marks`).
+MESSAGE_ENCODINGS = ("exchanges", "steps")
 
 
 @dataclass
 class GraphAgentConfig:
     """Size of one graph-isomorphism agent's networks (:func:`build_graph_agents`)."""
 
-    hidden_size: int = 32  # width of the node embeddings
-    gin_layers: int = 2  # rounds of GIN message passing
-    gin_mlp_size: int = 0  # hidden width of each GIN layer's two-layer MLP; 0 means hidden_size
-    attention_heads: int = 2  # heads of the cross-graph transformer layer; 0 leaves the layer out
-    transformer_mlp_size: int = 0  # hidden width of the transformer's feed-forward block; 0 means 4 * hidden_size
-    message_encoding: str = "exchanges"  # node inputs: "exchanges" (a query and its answers share a channel) or "steps"
+    hidden_size: int = checked(32, ge=1)  # width of the node embeddings
+    gin_layers: int = checked(2, ge=1)  # rounds of GIN message passing
+    gin_mlp_size: int = checked(0, ge=0)  # hidden width of each GIN layer's two-layer MLP; 0 means hidden_size
+    attention_heads: int = checked(2, ge=0)  # heads of the cross-graph transformer layer; 0 leaves the layer out
+    transformer_mlp_size: int = checked(0, ge=0)  # hidden width of the transformer's feed-forward block; 0 means 4 * hidden_size
+    message_encoding: str = checked("exchanges", choices=MESSAGE_ENCODINGS)  # node inputs: "exchanges" (a query and its answers share a channel) or "steps"
     shared_body: bool = False  # the policy and value heads share one body
 
 

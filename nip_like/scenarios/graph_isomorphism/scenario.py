@@ -10,19 +10,18 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from nip_like.agents import AgentModules
+from nip_like.allowed import Allowed, checked
 from nip_like.errors import ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
-from nip_like.scenarios.graph_isomorphism.agents import GraphAgentConfig, build_graph_agents
+from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
 from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
 
 SPLITS = ("train", "val", "test")
-#: Node-input encodings of the graph agents (:func:`~nip_like.scenarios.graph_isomorphism.agents.exchange_marks`).
-MESSAGE_ENCODINGS = ("exchanges", "steps")
 
 
 @dataclass
@@ -30,14 +29,14 @@ class GraphIsomorphismConfig(ScenarioConfig):
     """The graph-isomorphism scenario (see :mod:`nip_like.scenarios.graph_isomorphism`)."""
 
     name: str = "graph_isomorphism"  # scenario name
-    num_pairs: int = 2000  # graph pairs in the dataset, before the splits
-    dataset_seed: int = 0  # seed of the dataset generator (the run's seed does not change the data)
-    min_nodes: int = 7  # fewest nodes of a graph
-    max_nodes: int = 11  # most nodes of a graph
-    edge_probabilities: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8])  # Erdos-Renyi edge probabilities
-    wl_fractions: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.7])  # non-isomorphic pairs told apart by 1-WL in 1, 2, >2 rounds
-    val_fraction: float = 0.1  # share of pairs in the validation split (periodic evaluation)
-    test_fraction: float = 0.2  # share of pairs in the held-out test split
+    num_pairs: int = checked(2000, ge=1)  # graph pairs in the dataset, before the splits
+    dataset_seed: int = checked(0, ge=0)  # seed of the dataset generator (the run's seed does not change the data)
+    min_nodes: int = checked(7, ge=2, le=64)  # fewest nodes of a graph
+    max_nodes: int = checked(11, ge=2, le=64)  # most nodes of a graph
+    edge_probabilities: list[float] = checked(factory=lambda: [0.2, 0.4, 0.6, 0.8], each=Allowed(gt=0, lt=1))  # Erdos-Renyi edge probabilities
+    wl_fractions: list[float] = checked(factory=lambda: [0.1, 0.2, 0.7], length=3, each=Allowed(ge=0, le=1))  # non-isomorphic pairs told apart by 1-WL in 1, 2, >2 rounds
+    val_fraction: float = checked(0.1, gt=0, lt=1)  # share of pairs in the validation split (periodic evaluation)
+    test_fraction: float = checked(0.2, gt=0, lt=1)  # share of pairs in the held-out test split
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     prover_answers_other_graph: bool = True  # a prover's node must lie in the graph the verifier's last node is not in
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent GraphAgentConfig entries; others use default_agent

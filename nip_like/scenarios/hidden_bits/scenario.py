@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from nip_like.allowed import checked
 from nip_like.agents import AgentModules, AgentNetConfig, build_actor_critic, mlp
 from nip_like.errors import ConfigError
 from nip_like.registry import register_scenario, typed_entry
@@ -20,8 +21,8 @@ class HiddenBitsConfig(ScenarioConfig):
     """The built-in hidden-bits scenario (see :mod:`nip_like.scenarios.hidden_bits`)."""
 
     name: str = "hidden_bits"  # scenario name
-    num_bits: int = 2  # length of the hidden bit string the verifier must output
-    message_vocab: int = 4  # number of distinct messages a prover can send per round
+    num_bits: int = checked(2, ge=1, le=16)  # length of the hidden bit string the verifier must output
+    message_vocab: int = checked(4, ge=2)  # number of distinct messages a prover can send per round
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent AgentNetConfig entries; others use default_agent
     default_agent: AgentNetConfig = field(default_factory=AgentNetConfig)  # network size of agents not in agents
 
