@@ -1,10 +1,10 @@
 """What every scenario's seeded, cached dataset shares: tensors, checksums, splits and the cache.
 
-A dataset is a dataclass of tensors that subclasses :class:`TensorDataset`; its
-generator is described by a frozen spec dataclass (its fields go through
-:func:`spec_to_dict` and :func:`spec_key`). :func:`stratified_split` cuts it
-into label-stratified splits and :func:`load_or_build` keeps it in a checked
-cache file. The graph-isomorphism pairs
+A dataset is a dataclass of tensors that subclasses :class:`TensorDataset`;
+what its generator draws is a frozen spec dataclass that subclasses
+:class:`DatasetSpec`. :func:`stratified_split` cuts a dataset into
+label-stratified splits and :func:`load_or_build` keeps it in a checked cache
+file. The graph-isomorphism pairs
 (:mod:`nip_like.scenarios.graph_isomorphism.data`) and the duplicate lists
 (:mod:`nip_like.scenarios.duplicates.data`) are built on it. This module
 registers nothing.
@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import numpy as np
 import torch
@@ -61,28 +61,49 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     return counts
 
 
-def spec_to_dict(spec: Any) -> dict[str, Any]:
-    """Return a spec dataclass's fields as plain JSON values (tuples become lists)."""
-    return {
-        field.name: list(value) if isinstance(value, tuple) else value
-        for field in fields(spec)
-        for value in [getattr(spec, field.name)]
-    }
+class DatasetSpec:
+    """Base of a frozen spec dataclass: what a dataset's generator draws.
 
-
-def spec_key(spec: Any, generator_version: int) -> str:
-    """Return a stable 16-hex-digit hash of a spec's fields and its generator's version.
-
-    Unlike :func:`hash`, it is the same in every process; it names the cache
-    file of :func:`load_or_build`.
+    Every field and the class's :attr:`generator_version` enter :meth:`key`,
+    so neither another spec nor a changed generator ever reuses a cache file.
     """
-    text = json.dumps({"generator_version": generator_version, **spec_to_dict(spec)}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    #: Version of the generation procedure; a subclass sets it, and bumps it
+    #: whenever a spec would draw other tensors than before.
+    generator_version: ClassVar[int] = 0
 
-def cache_metadata(spec: Any, generator_version: int) -> dict[str, Any]:
-    """Return what a cache file stores beside its tensors: the generator version and the spec."""
-    return {"generator_version": generator_version, "spec": spec_to_dict(spec)}
+    def _fail(self, field: str, allowed: str, value: object) -> NoReturn:
+        """Raise a one-line :class:`~nip_like.errors.ConfigError` naming the field and what it allows."""
+        raise ConfigError(f"{type(self).__name__}.{field} must be {allowed}, got {value!r}")
+
+    def _check_integers(self, lowest: Mapping[str, int]) -> None:
+        """Check that each field named in ``lowest`` is an integer at least that large; store it as an ``int``."""
+        for name, minimum in lowest.items():
+            value = getattr(self, name)
+            if not is_int(value) or value < minimum:
+                self._fail(name, f"an integer >= {minimum}", value)
+            object.__setattr__(self, name, int(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as plain JSON values (tuples become lists)."""
+        return {
+            field.name: list(value) if isinstance(value, tuple) else value
+            for field in fields(self)
+            for value in [getattr(self, field.name)]
+        }
+
+    def key(self) -> str:
+        """Return a stable 16-hex-digit hash of all fields and :attr:`generator_version`.
+
+        Unlike :func:`hash`, it is the same in every process; it names the
+        dataset's cache file.
+        """
+        text = json.dumps({"generator_version": self.generator_version, **self.to_dict()}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def cache_metadata(self) -> dict[str, Any]:
+        """Return what a cache file stores beside its tensors: the generator version and the fields."""
+        return {"generator_version": self.generator_version, "spec": self.to_dict()}
 
 
 class TensorDataset:
@@ -252,16 +273,17 @@ def _cache_problem(cls: type[D], path: Path, expected: Mapping[str, Any]) -> tup
     return dataset, None
 
 
-def load_or_build(cls: type[D], path: Path, metadata: Mapping[str, Any], build: Callable[[], D]) -> D:
-    """Return the dataset cached at ``path``, building and caching it if needed.
+def load_or_build(cls: type[D], path: Path, spec: DatasetSpec, build: Callable[[], D]) -> D:
+    """Return the dataset of ``spec`` cached at ``path``, building and caching it if needed.
 
-    The file holds ``metadata`` (from :func:`cache_metadata`: the spec and the
+    The file holds :meth:`DatasetSpec.cache_metadata` (the spec and the
     generator version) and a checksum beside the tensors. A file that is
-    unreadable, malformed, written with other metadata or whose checksum fails
-    is never used: a :class:`CacheRebuildWarning` says in one line what was
-    wrong (it points at the caller of the function that calls this one), and
-    ``build()`` is called again and its result written atomically (temporary
-    file, then ``os.replace``).
+    unreadable, malformed, written for another spec or generator version, or
+    whose checksum fails is never used: a :class:`CacheRebuildWarning` says in
+    one line what was wrong (it points at the caller of the function that
+    calls this one), and ``build()`` is called again and its result written
+    atomically (temporary file, flush, ``os.replace``: a crash never leaves
+    half a file under the cache name).
 
     Parameters
     ----------
@@ -269,17 +291,17 @@ def load_or_build(cls: type[D], path: Path, metadata: Mapping[str, Any], build: 
         The dataset class, a :class:`TensorDataset`.
     path : Path
         The cache file; its folder is created if needed.
-    metadata : mapping
-        ``{"generator_version": int, "spec": dict}``, as :func:`cache_metadata` returns.
+    spec : DatasetSpec
+        What the dataset is drawn from.
     build : callable
-        Draws the dataset.
+        Draws the dataset of ``spec``.
 
     Returns
     -------
     TensorDataset
         The dataset, on the CPU.
     """
-    path = Path(path)
+    path, metadata = Path(path), spec.cache_metadata()
     if path.exists():
         dataset, problem = _cache_problem(cls, path, metadata)
         if dataset is not None:

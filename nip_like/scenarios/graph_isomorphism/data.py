@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 import torch
@@ -20,14 +20,11 @@ from nip_like.errors import ConfigError
 from nip_like.scenarios.datasets import CacheRebuildWarning as CacheRebuildWarning  # re-exported
 from nip_like.scenarios.datasets import DatasetFileError as DatasetFileError  # re-exported
 from nip_like.scenarios.datasets import (
+    DatasetSpec,
     TensorDataset,
     apportion,
-    cache_metadata,
-    is_int,
     is_real,
     load_or_build,
-    spec_key,
-    spec_to_dict,
     stratified_split,
 )
 from nip_like.scenarios.graph_isomorphism.isomorphism import (
@@ -69,8 +66,11 @@ def _float_tuple(field: str, value: object, allowed: str) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class GraphPairSpec:
+class GraphPairSpec(DatasetSpec):
     """What :func:`generate_pairs` draws; every field enters :meth:`key`.
+
+    ``to_dict``, ``key`` (with :data:`GENERATOR_VERSION`) and
+    ``cache_metadata`` come from :class:`~nip_like.scenarios.datasets.DatasetSpec`.
 
     Parameters
     ----------
@@ -107,12 +107,10 @@ class GraphPairSpec:
     isomorphic_fraction: float = 0.5
     wl_fractions: tuple[float, float, float] = (0.1, 0.2, 0.7)
 
+    generator_version: ClassVar[int] = GENERATOR_VERSION
+
     def __post_init__(self) -> None:
-        for name, lowest in (("num_pairs", 1), ("seed", 0), ("min_nodes", 2), ("max_nodes", 2)):
-            value = getattr(self, name)
-            if not is_int(value) or value < lowest:
-                _fail(name, f"an integer >= {lowest}", value)
-            object.__setattr__(self, name, int(value))
+        self._check_integers({"num_pairs": 1, "seed": 0, "min_nodes": 2, "max_nodes": 2})
         if self.min_nodes > self.max_nodes:
             _fail("min_nodes", f"<= max_nodes ({self.max_nodes})", self.min_nodes)
         if self.max_nodes > 64:
@@ -134,18 +132,6 @@ class GraphPairSpec:
         ):
             _fail("wl_fractions", allowed, self.wl_fractions)
         object.__setattr__(self, "wl_fractions", stratum_fractions)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the fields as plain JSON values (tuples become lists)."""
-        return spec_to_dict(self)
-
-    def key(self) -> str:
-        """Return a stable 16-hex-digit hash of all fields and :data:`GENERATOR_VERSION`.
-
-        Unlike :func:`hash`, it is the same in every process; it names the
-        cache file of :func:`load_or_generate`.
-        """
-        return spec_key(self, GENERATOR_VERSION)
 
     def stratum_counts(self) -> dict[int, int]:
         """Return how many pairs of each stratum (:data:`ISOMORPHIC` .. :data:`WL_MORE`) to draw."""
@@ -398,7 +384,7 @@ def cache_path(spec: GraphPairSpec, cache_dir: Path) -> Path:
 
 
 def _cache_metadata(spec: GraphPairSpec) -> dict[str, Any]:
-    return cache_metadata(spec, GENERATOR_VERSION)
+    return spec.cache_metadata()
 
 
 def load_or_generate(spec: GraphPairSpec, cache_dir: Path) -> GraphPairs:
@@ -422,4 +408,4 @@ def load_or_generate(spec: GraphPairSpec, cache_dir: Path) -> GraphPairs:
     GraphPairs
         The pairs, on the CPU.
     """
-    return load_or_build(GraphPairs, cache_path(spec, cache_dir), _cache_metadata(spec), lambda: generate_pairs(spec))
+    return load_or_build(GraphPairs, cache_path(spec, cache_dir), spec, lambda: generate_pairs(spec))
