@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 import traceback
+import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
@@ -21,6 +25,54 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 #: Exit status of a run stopped by bad input.
 EXIT_BAD_INPUT = 2
+
+T = TypeVar("T")
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``error: ...``, and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message}\n")
+
+
+def run_dataset_command(path: Path, load: Callable[[], T], summarise: Callable[[T], list[str]]) -> int:
+    """Load or generate a dataset cached at ``path`` for a script, say what happened, return the exit status.
+
+    Prints ``cache: <path> (loaded)`` or ``(generated)`` (loaded: the file was
+    there before and was not rewritten), the lines of ``summarise(dataset)``
+    and ``wall time: <seconds> s`` of ``load()``; on stderr, each warning that
+    ``load()`` raised as ``warning: ...`` (a rebuilt cache). A
+    :class:`NipLikeError` from ``load()`` prints one line ``error: ...``
+    instead and gives status 2.
+
+    Parameters
+    ----------
+    path : Path
+        The cache file that ``load`` reads or writes.
+    load : callable
+        Loads the dataset from ``path`` or generates and caches it.
+    summarise : callable
+        Returns the lines that describe the dataset.
+    """
+    before = path.stat().st_mtime_ns if path.exists() else None
+    try:
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dataset = load()
+        elapsed = time.perf_counter() - start
+    except NipLikeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    loaded = before is not None and before == path.stat().st_mtime_ns
+    print(f"cache: {path} ({'loaded' if loaded else 'generated'})")
+    for line in summarise(dataset):
+        print(line)
+    print(f"wall time: {elapsed:.1f} s")
+    return 0
 
 
 def _config_dirs(arguments: list[str]) -> list[Path] | None:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import time
-import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from nip_like.cli import OneLineArgumentParser, run_dataset_command
 from nip_like.errors import NipLikeError
 from nip_like.scenarios.graph_isomorphism.data import (
     STRATUM_NAMES,
@@ -40,15 +39,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 DEFAULT_CACHE_DIR = Path("outputs") / "gi_data"
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, ``error: ...``, and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}\n")
-
-
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = _OneLineParser(description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, choices=sorted(PRESETS), help="preset of spec fields")
     parser.add_argument("--num-pairs", required=True, type=int, help="number of graph pairs")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
@@ -79,24 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         spec = GraphPairSpec(num_pairs=args.num_pairs, seed=args.seed, **PRESETS[args.name])
-        path = cache_path(spec, args.cache_dir)
-        before = path.stat().st_mtime_ns if path.exists() else None
-        start = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pairs = load_or_generate(spec, args.cache_dir)
-        elapsed = time.perf_counter() - start
     except NipLikeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
-    loaded = before is not None and before == path.stat().st_mtime_ns
-    print(f"cache: {path} ({'loaded' if loaded else 'generated'})")
-    for line in summarise(pairs):
-        print(line)
-    print(f"wall time: {elapsed:.1f} s")
-    return 0
+    path = cache_path(spec, args.cache_dir)
+    return run_dataset_command(path, lambda: load_or_generate(spec, args.cache_dir), summarise)
 
 
 if __name__ == "__main__":

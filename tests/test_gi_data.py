@@ -7,14 +7,12 @@ import itertools
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from nip_like.checkpoint import save_atomic
 from nip_like.errors import ConfigError
 from nip_like.scenarios.graph_isomorphism import data
 from nip_like.scenarios.graph_isomorphism.data import (
@@ -22,8 +20,6 @@ from nip_like.scenarios.graph_isomorphism.data import (
     WL_MORE,
     WL_ROUND_1,
     WL_ROUND_2,
-    CacheRebuildWarning,
-    DatasetFileError,
     GraphPairs,
     GraphPairSpec,
     cache_path,
@@ -39,6 +35,7 @@ from nip_like.scenarios.graph_isomorphism.isomorphism import (
     wl_colours,
     wl_rounds_to_distinguish,
 )
+from tests import dataset_checks as checks
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = GraphPairSpec(num_pairs=300, seed=1, min_nodes=5, max_nodes=8)
@@ -381,22 +378,7 @@ def test_splits_are_disjoint_complete_and_stratified(small_pairs):
 
 
 def test_save_and_load_round_trip_and_detect_tampering(small_pairs, tmp_path):
-    path = tmp_path / "pairs.pt"
-    small_pairs.save(path, metadata={"note": "x"})
-    assert GraphPairs.load(path).checksum() == small_pairs.checksum()
-    state = torch.load(path, weights_only=True)
-    state["tensors"]["label"] = ~state["tensors"]["label"]
-    torch.save(state, path)
-    with pytest.raises(DatasetFileError, match="checksum"):
-        GraphPairs.load(path)
-    path.write_bytes(b"not a torch file")
-    with pytest.raises(DatasetFileError, match="unreadable"):
-        GraphPairs.load(path)
-    save_atomic({"something": "else"}, path)
-    with pytest.raises(DatasetFileError, match="not a graph-pairs file"):
-        GraphPairs.load(path)
-    with pytest.raises(DatasetFileError, match="no checkpoint"):
-        GraphPairs.load(tmp_path / "missing.pt")
+    checks.check_save_load_and_tampering(small_pairs, tmp_path)
 
 
 # ---------------------------------------------------------------- cache
@@ -404,36 +386,13 @@ def test_save_and_load_round_trip_and_detect_tampering(small_pairs, tmp_path):
 CACHED = GraphPairSpec(num_pairs=30, seed=2, min_nodes=5, max_nodes=7)
 
 
-def forbid_generation(monkeypatch):
-    def fail(spec):
-        raise AssertionError("generate_pairs was called")
-
-    monkeypatch.setattr(data, "generate_pairs", fail)
-
-
 def test_second_call_loads_from_the_cache(tmp_path, monkeypatch):
-    first = load_or_generate(CACHED, tmp_path)
     assert cache_path(CACHED, tmp_path).name == f"gi_pairs_{CACHED.key()}.pt"
-    assert cache_path(CACHED, tmp_path).is_file()
-    forbid_generation(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        second = load_or_generate(CACHED, tmp_path)
-    assert second.checksum() == first.checksum()
-
-
-def corrupt_truncated(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-def corrupt_garbage(path: Path) -> None:
-    path.write_bytes(os.urandom(2000))
-
-
-def corrupt_checksum(path: Path) -> None:
-    state = torch.load(path, weights_only=True)
-    state["tensors"]["adjacency"][0] = ~state["tensors"]["adjacency"][0]
-    torch.save(state, path)
+    checks.check_second_call_loads(
+        lambda: load_or_generate(CACHED, tmp_path),
+        cache_path(CACHED, tmp_path),
+        lambda: checks.forbid(monkeypatch, data, "generate_pairs"),
+    )
 
 
 def corrupt_other_spec(path: Path) -> None:
@@ -444,23 +403,20 @@ def corrupt_other_spec(path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "reason"),
     [
-        (corrupt_truncated, "corrupt or unreadable"),
-        (corrupt_garbage, "corrupt or unreadable"),
-        (corrupt_checksum, "checksum"),
+        (checks.corrupt_truncated, "corrupt or unreadable"),
+        (checks.corrupt_garbage, "corrupt or unreadable"),
+        (checks.corrupt_tensor("adjacency"), "checksum"),
         (corrupt_other_spec, "another spec .*seed=99 not 2"),
     ],
 )
 def test_a_bad_cache_file_is_reported_and_rebuilt(tmp_path, monkeypatch, corrupt, reason):
-    fresh = load_or_generate(CACHED, tmp_path)
-    path = cache_path(CACHED, tmp_path)
-    corrupt(path)
-    with pytest.warns(CacheRebuildWarning, match=reason) as caught:
-        rebuilt = load_or_generate(CACHED, tmp_path)
-    assert len(caught) == 1 and "\n" not in str(caught[0].message)
-    assert rebuilt.checksum() == fresh.checksum()
-    assert not list(tmp_path.glob(".*.tmp"))
-    forbid_generation(monkeypatch)
-    assert load_or_generate(CACHED, tmp_path).checksum() == fresh.checksum()
+    checks.check_bad_cache_is_rebuilt(
+        lambda: load_or_generate(CACHED, tmp_path),
+        cache_path(CACHED, tmp_path),
+        corrupt,
+        reason,
+        lambda: checks.forbid(monkeypatch, data, "generate_pairs"),
+    )
 
 
 # ---------------------------------------------------------------- script

@@ -8,20 +8,25 @@ file; :func:`split_pairs` cuts it into label-stratified splits. The
 
 from __future__ import annotations
 
-import hashlib
-import json
-import numbers
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 import torch
 
-from nip_like.checkpoint import load_checked, save_atomic
-from nip_like.errors import CheckpointError, ConfigError, NipLikeError
+from nip_like.errors import ConfigError
+from nip_like.scenarios.datasets import CacheRebuildWarning as CacheRebuildWarning  # re-exported
+from nip_like.scenarios.datasets import DatasetFileError as DatasetFileError  # re-exported
+from nip_like.scenarios.datasets import (
+    DatasetSpec,
+    TensorDataset,
+    apportion,
+    is_real,
+    load_or_build,
+    stratified_split,
+)
 from nip_like.scenarios.graph_isomorphism.isomorphism import (
     WL_NEVER,
     are_isomorphic,
@@ -48,40 +53,24 @@ ATTEMPTS_PER_DRAW = 200
 #: Draws of (size, edge probability) for one pair before generation gives up.
 DRAWS_PER_PAIR = 50
 
-_FILE_KIND = "nip_like.graph_pairs"
-
-
-class DatasetFileError(NipLikeError):
-    """A saved :class:`GraphPairs` file is unreadable, malformed or fails its checksum."""
-
-
-class CacheRebuildWarning(UserWarning):
-    """A cache file was unusable and is being rebuilt."""
-
-
 def _fail(field: str, allowed: str, value: object) -> NoReturn:
     raise ConfigError(f"GraphPairSpec.{field} must be {allowed}, got {value!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(float(value))
 
 
 def _float_tuple(field: str, value: object, allowed: str) -> tuple[float, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         _fail(field, allowed, value)
-    if not all(_is_real(item) for item in value):
+    if not all(is_real(item) for item in value):
         _fail(field, allowed, value)
     return tuple(float(item) for item in value)
 
 
 @dataclass(frozen=True)
-class GraphPairSpec:
+class GraphPairSpec(DatasetSpec):
     """What :func:`generate_pairs` draws; every field enters :meth:`key`.
+
+    ``to_dict``, ``key`` (with :data:`GENERATOR_VERSION`) and
+    ``cache_metadata`` come from :class:`~nip_like.scenarios.datasets.DatasetSpec`.
 
     Parameters
     ----------
@@ -118,12 +107,10 @@ class GraphPairSpec:
     isomorphic_fraction: float = 0.5
     wl_fractions: tuple[float, float, float] = (0.1, 0.2, 0.7)
 
+    generator_version: ClassVar[int] = GENERATOR_VERSION
+
     def __post_init__(self) -> None:
-        for name, lowest in (("num_pairs", 1), ("seed", 0), ("min_nodes", 2), ("max_nodes", 2)):
-            value = getattr(self, name)
-            if not _is_int(value) or value < lowest:
-                _fail(name, f"an integer >= {lowest}", value)
-            object.__setattr__(self, name, int(value))
+        self._check_integers({"num_pairs": 1, "seed": 0, "min_nodes": 2, "max_nodes": 2})
         if self.min_nodes > self.max_nodes:
             _fail("min_nodes", f"<= max_nodes ({self.max_nodes})", self.min_nodes)
         if self.max_nodes > 64:
@@ -133,7 +120,7 @@ class GraphPairSpec:
         if not probabilities or not all(0.0 < p < 1.0 for p in probabilities):
             _fail("edge_probabilities", allowed, self.edge_probabilities)
         object.__setattr__(self, "edge_probabilities", probabilities)
-        if not _is_real(self.isomorphic_fraction) or not 0.0 <= self.isomorphic_fraction <= 1.0:
+        if not is_real(self.isomorphic_fraction) or not 0.0 <= self.isomorphic_fraction <= 1.0:
             _fail("isomorphic_fraction", "a number in [0, 1]", self.isomorphic_fraction)
         object.__setattr__(self, "isomorphic_fraction", float(self.isomorphic_fraction))
         allowed = "three numbers in [0, 1] that sum to 1"
@@ -146,51 +133,21 @@ class GraphPairSpec:
             _fail("wl_fractions", allowed, self.wl_fractions)
         object.__setattr__(self, "wl_fractions", stratum_fractions)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the fields as plain JSON values (tuples become lists)."""
-        return {
-            field.name: list(value) if isinstance(value, tuple) else value
-            for field in fields(self)
-            for value in [getattr(self, field.name)]
-        }
-
-    def key(self) -> str:
-        """Return a stable 16-hex-digit hash of all fields and :data:`GENERATOR_VERSION`.
-
-        Unlike :func:`hash`, it is the same in every process; it names the
-        cache file of :func:`load_or_generate`.
-        """
-        text = json.dumps({"generator_version": GENERATOR_VERSION, **self.to_dict()}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
     def stratum_counts(self) -> dict[int, int]:
         """Return how many pairs of each stratum (:data:`ISOMORPHIC` .. :data:`WL_MORE`) to draw."""
-        isomorphic, non_isomorphic = _apportion(
+        isomorphic, non_isomorphic = apportion(
             self.num_pairs, [self.isomorphic_fraction, 1.0 - self.isomorphic_fraction]
         )
-        by_rounds = _apportion(non_isomorphic, list(self.wl_fractions))
+        by_rounds = apportion(non_isomorphic, list(self.wl_fractions))
         return {ISOMORPHIC: isomorphic, WL_ROUND_1: by_rounds[0], WL_ROUND_2: by_rounds[1], WL_MORE: by_rounds[2]}
 
 
-def _apportion(total: int, weights: Sequence[float]) -> list[int]:
-    """Split ``total`` into integer parts proportional to ``weights`` (largest remainder)."""
-    scale = sum(weights)
-    if total == 0 or scale <= 0:
-        return [0] * len(weights)
-    shares = [total * weight / scale for weight in weights]
-    counts = [int(np.floor(share)) for share in shares]
-    by_remainder = sorted(range(len(weights)), key=lambda i: counts[i] - shares[i])
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
-_TENSOR_FIELDS = ("adjacency", "node_mask", "num_nodes", "label", "wl_rounds", "edge_probability")
-
-
 @dataclass(eq=False)
-class GraphPairs:
+class GraphPairs(TensorDataset):
     """A batch of ``N`` graph pairs, padded to ``max_nodes`` nodes.
+
+    Indexing, ``to``, ``checksum``, ``save`` and ``load`` come from
+    :class:`~nip_like.scenarios.datasets.TensorDataset`.
 
     Parameters
     ----------
@@ -220,6 +177,9 @@ class GraphPairs:
     wl_rounds: torch.Tensor
     edge_probability: torch.Tensor
 
+    FILE_KIND = "nip_like.graph_pairs"
+    DESCRIPTION = "graph-pairs"
+
     def __post_init__(self) -> None:
         adjacency = self.adjacency
         well_shaped = isinstance(adjacency, torch.Tensor) and adjacency.ndim == 4
@@ -232,91 +192,12 @@ class GraphPairs:
             "wl_rounds": ((size,), torch.long),
             "edge_probability": ((size,), torch.float32),
         }
-        for name, (shape, dtype) in expected.items():
-            tensor = getattr(self, name)
-            if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape or tensor.dtype != dtype:
-                found = (tuple(tensor.shape), tensor.dtype) if isinstance(tensor, torch.Tensor) else type(tensor)
-                raise ValueError(f"GraphPairs.{name} must be a {dtype} tensor of shape {shape}, got {found}")
+        self._check_layout(expected)
 
     @property
     def max_nodes(self) -> int:
         """The padded number of nodes of every graph."""
         return self.adjacency.shape[-1]
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Return the tensors by field name."""
-        return {name: getattr(self, name) for name in _TENSOR_FIELDS}
-
-    def __len__(self) -> int:
-        return self.adjacency.shape[0]
-
-    def __getitem__(self, index: torch.Tensor | slice | Sequence[int] | int) -> GraphPairs:
-        """Select pairs; the result is always a :class:`GraphPairs` (an int ``i`` selects ``[i]``)."""
-        if not isinstance(index, slice):
-            index = torch.as_tensor(index, device=self.adjacency.device)
-            index = index.reshape(1) if index.ndim == 0 else index
-            if index.dtype != torch.bool:
-                index = index.long()
-        return GraphPairs(**{name: tensor[index] for name, tensor in self.tensors().items()})
-
-    def to(self, device: torch.device | str) -> GraphPairs:
-        """Return the pairs with every tensor on ``device``."""
-        return GraphPairs(**{name: tensor.to(device) for name, tensor in self.tensors().items()})
-
-    def checksum(self) -> str:
-        """Return the SHA-256 of every tensor's name, dtype, shape and contents."""
-        digest = hashlib.sha256()
-        for name, tensor in self.tensors().items():
-            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()
-
-    def save(self, path: Path, metadata: Mapping[str, Any] | None = None) -> None:
-        """Write the pairs, their checksum and ``metadata`` atomically to ``path``.
-
-        Parameters
-        ----------
-        path : Path
-            The file; its folder is created if needed.
-        metadata : mapping, optional
-            Plain values (str, numbers, lists, dicts) stored beside the tensors.
-        """
-        state = {
-            "kind": _FILE_KIND,
-            "metadata": dict(metadata or {}),
-            "checksum": self.checksum(),
-            "tensors": {name: tensor.detach().cpu() for name, tensor in self.tensors().items()},
-        }
-        save_atomic(state, Path(path))
-
-    @classmethod
-    def load(cls, path: Path) -> GraphPairs:
-        """Read pairs written by :meth:`save`, checking their layout and checksum.
-
-        Raises
-        ------
-        DatasetFileError
-            If the file is missing, unreadable, not a pairs file, or its checksum
-            does not match its tensors.
-        """
-        return _read_pairs_file(Path(path))[0]
-
-
-def _read_pairs_file(path: Path) -> tuple[GraphPairs, dict[str, Any]]:
-    """Return the pairs and the metadata of a file written by :meth:`GraphPairs.save`."""
-    try:
-        state = load_checked(path)
-    except CheckpointError as error:
-        raise DatasetFileError(str(error)) from error
-    if state.get("kind") != _FILE_KIND:
-        raise DatasetFileError(f"{path} is not a graph-pairs file")
-    try:
-        pairs = GraphPairs(**state["tensors"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise DatasetFileError(f"{path} has malformed tensors ({error})") from error
-    if pairs.checksum() != state.get("checksum"):
-        raise DatasetFileError(f"{path} fails its checksum: its tensors changed after it was written")
-    return pairs, state.get("metadata", {})
 
 
 def wl_stratum(wl_rounds: torch.Tensor) -> torch.Tensor:
@@ -489,41 +370,12 @@ def split_pairs(pairs: GraphPairs, fractions: Mapping[str, float], seed: int) ->
     """Cut ``pairs`` into disjoint splits, each with about the same isomorphic fraction.
 
     The isomorphic and the non-isomorphic pairs are each permuted with a
-    generator seeded by ``seed`` and cut by ``fractions`` (largest-remainder
-    rounding); each split is then shuffled.
-
-    Parameters
-    ----------
-    pairs : GraphPairs
-        The dataset.
-    fractions : mapping of str to float
-        Split name to fraction, e.g. ``{"train": 0.8, "val": 0.1, "test": 0.1}``;
-        fractions in ``[0, 1]`` that sum to 1.
-    seed : int
-        Seed of the permutation.
-
-    Returns
-    -------
-    dict of str to GraphPairs
-        The splits, in the order of ``fractions``; together they hold every pair once.
-
-    Raises
-    ------
-    ConfigError
-        If ``fractions`` is empty, has a value outside ``[0, 1]``, or does not sum to 1.
+    generator seeded by ``seed`` and cut by ``fractions`` (for example
+    ``{"train": 0.8, "val": 0.1, "test": 0.1}``); each split is then shuffled.
+    This is :func:`~nip_like.scenarios.datasets.stratified_split`, whose
+    parameters and errors it shares.
     """
-    values = list(fractions.values())
-    if not values or not all(_is_real(v) and 0.0 <= v <= 1.0 for v in values) or abs(sum(values) - 1.0) > 1e-6:
-        raise ConfigError(f"split fractions must be numbers in [0, 1] that sum to 1, got {dict(fractions)}")
-    rng = np.random.default_rng(seed)
-    labels = pairs.label.cpu().numpy()
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in fractions}
-    for value in (True, False):
-        members = rng.permutation(np.flatnonzero(labels == value))
-        bounds = np.cumsum([0, *_apportion(len(members), values)])
-        for name, start, stop in zip(fractions, bounds[:-1], bounds[1:]):
-            parts[name].append(members[start:stop])
-    return {name: pairs[torch.from_numpy(rng.permutation(np.concatenate(chunks)))] for name, chunks in parts.items()}
+    return stratified_split(pairs, fractions, seed)
 
 
 def cache_path(spec: GraphPairSpec, cache_dir: Path) -> Path:
@@ -532,27 +384,7 @@ def cache_path(spec: GraphPairSpec, cache_dir: Path) -> Path:
 
 
 def _cache_metadata(spec: GraphPairSpec) -> dict[str, Any]:
-    return {"generator_version": GENERATOR_VERSION, "spec": spec.to_dict()}
-
-
-def _cache_problem(path: Path, spec: GraphPairSpec) -> tuple[GraphPairs | None, str | None]:
-    """Read the cache file; return the pairs, or ``None`` and what is wrong with it."""
-    try:
-        pairs, metadata = _read_pairs_file(path)
-    except DatasetFileError as error:
-        return None, str(error)
-    expected = _cache_metadata(spec)
-    if metadata != expected:
-        stored = metadata.get("spec", {}) if isinstance(metadata.get("spec"), dict) else {}
-        differ = [
-            f"{name}={stored.get(name)!r} not {value!r}"
-            for name, value in expected["spec"].items()
-            if stored.get(name) != value
-        ]
-        if metadata.get("generator_version") != GENERATOR_VERSION:
-            differ.append(f"generator_version={metadata.get('generator_version')!r} not {GENERATOR_VERSION}")
-        return None, f"{path} was written for another spec ({', '.join(differ)})"
-    return pairs, None
+    return spec.cache_metadata()
 
 
 def load_or_generate(spec: GraphPairSpec, cache_dir: Path) -> GraphPairs:
@@ -576,12 +408,4 @@ def load_or_generate(spec: GraphPairSpec, cache_dir: Path) -> GraphPairs:
     GraphPairs
         The pairs, on the CPU.
     """
-    path = cache_path(spec, cache_dir)
-    if path.exists():
-        pairs, problem = _cache_problem(path, spec)
-        if pairs is not None:
-            return pairs
-        warnings.warn(f"rebuilding the graph-pairs cache: {problem}", CacheRebuildWarning, stacklevel=2)
-    pairs = generate_pairs(spec)
-    pairs.save(path, metadata=_cache_metadata(spec))
-    return pairs
+    return load_or_build(GraphPairs, cache_path(spec, cache_dir), spec, lambda: generate_pairs(spec))
