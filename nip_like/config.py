@@ -101,6 +101,7 @@ class TrainerConfig:
     minibatch_size: int = checked(256, ge=1)  # items per minibatch (transitions, pairs or groups, as the loss lays them out)
     num_test_episodes: int = checked(1024, ge=1)  # episodes in the final test loop
     test_batch_episodes: int = checked(256, ge=1)  # episodes per test-loop iteration
+    divergence_bound: Optional[float] = checked(1e6, gt=0)  # stop when the loss or a parameter exceeds this in magnitude; null disables (non-finite losses always stop)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
     agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL

@@ -218,3 +218,24 @@ def test_kl_from_the_initial_policy_starts_at_zero_and_grows(tmp_path):
     assert kl[-1] > 0
     entropy = [value for _, value in read_csv_metric(tmp_path, "objective/entropy")]
     assert 0 < entropy[0] <= torch.log(torch.tensor(4.0)).item() + 1e-6
+
+
+def test_exploding_losses_and_parameters_stop_with_the_last_checkpoint_intact(tmp_path):
+    # A bound below the loss's magnitude: the first minibatch is already "divergent".
+    trainer = build_trainer(smoke_config("trainer.divergence_bound=1e-9", "logger=none"), tmp_path / "a")
+    with pytest.raises(TrainingError, match=r"the loss exploded to .* beyond trainer.divergence_bound=1e-09"):
+        trainer.train()
+    assert not (tmp_path / "a" / "checkpoints" / "last.pt").exists()  # no checkpoint of the divergent state
+    # Parameters pushed past the bound after a good iteration: the checkpoint of that iteration stays as it was.
+    trainer = build_trainer(smoke_config("trainer.divergence_bound=50", "run.checkpoint_every=1"), tmp_path / "b")
+    trainer._train_iteration()
+    trainer.state.iteration = 1
+    trainer.save_checkpoint("last")
+    saved = (tmp_path / "b" / "checkpoints" / "last.pt").read_bytes()
+    with torch.no_grad():
+        next(trainer.agent_modules.agent_parameters("verifier")).add_(100.0)
+    with pytest.raises(TrainingError, match=r"parameters of agent verifier reached magnitude 1\d\d"):
+        trainer._train_iteration()
+    assert (tmp_path / "b" / "checkpoints" / "last.pt").read_bytes() == saved
+    # null switches the bound off (the non-finite check stays).
+    assert build_trainer(smoke_config("trainer.divergence_bound=null"), tmp_path / "c")._divergence_bound == math.inf

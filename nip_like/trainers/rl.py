@@ -144,6 +144,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self._max_grad_norm = optimizer_config.max_grad_norm
         self._accumulation = int(optimizer_config.grad_accumulation_steps)
         self._diagnostics_every = int(config.logger.diagnostics_every)
+        bound = self.trainer_config.divergence_bound
+        self._divergence_bound = float(bound) if bound is not None else math.inf
 
         seed = int(config.seed)
         self.train_env = scenario.make_env(
@@ -374,10 +376,13 @@ class TensorDictRlTrainer(TensorDictTrainer):
             for minibatch in range(num_minibatches):
                 losses = self.loss_module(self.buffer.sample())
                 loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
-                if not torch.isfinite(loss):
+                if not loss.abs() <= self._divergence_bound:  # also true for NaN
+                    value = loss.item()
+                    what = f"became {value}" if not math.isfinite(value) else f"exploded to {value:.4g}"
                     raise TrainingError(
-                        f"the loss became {loss.item()} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
-                        f"minibatch {minibatch + 1} ({self._loss_terms(losses)}); {self._last_checkpoint_note()}"
+                        f"the loss {what} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
+                        f"minibatch {minibatch + 1} ({self._loss_terms(losses)}){self._bound_note(value)}; "
+                        f"{self._last_checkpoint_note()}"
                     )
                 (loss / window_of[minibatch]).backward()
                 position += 1
@@ -391,7 +396,27 @@ class TensorDictRlTrainer(TensorDictTrainer):
         }
         for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
             stats[f"train/grad_norm/{name}"] = values
+        self._check_parameters(trained)
         return stats
+
+    def _check_parameters(self, trained: tuple[str, ...]) -> None:
+        """Stop if a trained agent's parameters left the divergence bound (or became non-finite)."""
+        if not trained:
+            return
+        groups = [group for group in self.optimizer.param_groups if group["agent"] in trained]
+        largest = torch.stack([torch.stack([p.detach().abs().max() for p in g["params"]]).max() for g in groups])
+        worst = int(largest.nan_to_num(math.inf).argmax())
+        value = largest[worst].item()
+        if not value <= self._divergence_bound:
+            raise TrainingError(
+                f"the parameters of agent {groups[worst]['agent']} reached magnitude {value:.4g} at iteration "
+                f"{self.state.iteration + 1}{self._bound_note(value)}; {self._last_checkpoint_note()}"
+            )
+
+    def _bound_note(self, value: float) -> str:
+        if math.isfinite(value):
+            return f", beyond trainer.divergence_bound={self._divergence_bound:g} (a lower learning rate may help)"
+        return ""
 
     def _optimizer_step(self, trained: tuple[str, ...]) -> torch.Tensor:
         """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order)."""
