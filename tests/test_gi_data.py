@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from nip_like.checkpoint import save_atomic
+from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import ConfigError
 from nip_like.scenarios.graph_isomorphism import data
 from nip_like.scenarios.graph_isomorphism.data import (
@@ -384,18 +384,18 @@ def test_save_and_load_round_trip_and_detect_tampering(small_pairs, tmp_path):
     path = tmp_path / "pairs.pt"
     small_pairs.save(path, metadata={"note": "x"})
     assert GraphPairs.load(path).checksum() == small_pairs.checksum()
-    state = torch.load(path, weights_only=True)
+    state = load_checked(path)
     state["tensors"]["label"] = ~state["tensors"]["label"]
-    torch.save(state, path)
+    save_atomic(state, path)  # a whole file of changed tensors: only their own checksum tells
     with pytest.raises(DatasetFileError, match="checksum"):
         GraphPairs.load(path)
     path.write_bytes(b"not a torch file")
-    with pytest.raises(DatasetFileError, match="unreadable"):
+    with pytest.raises(DatasetFileError, match="damaged"):
         GraphPairs.load(path)
     save_atomic({"something": "else"}, path)
     with pytest.raises(DatasetFileError, match="not a graph-pairs file"):
         GraphPairs.load(path)
-    with pytest.raises(DatasetFileError, match="no checkpoint"):
+    with pytest.raises(DatasetFileError, match="no graph-pairs file at"):
         GraphPairs.load(tmp_path / "missing.pt")
 
 
@@ -431,9 +431,9 @@ def corrupt_garbage(path: Path) -> None:
 
 
 def corrupt_checksum(path: Path) -> None:
-    state = torch.load(path, weights_only=True)
+    state = load_checked(path)
     state["tensors"]["adjacency"][0] = ~state["tensors"]["adjacency"][0]
-    torch.save(state, path)
+    save_atomic(state, path)
 
 
 def corrupt_other_spec(path: Path) -> None:
@@ -444,8 +444,8 @@ def corrupt_other_spec(path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "reason"),
     [
-        (corrupt_truncated, "corrupt or unreadable"),
-        (corrupt_garbage, "corrupt or unreadable"),
+        (corrupt_truncated, "cache file .* is damaged: it holds"),
+        (corrupt_garbage, "cache file .* is damaged: it does not start with a nip_like header"),
         (corrupt_checksum, "checksum"),
         (corrupt_other_spec, "another spec .*seed=99 not 2"),
     ],

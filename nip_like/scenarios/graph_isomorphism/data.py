@@ -302,10 +302,13 @@ class GraphPairs:
         return _read_pairs_file(Path(path))[0]
 
 
-def _read_pairs_file(path: Path) -> tuple[GraphPairs, dict[str, Any]]:
-    """Return the pairs and the metadata of a file written by :meth:`GraphPairs.save`."""
+def _read_pairs_file(path: Path, what: str = "graph-pairs file") -> tuple[GraphPairs, dict[str, Any]]:
+    """Return the pairs and the metadata of a file written by :meth:`GraphPairs.save`.
+
+    ``what`` names the file in the messages (``"cache file"`` for the cache).
+    """
     try:
-        state = load_checked(path)
+        state = load_checked(path, what=what)
     except CheckpointError as error:
         raise DatasetFileError(str(error)) from error
     if state.get("kind") != _FILE_KIND:
@@ -538,7 +541,7 @@ def _cache_metadata(spec: GraphPairSpec) -> dict[str, Any]:
 def _cache_problem(path: Path, spec: GraphPairSpec) -> tuple[GraphPairs | None, str | None]:
     """Read the cache file; return the pairs, or ``None`` and what is wrong with it."""
     try:
-        pairs, metadata = _read_pairs_file(path)
+        pairs, metadata = _read_pairs_file(path, what="cache file")
     except DatasetFileError as error:
         return None, str(error)
     expected = _cache_metadata(spec)
