@@ -20,7 +20,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from nip_like.cli import CONFIG_DIR, check_group_options, report_errors, report_job_errors, select_user_objective
+from nip_like import run_lock
+from nip_like.cli import (
+    CONFIG_DIR,
+    EXIT_INTERRUPTED,
+    check_group_options,
+    report_errors,
+    report_job_errors,
+    select_user_objective,
+)
 from nip_like.config import register_configs
 from nip_like.experiment import format_metrics, run_experiment
 from nip_like.sweeps.multirun import run_multirun_job
@@ -55,11 +63,17 @@ def main() -> None:
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     # Let Hydra's config errors propagate, so that they are reported in one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    with report_errors():
-        # A trainer in the user's file registers its objective's schema when imported: before composing.
-        check_group_options(sys.argv[1:])
-        sys.argv[1:] = select_user_objective(sys.argv[1:])
-        _run()
+    try:
+        with report_errors():
+            # A trainer in the user's file registers its objective's schema when imported: before composing.
+            check_group_options(sys.argv[1:])
+            sys.argv[1:] = select_user_objective(sys.argv[1:])
+            _run()
+    except KeyboardInterrupt:  # before or after the run (a run reports its own interruption)
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        run_lock.release_all()
 
 
 if __name__ == "__main__":

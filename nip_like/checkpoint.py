@@ -1,7 +1,19 @@
-"""Atomic save and checked load of the whole experiment state."""
+"""Atomic save and checked load of the whole experiment state.
+
+A file written by :func:`save_atomic` is one header line followed by the
+``torch.save`` bytes of the state::
+
+    nip_like-checkpoint format=2 size=<payload bytes> sha256=<hex digest of the payload>
+
+:func:`load_checked` compares the payload with its size and checksum before
+``torch.load`` sees a byte of it, so a damaged file (flipped bits, a truncated
+copy) is refused in one line, never loaded.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
 from pathlib import Path
@@ -12,23 +24,37 @@ import torch
 
 from nip_like.errors import CheckpointError
 
-#: Version of the checkpoint layout; bumped when it changes.
-CHECKPOINT_FORMAT = 1
+#: Version of the checkpoint layout; bumped when it changes (2: the checksum header).
+CHECKPOINT_FORMAT = 2
+
+#: How the header line of a checkpoint file starts.
+HEADER_PREFIX = b"nip_like-checkpoint "
+
+#: Longest header line that is read (the real one is about 120 bytes).
+_MAX_HEADER = 512
 
 
 def save_atomic(state: dict[str, Any], path: Path) -> None:
-    """Write ``state`` to ``path`` so that a crash never leaves a broken file.
+    """Write ``state`` to ``path`` with a checksum, so that a crash never leaves a broken file.
 
-    The state goes to a temporary file in the same folder, is flushed to disk,
-    and then replaces ``path`` in one ``os.replace``. A crash at any moment
-    leaves either the previous file or the new one, whole.
+    The state is serialised in memory, its SHA-256 goes into the header line,
+    and header and state go to a temporary file in the same folder, which is
+    flushed to disk and then replaces ``path`` in one ``os.replace``. A crash at
+    any moment leaves either the previous file or the new one, whole.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
+    payload = buffer.getbuffer()
+    header = HEADER_PREFIX + (
+        f"format={CHECKPOINT_FORMAT} size={len(payload)} sha256={hashlib.sha256(payload).hexdigest()}\n"
+    ).encode()
     temporary = path.with_name(f".{path.name}.tmp")
     try:
         with open(temporary, "wb") as handle:
-            torch.save({"format": CHECKPOINT_FORMAT, **state}, handle)
+            handle.write(header)
+            handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
@@ -37,8 +63,45 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
             temporary.unlink()
 
 
-def load_checked(path: Path, run_id: str | None = None) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_atomic`, or fail in one line.
+def _checked_payload(path: Path, what: str) -> bytes:
+    """Return the payload of a file written by :func:`save_atomic`, after checking its size and checksum."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise CheckpointError(f"{what} {path} is unreadable ({error.strerror or type(error).__name__})") from error
+    end = data.find(b"\n", 0, _MAX_HEADER)
+    if not data.startswith(HEADER_PREFIX) or end < 0:
+        if data.startswith(b"PK\x03\x04"):  # a bare torch.save zip: nip_like before checksums
+            raise CheckpointError(
+                f"{path} is not a nip_like {what} of format {CHECKPOINT_FORMAT}: it has no checksum header "
+                f"(written by an older nip_like or by torch.save)"
+            )
+        raise CheckpointError(f"{what} {path} is damaged: it does not start with a nip_like header; it was not loaded")
+    fields = dict(item.partition("=")[::2] for item in data[len(HEADER_PREFIX):end].decode("ascii", "replace").split())
+    payload = data[end + 1:]
+    if fields.get("format") != str(CHECKPOINT_FORMAT):
+        raise CheckpointError(
+            f"{path} is a nip_like {what} of format {fields.get('format')}, not {CHECKPOINT_FORMAT} "
+            f"(written by another nip_like version, or damaged)"
+        )
+    size, digest = fields.get("size", ""), fields.get("sha256", "")
+    if not size.isdigit() or len(digest) != 64:
+        raise CheckpointError(f"{what} {path} is damaged: its header is unreadable; it was not loaded")
+    if len(payload) != int(size):
+        raise CheckpointError(
+            f"{what} {path} is damaged: it holds {len(payload)} of its {int(size)} bytes (truncated or extended); "
+            f"it was not loaded"
+        )
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(
+            f"{what} {path} is damaged: its sha256 checksum does not match its contents; it was not loaded"
+        )
+    return payload
+
+
+def load_checked(path: Path, run_id: str | None = None, what: str = "checkpoint") -> dict[str, Any]:
+    """Load a file written by :func:`save_atomic`, or fail in one line.
 
     Parameters
     ----------
@@ -47,24 +110,29 @@ def load_checked(path: Path, run_id: str | None = None) -> dict[str, Any]:
     run_id : str, optional
         If given, the checkpoint must have been written by a run with these
         hyper-parameters (see :func:`nip_like.config.run_id`).
+    what : str
+        What the file is, for the error messages (``"checkpoint"``, ``"cache file"``, ...).
 
     Raises
     ------
     CheckpointError
-        If the file is missing, unreadable, of another format or of another run.
+        If the file is missing or unreadable, is damaged (its size or its
+        SHA-256 checksum does not match its header), is of another format, or
+        belongs to another run. The message is one line and names the file.
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
+        raise CheckpointError(f"no {what} at {path}")
+    payload = _checked_payload(path, what)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many types for a corrupt file
-        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(error).__name__})") from error
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    except Exception as error:  # the checksum matched: written by something that torch cannot read back
+        raise CheckpointError(f"{what} {path} is unreadable ({type(error).__name__})") from error
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a nip_like checkpoint of format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(f"{path} is not a nip_like {what} of format {CHECKPOINT_FORMAT}")
     if run_id is not None and state.get("run_id") != run_id:
         raise CheckpointError(
-            f"checkpoint {path} belongs to run {state.get('run_id')}, not to this config's run {run_id}: "
+            f"{what} {path} belongs to run {state.get('run_id')}, not to this config's run {run_id}: "
             f"the hyper-parameters differ"
         )
     return state

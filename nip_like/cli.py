@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Iterator, NoReturn, TypeVar
 
 from hydra import compose, initialize_config_dir
+from hydra.experimental.callback import Callback
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.errors import ConfigError, NipLikeError, SweepJobError
+from nip_like.errors import ConfigError, NipLikeError, RunInterrupted, SweepJobError
 
 #: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
 #: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
@@ -73,6 +74,8 @@ def run_dataset_command(path: Path, load: Callable[[], T], summarise: Callable[[
         print(line)
     print(f"wall time: {elapsed:.1f} s")
     return 0
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def _config_dirs(arguments: list[str]) -> list[Path] | None:
@@ -178,15 +181,58 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 @contextmanager
 def report_errors() -> Iterator[None]:
-    """Turn a :class:`NipLikeError` or a config error into one line and exit status 2."""
+    """Turn a :class:`NipLikeError` or a config error into one line and exit status 2.
+
+    A run stopped by a signal (:class:`RunInterrupted`) prints its line, which
+    says how to resume, and exits with 128 + the signal number.
+    """
     try:
         yield
+    except RunInterrupted as error:
+        print(error, file=sys.stderr)
+        sys.exit(error.exit_status)
     except NipLikeError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except (OmegaConfBaseException, HydraException) as error:
         print(f"error: config: {one_line(error)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+class RunFolderCallback(Callback):
+    """Hydra callback (``hydra.callbacks.run_folder`` in ``configs/config.yaml``): check a run's folder first.
+
+    Hydra writes ``.hydra/`` (and opens the job log) in the run folder before
+    the app runs. For a single run this refuses, before that, a folder that
+    another process is running in or that already holds a run, so that the
+    refused command leaves it untouched; otherwise it takes the folder's lock
+    (:mod:`nip_like.run_lock`), which the run then holds to its end. The jobs
+    of a multirun are checked by :func:`nip_like.sweeps.multirun.run_multirun_job`.
+    """
+
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
+        from nip_like import run_lock
+        from nip_like.experiment import check_run_folder
+
+        try:
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir", throw_on_missing=True)))
+        except Exception:  # a folder that needs the running job to resolve: run_experiment checks it
+            return
+        # Hydra swallows an Exception raised by a callback; exit here instead, in one line.
+        with report_errors():
+            check_run_folder(run_dir)
+            run_lock.acquire(run_dir)
+        self.run_dir = run_dir
+
+    def on_run_end(self, config: DictConfig, **kwargs: object) -> None:
+        from nip_like import run_lock
+
+        if self.run_dir is not None:
+            run_lock.release(self.run_dir)
+            self.run_dir = None
 
 
 @contextmanager

@@ -30,3 +30,23 @@ class SweepJobError(NipLikeError):
 
 class ReportError(NipLikeError, ValueError):
     """Run folders cannot be compared as asked (mixed budgets, missing metrics, no runs)."""
+
+
+class RunInUseError(NipLikeError):
+    """Another process is running in the run folder (it holds the folder's ``run.lock``)."""
+
+
+class RunInterrupted(NipLikeError):
+    """A run stopped on SIGINT or SIGTERM; the message says how to resume it.
+
+    Parameters
+    ----------
+    message : str
+        One line, ending with the resume command.
+    exit_status : int
+        ``128 +`` the signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM.
+    """
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

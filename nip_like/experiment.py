@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,9 +14,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nip_like import interrupts, run_lock
 from nip_like.checkpoint import seed_everything
 from nip_like.config import check_config_values, check_known_keys, run_id
-from nip_like.errors import CheckpointError, ConfigError
+from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
+from nip_like.interrupts import StopRequested
 from nip_like.logging import MetricLogger
 from nip_like.protocols.base import Protocol
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS
@@ -132,7 +136,63 @@ def _write_json_atomic(data: dict[str, Any], path: Path) -> None:
     os.replace(temporary, path)
 
 
-def run_experiment(config: DictConfig, run_dir: Path, resume: bool = False) -> dict[str, float]:
+def check_run_folder(run_dir: Path, resume: bool = False) -> None:
+    """Refuse a run folder that this command may not use, before anything is written there.
+
+    Only reads the folder. A folder is refused when another process is running
+    in it (:mod:`nip_like.run_lock`), when a new run would go into a folder
+    that holds a run (one with ``checkpoints/last.pt``), and when resuming a
+    folder that is not a run's or whose run finished without a ``last.pt``.
+
+    Raises
+    ------
+    RunInUseError, ConfigError, CheckpointError
+        One line each, naming the folder (and the process that holds it).
+    """
+    run_dir = Path(run_dir)
+    run_lock.check_free(run_dir)
+    last = run_dir / "checkpoints" / "last.pt"
+    if resume and not last.is_file():
+        if not (run_dir / CONFIG_FILE).is_file() or (run_dir / SUMMARY_FILE).is_file():
+            raise CheckpointError(f"cannot resume {run_dir}: it has no checkpoints/last.pt")
+    if not resume and last.is_file():
+        raise ConfigError(
+            f"{run_dir} already holds a run; resume it with `python -m nip_like.resume {run_dir}` "
+            f"or choose another folder"
+        )
+
+
+def _remove_stale_temporaries(run_dir: Path) -> None:
+    """Remove what an atomic write killed half-way left behind (``checkpoints/.last.pt.tmp``, ...)."""
+    for path in [*(run_dir / "checkpoints").glob(".*.tmp"), run_dir / f".{SUMMARY_FILE}.tmp"]:
+        path.unlink(missing_ok=True)
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes the run in ``run_dir``."""
+    return f"python -m nip_like.resume {shlex.quote(str(run_dir))}"
+
+
+def _interrupted(run_dir: Path, trainer: Trainer | None, stop: StopRequested | None) -> RunInterrupted:
+    """The one-line report of a run stopped by SIGINT or SIGTERM (see :mod:`nip_like.interrupts`)."""
+    command = resume_command(run_dir)
+    if stop is not None and stop.phase == "train":
+        message = f"interrupted at iteration {stop.iteration}; resume with: {command}"
+    elif stop is not None:
+        message = f"interrupted in the test loop (training finished at iteration {stop.iteration}); resume with: {command}"
+    else:  # a second signal: stopped at once, wherever the run was
+        state = getattr(trainer, "state", None)
+        where = f"during iteration {state.iteration + 1}" if state is not None else "while setting up"
+        if (run_dir / "checkpoints" / "last.pt").is_file():
+            message = f"interrupted at once {where}; resume from the last checkpoint with: {command}"
+        else:
+            message = f"interrupted at once {where}, before the first checkpoint; start it again with: {command}"
+    return RunInterrupted(message, 128 + (interrupts.requested_signal() or signal.SIGINT))
+
+
+def run_experiment(
+    config: DictConfig, run_dir: Path, resume: bool = False, handle_signals: bool = True
+) -> dict[str, float]:
     """Run (or resume) an experiment in ``run_dir`` and write its ``summary.json``.
 
     Parameters
@@ -140,40 +200,62 @@ def run_experiment(config: DictConfig, run_dir: Path, resume: bool = False) -> d
     config : DictConfig
         The whole experiment config.
     run_dir : Path
-        The run folder. A new run refuses a folder that already holds one.
+        The run folder. A new run refuses a folder that already holds one;
+        either refuses a folder that another process is running in.
     resume : bool
-        Continue from ``run_dir/checkpoints/last.pt``.
+        Continue from ``run_dir/checkpoints/last.pt``; a run stopped before its
+        first checkpoint (a ``config.yaml``, no ``last.pt``, no summary) starts
+        again from the beginning in the same folder, its metric rows dropped.
+    handle_signals : bool
+        Stop at the next safe point on SIGINT or SIGTERM (:mod:`nip_like.interrupts`).
 
     Returns
     -------
     dict
         The final test metrics.
+
+    Raises
+    ------
+    RunInterrupted
+        If SIGINT or SIGTERM stopped the run; its message says how to resume.
     """
     run_dir = Path(run_dir)
-    last = run_dir / "checkpoints" / "last.pt"
-    if resume and not last.is_file():
-        raise CheckpointError(f"cannot resume {run_dir}: it has no checkpoints/last.pt")
-    if not resume and last.is_file():
-        raise ConfigError(
-            f"{run_dir} already holds a run; resume it with `python -m nip_like.resume {run_dir}` "
-            f"or choose another folder"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
+    check_run_folder(run_dir, resume)
+    with run_lock.holding(run_dir), interrupts.handle_interrupts(handle_signals):
+        return _run_locked(config, run_dir, resume)
+
+
+def _run_locked(config: DictConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+    """:func:`run_experiment` once the folder's lock is held."""
+    from_scratch = resume and not (run_dir / "checkpoints" / "last.pt").is_file()
+    if resume:
+        _remove_stale_temporaries(run_dir)
+    else:
         (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config, resolve=True))
+    if from_scratch:
+        print(f"No checkpoint in {run_dir} yet: starting the run again from the beginning")
     started = time.perf_counter()
-    trainer = build_trainer(config, run_dir)
+    trainer = None
     try:
-        if resume:
-            trainer.load_checkpoint("last")
-            trainer.logger.truncate_after(trainer.state.iteration)
-        if os.environ.get(PROGRESS_FILE_ENV):
-            # A sweep's overall progress bar follows this run (see nip_like.sweeps.progress).
-            done = sum(trainer.progress_initial.values())
-            trainer.on_progress = ProgressFile(Path(os.environ[PROGRESS_FILE_ENV]), done)
-        metrics = trainer.train()
-    finally:
-        trainer.logger.close()
+        trainer = build_trainer(config, run_dir)
+        try:
+            if resume:
+                if not from_scratch:
+                    trainer.load_checkpoint("last")
+                trainer.logger.truncate_after(0 if from_scratch else trainer.state.iteration)
+            if os.environ.get(PROGRESS_FILE_ENV):
+                # A sweep's overall progress bar follows this run (see nip_like.sweeps.progress).
+                done = sum(trainer.progress_initial.values())
+                trainer.on_progress = ProgressFile(Path(os.environ[PROGRESS_FILE_ENV]), done)
+            metrics = trainer.train()
+        finally:
+            trainer.logger.close()
+    except StopRequested as stop:
+        raise _interrupted(run_dir, trainer, stop) from None
+    except KeyboardInterrupt:
+        if interrupts.requested_signal() is None:  # not from handle_interrupts' handler
+            raise
+        raise _interrupted(run_dir, trainer, None) from None
     state = getattr(trainer, "state", None)
     summary = {
         "name": str(config.name),

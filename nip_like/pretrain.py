@@ -138,7 +138,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         cached = None
         if path.is_file():
             try:
-                cached = load_checked(path, digest)
+                cached = load_checked(path, digest, what="pretrained-agent cache file")
                 if cached.get("key") != key:
                     raise CheckpointError(f"{path} was made for other settings")
             except CheckpointError as error:

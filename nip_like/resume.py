@@ -2,7 +2,10 @@
 
 The run's own resolved config (``RUN_DIR/config.yaml``) is used as it is; only
 run settings (``run.*``) and logger settings (``logger.*``), which do not change
-results, may be overridden, for example ``run.device=cuda``.
+results, may be overridden, for example ``run.device=cuda``. A folder that
+another process is still running in is refused (exit status 2, naming the
+process); a run stopped before its first checkpoint starts again from the
+beginning in its folder.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.cli import report_errors
+from nip_like.cli import EXIT_INTERRUPTED, report_errors
 from nip_like.config import ExperimentConfig
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import CONFIG_FILE, format_metrics, run_experiment
@@ -56,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run folder to continue")
     parser.add_argument("overrides", nargs="*", help="run.* or logger.* settings, key=value")
     args = parser.parse_args(argv)
-    with report_errors():
-        config = load_run_config(args.run_dir, args.overrides)
-        metrics = run_experiment(config, args.run_dir, resume=True)
+    try:
+        with report_errors():
+            config = load_run_config(args.run_dir, args.overrides)
+            metrics = run_experiment(config, args.run_dir, resume=True)
+    except KeyboardInterrupt:  # before the run started (a run reports its own interruption)
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     if config.logger.print_metrics:
         print(f"Final test metrics ({args.run_dir}):")
         print(format_metrics(metrics))

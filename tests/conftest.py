@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,20 +38,40 @@ def smoke_config(*overrides: str) -> DictConfig:
     return make_config("preset=smoke", "run.progress_bar=false", "logger=none", "run.num_threads=1", *overrides)
 
 
-def run_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like", timeout: int = 300):
-    """Run ``python -m <module> args`` and return the completed process."""
+def _cli_environment(cwd: Path | None) -> dict[str, str]:
     # The folder it runs in first (a user's trainer module), then this checkout's nip_like, not
     # another copy that the environment may have installed. Tiny models run fastest on one thread,
     # and tests may run beside other work.
     path = os.pathsep.join(dict.fromkeys([str(cwd or REPO_ROOT), str(REPO_ROOT)]))
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def run_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like", timeout: int = 300):
+    """Run ``python -m <module> args`` and return the completed process."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd or REPO_ROOT,
-        env=env,
+        env=_cli_environment(cwd),
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def popen_cli(args: list[str], cwd: Path | None = None, module: str = "nip_like") -> subprocess.Popen:
+    """Start ``python -m <module> args`` (output piped), for a test that signals or kills it.
+
+    A shell runs background jobs with SIGINT ignored, and children inherit that; the
+    command gets the default disposition, so that Python turns SIGINT into Ctrl-C.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd or REPO_ROOT,
+        env=_cli_environment(cwd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nip_like.checkpoint import save_atomic
+from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.scenarios.datasets import CacheRebuildWarning, DatasetFileError, TensorDataset
 
 
@@ -40,10 +40,10 @@ def corrupt_tensor(name: str) -> Callable[[Path], None]:
     """Return a corruption that changes the first element of tensor ``name`` but not the stored checksum."""
 
     def corrupt(path: Path) -> None:
-        state = torch.load(path, weights_only=True)
+        state = load_checked(path)
         flat = state["tensors"][name].view(-1)
         flat[0] = ~flat[0] if flat.dtype == torch.bool else flat[0] + 1
-        torch.save(state, path)
+        save_atomic(state, path)  # the file's own checksum is right; only the tensors' checksum tells
 
     return corrupt
 
@@ -55,23 +55,23 @@ def check_save_load_and_tampering(dataset: TensorDataset, tmp_path: Path) -> Non
     loaded = cls.load(path)
     assert loaded.checksum() == dataset.checksum()
     assert all(torch.equal(tensor, getattr(loaded, name)) for name, tensor in dataset.tensors().items())
-    state = torch.load(path, weights_only=True)
+    state = load_checked(path)
     state["tensors"]["label"] = ~state["tensors"]["label"]
-    torch.save(state, path)
+    save_atomic(state, path)  # a whole file of changed tensors: only their own checksum tells
     with pytest.raises(DatasetFileError, match="fails its checksum"):
         cls.load(path)
     first = next(iter(state["tensors"]))
     state["tensors"][first] = state["tensors"][first].to(torch.float64)
-    torch.save(state, path)
+    save_atomic(state, path)
     with pytest.raises(DatasetFileError, match=f"malformed tensors .*{cls.__name__}.{first} must be"):
         cls.load(path)
     path.write_bytes(b"not a torch file")
-    with pytest.raises(DatasetFileError, match="unreadable"):
+    with pytest.raises(DatasetFileError, match=f"{cls.DESCRIPTION} file .* is damaged"):
         cls.load(path)
     save_atomic({"something": "else"}, path)
     with pytest.raises(DatasetFileError, match=f"not a {cls.DESCRIPTION} file"):
         cls.load(path)
-    with pytest.raises(DatasetFileError, match="no checkpoint"):
+    with pytest.raises(DatasetFileError, match=f"no {cls.DESCRIPTION} file at"):
         cls.load(tmp_path / "missing.pt")
 
 

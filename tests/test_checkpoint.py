@@ -39,7 +39,7 @@ def test_missing_corrupt_and_foreign_checkpoints_are_one_line_errors(tmp_path):
         load_checked(tmp_path / "nothing.pt")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"\x00garbage")
-    with pytest.raises(CheckpointError, match="corrupt or unreadable") as error:
+    with pytest.raises(CheckpointError, match="corrupt.pt is damaged") as error:
         load_checked(corrupt)
     assert "\n" not in str(error.value)
     save_atomic({"run_id": "abc"}, tmp_path / "other.pt")
@@ -92,8 +92,8 @@ def test_resume_refuses_other_hyper_parameters_and_settings(tmp_path):
 
 def _iteration_of(path):
     try:
-        return torch.load(path, weights_only=False)["trainer"]["train_state"]["iteration"]
-    except Exception:
+        return load_checked(path)["trainer"]["train_state"]["iteration"]
+    except CheckpointError:
         return -1
 
 

@@ -99,7 +99,7 @@ def test_bad_checkpoints_give_one_line_and_lose_nothing(tmp_path, capsys):
     last = run_dir / "checkpoints" / "last.pt"
     good = last.read_bytes()
     last.write_bytes(good[: len(good) // 2])
-    assert "corrupt or unreadable" in reported(capsys, resume, [str(run_dir)])
+    assert f"checkpoint {last} is damaged" in reported(capsys, resume, [str(run_dir)])
     # A missing one.
     last.unlink()
     assert "has no checkpoints/last.pt" in reported(capsys, resume, [str(run_dir)])

@@ -321,8 +321,8 @@ def corrupt_generator_version(path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "reason"),
     [
-        (checks.corrupt_truncated, "corrupt or unreadable"),
-        (checks.corrupt_garbage, "corrupt or unreadable"),
+        (checks.corrupt_truncated, "cache file .* is damaged: it holds"),
+        (checks.corrupt_garbage, "cache file .* is damaged: it does not start with a nip_like header"),
         (checks.corrupt_tensor("values"), "fails its checksum"),
         (corrupt_other_spec, r"another spec \(seed=99 not 2\)"),
         (corrupt_generator_version, r"another spec \(generator_version=0 not 1\)"),

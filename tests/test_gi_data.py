@@ -403,8 +403,8 @@ def corrupt_other_spec(path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "reason"),
     [
-        (checks.corrupt_truncated, "corrupt or unreadable"),
-        (checks.corrupt_garbage, "corrupt or unreadable"),
+        (checks.corrupt_truncated, "cache file .* is damaged: it holds"),
+        (checks.corrupt_garbage, "cache file .* is damaged: it does not start with a nip_like header"),
         (checks.corrupt_tensor("adjacency"), "checksum"),
         (corrupt_other_spec, "another spec .*seed=99 not 2"),
     ],

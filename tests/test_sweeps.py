@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import pytest
 from nip_like.errors import ConfigError
 from nip_like.sweeps.grid import expand_sweep
 from nip_like.sweeps.state import INCOMPLETE_DIR, JobState, inspect_job, move_aside
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import popen_cli, run_cli
 
 #: A two-objective, two-seed sweep that uses the shared sweep settings and no sizes of its own,
 #: so that preset=smoke on the command line makes every job take a few seconds.
@@ -237,18 +234,7 @@ def test_interrupting_a_sweep_and_running_it_again(config_dir, tmp_path):
     args = ["tiny", "--config-dir", str(config_dir), "--out", str(out), "--no-progress-bar", *QUICK]
     args += ["trainer=ppo", "seed=0,1", "trainer.num_iterations=150", "--jobs", "1"]
     first = out / "preset=smoke,seed=0,trainer.num_iterations=150,trainer=ppo"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "scripts.run_sweep", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A shell runs background jobs with SIGINT ignored, and children inherit
-        # that; give the sweep the default disposition so that Python handles it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    process = popen_cli(args, module="scripts.run_sweep")
     deadline = time.time() + 120
     while not (first / "checkpoints" / "last.pt").is_file() and time.time() < deadline:
         time.sleep(0.1)

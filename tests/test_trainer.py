@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from nip_like.checkpoint import load_checked
 from nip_like.errors import ConfigError, TrainingError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric
@@ -167,7 +168,7 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_checkpoint(tmp_path):
     assert "\n" not in str(error.value)
     checkpoint = tmp_path / "checkpoints" / "last.pt"
     assert checkpoint.is_file()
-    assert torch.load(checkpoint, weights_only=False)["trainer"]["train_state"]["iteration"] == 1
+    assert load_checked(checkpoint)["trainer"]["train_state"]["iteration"] == 1
 
 
 class SegmentLoss(PpoTrainer.loss_class):

@@ -195,10 +195,14 @@ class TensorDataset:
         return cls.read(Path(path))[0]
 
     @classmethod
-    def read(cls: type[D], path: Path) -> tuple[D, dict[str, Any]]:
-        """Return the dataset and the metadata of a file written by :meth:`save`; like :meth:`load`."""
+    def read(cls: type[D], path: Path, what: str | None = None) -> tuple[D, dict[str, Any]]:
+        """Return the dataset and the metadata of a file written by :meth:`save`; like :meth:`load`.
+
+        ``what`` names the file in the messages (``"cache file"`` for the
+        cache); by default the dataset's own name.
+        """
         try:
-            state = load_checked(path)
+            state = load_checked(path, what=what or f"{cls.DESCRIPTION} file")
         except CheckpointError as error:
             raise DatasetFileError(str(error)) from error
         if state.get("kind") != cls.FILE_KIND:
@@ -256,7 +260,7 @@ def stratified_split(dataset: D, fractions: Mapping[str, float], seed: int) -> d
 def _cache_problem(cls: type[D], path: Path, expected: Mapping[str, Any]) -> tuple[D | None, str | None]:
     """Read the cache file; return the dataset, or ``None`` and what is wrong with it."""
     try:
-        dataset, metadata = cls.read(path)
+        dataset, metadata = cls.read(path, what="cache file")
     except DatasetFileError as error:
         return None, str(error)
     if metadata != expected:

@@ -10,7 +10,12 @@ first, as the batch script does (:func:`nip_like.sweeps.state.folder_state`):
   this is also what a SLURM job requeued after a timeout does;
 * incomplete (failed before its first checkpoint): what it wrote moves to
   ``<sweep root>/_incomplete/`` and the job starts afresh;
-* holding a run of another config: the job fails, leaving the folder alone.
+* holding a run of another config, or in use by another process: the job
+  fails, leaving the folder alone.
+
+Ctrl-C stays the launcher's: a job does not turn it into a stop at the next safe
+point (:mod:`nip_like.interrupts`), so one Ctrl-C stops the whole multirun at once,
+and each job keeps its last checkpoint.
 """
 
 from __future__ import annotations
@@ -48,11 +53,11 @@ def run_multirun_job(config: DictConfig, run_dir: Path) -> dict[str, float] | No
         return None
     if state == JobState.INTERRUPTED:
         print(f"Resuming from its last checkpoint: {run_dir}")
-        return run_experiment(config, run_dir, resume=True)
+        return run_experiment(config, run_dir, resume=True, handle_signals=False)
     if state == JobState.INCOMPLETE:
         # Hydra has already written this job's own files (.hydra/, the job log) into the folder.
         hydra = HydraConfig.get()
         keep = tuple(name for name in (hydra.output_subdir, f"{hydra.job.name}.log") if name)
         moved = move_aside(run_dir, Path(hydra.sweep.dir).absolute(), keep=keep)
         print(f"Restarting ({detail}; what it held moved to {moved}): {run_dir}")
-    return run_experiment(config, run_dir)
+    return run_experiment(config, run_dir, handle_signals=False)

@@ -208,8 +208,15 @@ class SweepRunner:
         for handle in (stdout, stderr):
             handle.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
             handle.flush()
+        # In a process group of its own, a job gets Ctrl-C from the sweep only (see _stop), not also from the
+        # terminal: a second SIGINT would stop it at once instead of at its next safe point.
         process = subprocess.Popen(
-            command, stdout=stdout, stderr=stderr, env=_child_environment(self.threads, progress), text=True
+            command,
+            stdout=stdout,
+            stderr=stderr,
+            env=_child_environment(self.threads, progress),
+            text=True,
+            process_group=0,
         )
         return _Running(plan, process, stderr, stderr.tell(), stdout, progress, time.perf_counter(), note)
 
@@ -253,22 +260,37 @@ class SweepRunner:
             write(f"failed   {name}: {message}")
 
     def _stop(self, running: list[_Running], pending: deque[JobPlan]) -> None:
-        """Stop the running jobs after an interrupt; their checkpoints stay."""
-        for job in running:
-            if job.process.poll() is None:
-                job.process.send_signal(signal.SIGINT)
+        """Stop the running jobs after an interrupt; their checkpoints stay.
+
+        Each job gets SIGINT and stops at its next safe point, writing its
+        checkpoint (:mod:`nip_like.interrupts`); a second Ctrl-C while waiting
+        is passed on, and the jobs stop at once. A job still running after
+        :data:`STOP_GRACE_SECONDS` gets SIGTERM, then SIGKILL.
+        """
+        self._signal(running, signal.SIGINT)
         deadline = time.perf_counter() + STOP_GRACE_SECONDS
         for job in running:
-            try:
-                job.process.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                job.process.terminate()
+            while True:
                 try:
-                    job.process.wait(timeout=5)
+                    job.process.wait(timeout=max(0.0, deadline - time.perf_counter()))
+                except KeyboardInterrupt:
+                    self._signal(running, signal.SIGINT)
+                    continue
                 except subprocess.TimeoutExpired:
-                    job.process.kill()
-                    job.process.wait()
+                    job.process.terminate()
+                    try:
+                        job.process.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        job.process.kill()
+                        job.process.wait()
+                break
             # A job that finished just before the interrupt counts as finished.
             self._finish(job, None)
         for plan in pending:
             self._record(plan, "not started")
+
+    @staticmethod
+    def _signal(running: list[_Running], signum: int) -> None:
+        for job in running:
+            if job.process.poll() is None:
+                job.process.send_signal(signum)

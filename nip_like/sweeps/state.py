@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from nip_like.checkpoint import load_checked
 from nip_like.config import run_id
 from nip_like.experiment import CONFIG_FILE, SUMMARY_FILE
+from nip_like.run_lock import in_use_message, lock_holder
 from nip_like.sweeps.grid import Job
 
 #: Folder (inside the sweep root) where incomplete job folders are moved.
@@ -120,11 +121,16 @@ def folder_state(folder: Path, job_run_id: str | None, test_run: bool) -> tuple[
 
     Notes
     -----
+    A folder that another process is running in (it holds the folder's
+    ``run.lock``, :mod:`nip_like.run_lock`) is a conflict, whatever it holds.
     A folder without the run's ``config.yaml`` (one that Hydra or the sweep
     script has just made, holding only logs) counts as new: nothing of a run
     is in it yet.
     """
     folder = Path(folder)
+    holder = lock_holder(folder)
+    if holder is not None:  # another process is running in it: leave it alone
+        return JobState.CONFLICT, in_use_message(folder, holder)
     finished = (folder / SUMMARY_FILE).is_file()
     last = folder / "checkpoints" / "last.pt"
     if not finished and not last.is_file():

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.config import run_id
+from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import Scenario
 
@@ -166,6 +167,29 @@ class Trainer(ABC):
         """Restore ``checkpoints/<name>.pt``, checking that it belongs to this run."""
         state = load_checked(self.checkpoint_dir / f"{name}.pt", self.run_id)
         self.load_state_dict(state["trainer"])
+
+    def stop_if_requested(self, iteration: int, checkpointed: bool = False) -> None:
+        """Stop here if Ctrl-C or SIGTERM asked the run to stop (see :mod:`nip_like.interrupts`).
+
+        Call it between two iterations of a train loop, where the state is
+        whole. On a request it writes ``checkpoints/last.pt`` (unless
+        ``checkpointed``: the loop has just written it for this iteration) and
+        raises :class:`~nip_like.interrupts.StopRequested`, which
+        :func:`~nip_like.experiment.run_experiment` reports with the resume
+        command. A trainer with a train loop of its own calls it too;
+        otherwise only a second signal stops its run.
+
+        Parameters
+        ----------
+        iteration : int
+            The iterations completed so far.
+        checkpointed : bool
+            Whether ``last.pt`` already holds this iteration.
+        """
+        if stop_requested():
+            if not checkpointed:
+                self.save_checkpoint("last")
+            raise StopRequested(iteration)
 
     def get_total_num_iterations(self) -> int:
         """Sum the iterations declared by every loop decorated with :func:`attach_progress_bar`."""

@@ -29,6 +29,7 @@ from torchrl.objectives import LossModule
 from nip_like import keys
 from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states
 from nip_like.errors import ConfigError, TrainingError
+from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
 from nip_like.objectives.masking import per_agent_mean
@@ -267,10 +268,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
             iteration_context.set_postfix(**{k: f"{v:.3g}" for k, v in metrics.items() if k in self._postfix_keys})
             iteration_context.step()
             stop = self.state.stopped_early
-            if last or stop or (checkpoint_every and iteration % checkpoint_every == 0):
+            checkpoint = last or stop or bool(checkpoint_every and iteration % checkpoint_every == 0)
+            if checkpoint:
                 self.save_checkpoint("last")
             if stop:
                 break
+            self.stop_if_requested(iteration, checkpointed=checkpoint)
 
     _postfix_keys = ("train/reward", "eval/reward", "loss/policy")
 
@@ -504,6 +507,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         env = self.scenario.make_env(batch_episodes, "test", derive_seed(int(self.config.seed), "test_env"), self.device)
         episodes = []
         for _ in range(self.num_test_iterations):
+            if stop_requested():  # training is done and saved: a resumed run tests again
+                raise StopRequested(self.state.iteration, phase="test")
             episodes.append(self._run_episodes(env, self.scenario.protocol.num_rounds))
             iteration_context.step()
         all_episodes = torch.cat(episodes)

@@ -128,8 +128,10 @@ class SoloAgentTrainer(TensorDictTrainer):
             iteration_context.set_postfix(**{k: f"{v:.3g}" for k, v in metrics.items() if "accuracy" in k})
             iteration_context.step()
             checkpoint_every = self.config.run.checkpoint_every
-            if last or (checkpoint_every and self.state.iteration % checkpoint_every == 0):
+            checkpoint = last or bool(checkpoint_every and self.state.iteration % checkpoint_every == 0)
+            if checkpoint:
                 self.save_checkpoint("last")
+            self.stop_if_requested(self.state.iteration, checkpointed=checkpoint)
 
     @attach_progress_bar(lambda self: 1)
     def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:

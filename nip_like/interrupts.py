@@ -1,0 +1,102 @@
+"""Stop a run cleanly on Ctrl-C (SIGINT) or SIGTERM.
+
+:func:`~nip_like.experiment.run_experiment` runs inside :func:`handle_interrupts`.
+The first SIGINT or SIGTERM only records the request. The train loops look at
+:func:`stop_requested` between iterations (:meth:`nip_like.trainers.base.Trainer.stop_if_requested`):
+there the state is whole, so they write ``checkpoints/last.pt`` (unless it
+already holds that iteration) and raise :class:`StopRequested`, which
+``run_experiment`` turns into :class:`~nip_like.errors.RunInterrupted`: one
+line on standard error with the resume command, and exit status 128 + the
+signal number (130 for SIGINT, 143 for SIGTERM). A second signal raises
+:class:`KeyboardInterrupt` at once, wherever the run is.
+
+A signal that the process was started with ignored (a shell's background job
+ignores SIGINT) stays ignored.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+#: The signals that stop a run.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_requested: list[int] = []  # the signals received while handle_interrupts is active, in order
+_active = False
+
+
+class StopRequested(BaseException):
+    """Raised by a loop at a safe point after a stop request.
+
+    A :class:`BaseException`, like :class:`KeyboardInterrupt`, so that an
+    ``except Exception`` on the way does not swallow it.
+
+    Parameters
+    ----------
+    iteration : int
+        The train iterations completed (and saved in ``checkpoints/last.pt``).
+    phase : str
+        ``"train"`` (between train iterations) or ``"test"`` (in the test loop).
+    """
+
+    def __init__(self, iteration: int, phase: str = "train") -> None:
+        super().__init__(f"stop requested after iteration {iteration} ({phase})")
+        self.iteration = iteration
+        self.phase = phase
+
+
+def stop_requested() -> bool:
+    """Whether SIGINT or SIGTERM asked the running experiment to stop."""
+    return bool(_requested)
+
+
+def requested_signal() -> int | None:
+    """The last stop signal received, or ``None``."""
+    return _requested[-1] if _requested else None
+
+
+def _handler(signum: int, frame: object) -> None:
+    _requested.append(signum)
+    if len(_requested) > 1:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def handle_interrupts(enabled: bool = True) -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into stop requests while the block runs.
+
+    Parameters
+    ----------
+    enabled : bool
+        ``False`` leaves the signals as they are (the jobs of a Hydra multirun,
+        whose launcher handles Ctrl-C itself).
+
+    Notes
+    -----
+    Only the main thread can install signal handlers; elsewhere, and inside an
+    outer ``handle_interrupts``, this does nothing. The previous handlers and a
+    clear request state come back when the block ends.
+    """
+    global _active
+    if not enabled or _active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current is signal.SIG_IGN or current is None:
+            continue
+        previous[signum] = current
+        signal.signal(signum, _handler)
+    _active = True
+    _requested.clear()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _active = False
+        _requested.clear()
