@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import ConfigError
 from nip_like.registry import SCENARIOS
 from nip_like.scenarios.duplicates import data
@@ -313,9 +314,9 @@ def corrupt_other_spec(path: Path) -> None:
 
 
 def corrupt_generator_version(path: Path) -> None:
-    state = torch.load(path, weights_only=True)
+    state = load_checked(path)
     state["metadata"]["generator_version"] = 0
-    torch.save(state, path)
+    save_atomic(state, path)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from typing import Optional, Union
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from nip_like.checkpoint import save_atomic
+from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.value import LMValueHead
 
@@ -122,8 +122,8 @@ def load_value_head(folder: Union[str, Path], model: PreTrainedModel) -> Optiona
     path = Path(folder) / VALUE_HEAD_FILE
     if not path.is_file():
         return None
+    state = load_checked(path, what="value head")  # a damaged file is refused in one line, never loaded
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
         head = LMValueHead.for_model(model, shared_body=state["shared_body"])
         head.load_state_dict(state["state_dict"])
     except Exception as error:  # noqa: BLE001 - any failure is one line for the user
