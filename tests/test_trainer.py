@@ -128,10 +128,12 @@ def test_impossible_settings_fail_at_start(tmp_path, override, message):
         build_trainer(smoke_config(override), tmp_path)
 
 
-def test_unknown_eval_metric_is_reported(tmp_path):
-    trainer = build_trainer(smoke_config("trainer.eval.metric=eval/nope"), tmp_path)
-    with pytest.raises(ConfigError, match="eval/nope"):
+def test_unknown_eval_metric_is_reported_before_any_step(tmp_path):
+    trainer = build_trainer(smoke_config("trainer.eval.metric=eval/acuracy"), tmp_path)
+    with pytest.raises(ConfigError, match=r"'eval/acuracy' is not among the evaluation metrics \[.*'eval/accuracy'"):
         trainer.train()
+    assert trainer.state.frames == 0 and trainer.state.gradient_steps == 0  # refused before collecting
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_unknown_names_list_the_valid_ones():

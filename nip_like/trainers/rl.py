@@ -234,6 +234,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def train(self) -> dict[str, float]:
         """Run the train loop, then the test loop; return the test metrics."""
         if self.state.iteration < self.num_iterations and not self.state.stopped_early:
+            if self.trainer_config.eval.every:
+                self._check_eval_metric()
             with ExitStack() as stack:
                 self._build_train_context(stack)
                 self._run_train_loop()
@@ -477,6 +479,23 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.eval_env.rng.manual_seed(derive_seed(int(self.config.seed), "eval_env"))
         episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)
         return {f"eval/{k}": v for k, v in self._episode_metrics(episodes).items()}
+
+    def _check_eval_metric(self) -> None:
+        """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
+
+        Plays one evaluation (on the generator state it would use anyway, and
+        with the global generators forked and restored, so training is the same
+        with or without this check) and looks the metric up among its results.
+        """
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), ExitStack() as stack:
+            self._build_test_context(stack, self.trainer_config.eval.deterministic)
+            names = self._evaluate().keys()
+        metric = self.trainer_config.eval.metric
+        if metric not in names:
+            raise ConfigError(
+                f"trainer.eval.metric {metric!r} is not among the evaluation metrics {sorted(names)}"
+            )
 
     def _track_best(self, metrics: dict[str, float]) -> None:
         eval_config = self.trainer_config.eval
