@@ -195,7 +195,7 @@ def report_errors() -> Iterator[None]:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except (OmegaConfBaseException, HydraException) as error:
-        print(f"error: config: {one_line(error)}", file=sys.stderr)
+        print(f"error: config: {one_line(error)}{_quoting_hint()}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
 
 
@@ -258,6 +258,15 @@ def report_job_errors(run_dir: Path) -> Iterator[None]:
             message = f"{type(error).__name__}: {error}"
         print(f"error: {run_dir}: {message}", file=sys.stderr)
         raise SweepJobError(f"sweep job {run_dir} failed: {message}") from error
+
+
+def _quoting_hint() -> str:
+    """A hint for an override with non-ASCII characters, which Hydra's grammar reads only inside quotes."""
+    for item in sys.argv[1:]:
+        key, sep, value = item.partition("=")
+        if sep and not value.isascii() and value[:1] not in ("'", '"'):
+            return f"; quote a value with non-ASCII characters: {key}='{value}'"
+    return ""
 
 
 def one_line(error: BaseException) -> str:

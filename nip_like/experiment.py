@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nip_like import interrupts, run_lock
 from nip_like.checkpoint import seed_everything
+from nip_like.folders import check_writable_folder
 from nip_like.config import check_config_values, check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopRequested
@@ -150,6 +151,7 @@ def check_run_folder(run_dir: Path, resume: bool = False) -> None:
         One line each, naming the folder (and the process that holds it).
     """
     run_dir = Path(run_dir)
+    check_writable_folder(run_dir, "the run folder")
     run_lock.check_free(run_dir)
     last = run_dir / "checkpoints" / "last.pt"
     if resume and not last.is_file():

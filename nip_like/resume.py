@@ -10,14 +10,14 @@ beginning in its folder.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.cli import EXIT_INTERRUPTED, report_errors
+from nip_like.cli import EXIT_INTERRUPTED, OneLineArgumentParser, report_errors
 from nip_like.config import ExperimentConfig
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import CONFIG_FILE, format_metrics, run_experiment
@@ -46,18 +46,33 @@ def load_run_config(run_dir: Path, overrides: list[str] | None = None):
                 f"(key=value) may change, the hyper-parameters are fixed by the run"
             )
     try:
-        config = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), OmegaConf.load(path))
-        config = OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides or [])))
+        stored = OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        problem = str(getattr(error, "problem", None) or str(error).splitlines()[0])
+        raise ConfigError(f"{path} is not valid YAML ({problem}); the run's config cannot be read") from error
+    if not stored:
+        raise ConfigError(f"{path} is empty; the run's config cannot be read")
+    try:
+        config = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), stored)
     except OmegaConfBaseException as error:
         raise ConfigError(f"{path}: {str(error).splitlines()[0]}") from error
+    for item in overrides or []:
+        try:
+            config = OmegaConf.merge(config, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as error:
+            raise ConfigError(f"override {item!r}: {str(error).splitlines()[0]}") from error
     return config
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m nip_like.resume", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(
+        prog="python -m nip_like.resume",
+        usage="%(prog)s RUN_DIR [run.key=value | logger.key=value ...]",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("run_dir", type=Path, help="the run folder to continue")
-    parser.add_argument("overrides", nargs="*", help="run.* or logger.* settings, key=value")
+    parser.add_argument("overrides", nargs="*", default=[], help="optional run.* or logger.* settings, key=value")
     args = parser.parse_args(argv)
     try:
         with report_errors():

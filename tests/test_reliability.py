@@ -447,3 +447,72 @@ def test_the_graph_data_cache_warning_speaks_of_the_cache(tmp_path):
     )
     assert "checkpoint" not in message
     assert rebuilt.checksum() == fresh.checksum()
+
+
+# ------------------------------------------------- file-system problems, messages
+def resume_line(capsys, run_dir: Path, *overrides: str) -> str:
+    """Run ``nip_like.resume`` in this process; return its one stderr line (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        nip_like.resume.main([str(run_dir), *overrides])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda root: (root / "f").touch() or root / "f", "the run folder .*/f is a file"),
+        (lambda root: (root / "f").touch() or root / "f" / "run", r"lies under a file \(.*/f\)"),
+        (lambda root: root / ("x" * 300), "has a name longer than the file system allows"),
+    ],
+)
+def test_an_unusable_run_folder_is_refused_in_one_line(tmp_path, make, message):
+    from nip_like.experiment import check_run_folder
+
+    with pytest.raises(ConfigError, match=message):
+        check_run_folder(make(tmp_path))
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(tmp_path):
+    from nip_like.experiment import build_trainer
+
+    (tmp_path / "cache").touch()
+    config = smoke_config("scenario=graph_isomorphism", "protocol=nip", f"scenario.cache_dir={tmp_path / 'cache'}")
+    with pytest.raises(ConfigError, match="scenario.cache_dir .*/cache is a file"):
+        build_trainer(config, tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("", "config.yaml is empty"), ("seed: [\n", "config.yaml is not valid YAML")],
+)
+def test_an_unreadable_run_config_is_named_as_such(tmp_path, capsys, text, message):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(text)
+    assert message in resume_line(capsys, run_dir)
+
+
+def test_resume_names_a_bad_override_not_the_runs_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_experiment(smoke_config("trainer.num_iterations=1"), run_dir)
+    line = resume_line(capsys, run_dir, "run.num_threads=abc")
+    assert "override 'run.num_threads=abc'" in line and "config.yaml" not in line
+
+
+def test_resume_usage_shows_overrides_as_optional(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        nip_like.resume.main([])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: the following arguments are required: run_dir"
+    with pytest.raises(SystemExit):
+        nip_like.resume.main(["--help"])
+    assert "RUN_DIR [run.key=value | logger.key=value ...]" in capsys.readouterr().out
+
+
+def test_an_unquoted_non_ascii_value_gets_a_quoting_hint(tmp_path):
+    result = run_cli(["preset=smoke", "name=héllo", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("quote a value with non-ASCII characters: name='héllo'")

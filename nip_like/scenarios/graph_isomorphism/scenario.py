@@ -12,6 +12,7 @@ from tensordict import TensorDict, TensorDictBase
 from nip_like.agents import AgentModules
 from nip_like.allowed import Allowed, checked
 from nip_like.errors import ConfigError
+from nip_like.folders import check_writable_folder
 from nip_like.distributions import masked_log_softmax
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
@@ -82,6 +83,7 @@ class GraphIsomorphismScenario(Scenario):
             edge_probabilities=tuple(float(p) for p in config.edge_probabilities),
             wl_fractions=tuple(float(f) for f in config.wl_fractions),
         )
+        check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
         self._splits: dict[str, GraphPairs] | None = None
 
     # -------------------------------------------------------------------- data
