@@ -152,6 +152,8 @@ def check_run_folder(run_dir: Path, resume: bool = False) -> None:
     """
     run_dir = Path(run_dir)
     check_writable_folder(run_dir, "the run folder")
+    if (run_dir / "checkpoints").is_dir():
+        check_writable_folder(run_dir / "checkpoints", "the checkpoints folder")
     run_lock.check_free(run_dir)
     last = run_dir / "checkpoints" / "last.pt"
     if resume and not last.is_file():

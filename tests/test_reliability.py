@@ -516,3 +516,18 @@ def test_an_unquoted_non_ascii_value_gets_a_quoting_hint(tmp_path):
     result = run_cli(["preset=smoke", "name=héllo", f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 2
     assert result.stderr.strip().endswith("quote a value with non-ASCII characters: name='héllo'")
+
+
+def test_read_only_folders_are_refused_before_training(tmp_path, monkeypatch):
+    """As root every folder is writable, so the permission check is given a read-only answer here."""
+    from nip_like import folders
+    from nip_like.experiment import check_run_folder
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    read_only = {tmp_path / "run" / "checkpoints"}
+    monkeypatch.setattr(folders.os, "access", lambda path, mode: Path(path) not in read_only)
+    with pytest.raises(ConfigError, match=r"the checkpoints folder .*/checkpoints cannot be written: .* is read-only"):
+        check_run_folder(tmp_path / "run", resume=True)
+    read_only.add(tmp_path)
+    with pytest.raises(ConfigError, match=r"the run folder .*/new cannot be written: .* is read-only"):
+        check_run_folder(tmp_path / "new")
