@@ -234,6 +234,23 @@ class RunFolderCallback(Callback):
             run_lock.release(self.run_dir)
             self.run_dir = None
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
+        """Record the ``.hydra/`` files of the job folders a sweep finds, before Hydra rewrites them.
+
+        Hydra rewrites a job's ``.hydra/`` before the job can look at its
+        folder; a job that is then refused (its folder holds a run of another
+        config) or skipped puts them back (:func:`nip_like.sweeps.multirun.run_multirun_job`).
+        """
+        from nip_like.sweeps.multirun import record_hydra_files
+
+        record_hydra_files(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
+        """Remove the record of ``.hydra/`` files (a sweep that ends in a failure leaves it; the next one replaces it)."""
+        from nip_like.sweeps.multirun import HYDRA_FILES_RECORD
+
+        (Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / HYDRA_FILES_RECORD).unlink(missing_ok=True)
+
 
 @contextmanager
 def report_job_errors(run_dir: Path) -> Iterator[None]:

@@ -531,3 +531,19 @@ def test_read_only_folders_are_refused_before_training(tmp_path, monkeypatch):
     read_only.add(tmp_path)
     with pytest.raises(ConfigError, match=r"the run folder .*/new cannot be written: .* is read-only"):
         check_run_folder(tmp_path / "new")
+
+
+@pytest.mark.slow
+def test_a_sweep_run_again_with_other_values_leaves_the_job_folder_as_it_was(tmp_path):
+    sweep = ["--multirun", "preset=smoke", "seed=0", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=job",
+             "run.progress_bar=false", "logger.print_metrics=false"]
+    first = run_cli(sweep)
+    assert first.returncode == 0, first.stderr
+    folder = tmp_path / "sweep" / "job"
+    job_log = ("__main__.log",)  # Hydra's log of the job, appended to by every launch
+    before = file_hashes(folder, skip=job_log)
+    assert ".hydra/overrides.yaml" in before
+    again = run_cli([*sweep, "trainer.num_iterations=2"])  # the same folder, another config
+    assert again.returncode == 2
+    assert "holds a run of another config" in again.stderr
+    assert file_hashes(folder, skip=job_log) == before

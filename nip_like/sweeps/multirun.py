@@ -20,6 +20,8 @@ and each job keeps its last checkpoint.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +31,32 @@ from nip_like.config import run_id
 from nip_like.errors import SweepJobError
 from nip_like.experiment import run_experiment
 from nip_like.sweeps.state import JobState, folder_state, move_aside
+
+
+#: Where a multirun records the ``.hydra/`` files its job folders held before it started.
+HYDRA_FILES_RECORD = ".hydra_files_before_sweep.json"
+
+
+def record_hydra_files(sweep_dir: Path) -> None:
+    """Record the text of every job folder's ``.hydra/*.yaml`` under ``sweep_dir`` (a sweep is starting)."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        return
+    files = {str(path.relative_to(sweep_dir)): path.read_text() for path in sweep_dir.glob("**/.hydra/*.yaml")}
+    temporary = sweep_dir / f"{HYDRA_FILES_RECORD}.tmp"
+    temporary.write_text(json.dumps(files))
+    os.replace(temporary, sweep_dir / HYDRA_FILES_RECORD)
+
+
+def restore_hydra_files(run_dir: Path, sweep_dir: Path) -> None:
+    """Put back the ``.hydra/`` files of ``run_dir`` as the sweep found them (the job leaves its folder alone)."""
+    record = Path(sweep_dir) / HYDRA_FILES_RECORD
+    if not record.is_file():
+        return
+    prefix = str(Path(run_dir).resolve().relative_to(Path(sweep_dir).resolve()))
+    for name, text in json.loads(record.read_text()).items():
+        if Path(name).parent.parent == Path(prefix):
+            (Path(sweep_dir) / name).write_text(text)
 
 
 def run_multirun_job(config: DictConfig, run_dir: Path) -> dict[str, float] | None:
@@ -46,6 +74,9 @@ def run_multirun_job(config: DictConfig, run_dir: Path) -> dict[str, float] | No
     """
     run_dir = Path(run_dir)
     state, detail = folder_state(run_dir, run_id(config), bool(config.run.test_run))
+    if state in (JobState.CONFLICT, JobState.FINISHED):
+        # The folder keeps the run it holds, .hydra/ included (Hydra rewrote it before this job started).
+        restore_hydra_files(run_dir, Path(HydraConfig.get().sweep.dir))
     if state == JobState.CONFLICT:
         raise SweepJobError(detail)
     if state == JobState.FINISHED:
