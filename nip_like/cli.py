@@ -26,6 +26,8 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 #: Exit status of a run stopped by bad input.
 EXIT_BAD_INPUT = 2
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 T = TypeVar("T")
 
@@ -74,8 +76,6 @@ def run_dataset_command(path: Path, load: Callable[[], T], summarise: Callable[[
         print(line)
     print(f"wall time: {elapsed:.1f} s")
     return 0
-#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
-EXIT_INTERRUPTED = 130
 
 
 def _config_dirs(arguments: list[str]) -> list[Path] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from nip_like.errors import ConfigError
 from nip_like.objectives.dpo import DPOConfig, DPOLoss, IPOConfig
 from nip_like.objectives.reference import ReferencePolicy
 from nip_like.registry import register_trainer
@@ -20,13 +19,10 @@ class DpoTrainer(TensorDictRlTrainer):
         return self._preference_loss(**self.objective_options), None
 
     def _preference_loss(self, **options) -> DPOLoss:
+        # The options were checked against their declared ranges when the experiment was built.
         # A reference that moves gets its own copy: objective/kl stays measured from the initial policy.
         reference = ReferencePolicy(self.policy) if options["ref_sync_every"] > 0 else self.reference_policy
-        try:
-            return DPOLoss(self.policy, self.agent_names, reference, **options)
-        except ValueError as error:
-            # DPOLoss checks its options and names each field; they live under trainer.objective.
-            raise ConfigError(f"trainer.objective.{error}") from error
+        return DPOLoss(self.policy, self.agent_names, reference, **options)
 
 
 @register_trainer("ipo", objective=IPOConfig)

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from omegaconf import OmegaConf
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
-from omegaconf import OmegaConf
 from torchrl.objectives import LossModule
 
 from nip_like import keys
@@ -490,20 +490,20 @@ class TensorDictRlTrainer(TensorDictTrainer):
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), ExitStack() as stack:
             self._build_test_context(stack, self.trainer_config.eval.deterministic)
-            names = self._evaluate().keys()
+            self._require_eval_metric(self._evaluate())
+
+    def _require_eval_metric(self, metrics: dict[str, float]) -> None:
+        """Refuse a ``trainer.eval.metric`` that is not among an evaluation's ``metrics``."""
         metric = self.trainer_config.eval.metric
-        if metric not in names:
+        if metric not in metrics:
             raise ConfigError(
-                f"trainer.eval.metric {metric!r} is not among the evaluation metrics {sorted(names)}"
+                f"trainer.eval.metric {metric!r} is not among the evaluation metrics "
+                f"{sorted(k for k in metrics if k.startswith('eval/'))}"
             )
 
     def _track_best(self, metrics: dict[str, float]) -> None:
         eval_config = self.trainer_config.eval
-        if eval_config.metric not in metrics:
-            raise ConfigError(
-                f"trainer.eval.metric {eval_config.metric!r} is not among the evaluation metrics "
-                f"{sorted(k for k in metrics if k.startswith('eval/'))}"
-            )
+        self._require_eval_metric(metrics)
         value = metrics[eval_config.metric]
         best = self.state.best_metric
         improved = best is None or (value > best if eval_config.mode == "max" else value < best)
