@@ -264,6 +264,7 @@ def test_report_files(sweep, tmp_path):
             assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # a subprocess: seconds of start-up
 def test_command_line_refuses_mixed_budgets_in_one_line_and_writes_nothing(sweep, tmp_path):
     write_run(sweep / "seed=4,trainer=dpo", "dpo", 4, 0.9, [1] * 6, iterations=6)
     out = tmp_path / "report"

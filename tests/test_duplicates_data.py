@@ -356,6 +356,7 @@ def load_script():
     return module
 
 
+@pytest.mark.slow  # a subprocess: seconds of start-up
 def test_script_generates_then_loads(tmp_path, capsys):
     args = ["--num-lists", "40", "--length", "4", "--num-values", "6", "--seed", "4", "--cache-dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}

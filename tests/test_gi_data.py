@@ -443,6 +443,7 @@ def load_script(name: str = "generate_gi_dataset"):
     return module
 
 
+@pytest.mark.slow  # a subprocess: seconds of start-up
 def test_script_generates_then_loads(tmp_path, capsys):
     args = ["--name", "small", "--num-pairs", "20", "--seed", "4", "--cache-dir", str(tmp_path)]
     first = run_script(*args)

@@ -416,6 +416,7 @@ def test_resume_refuses_a_damaged_checkpoint_and_loads_a_good_one(tmp_path, caps
     assert run_experiment(config, run_dir, resume=True) == metrics
 
 
+@pytest.mark.slow  # a subprocess: seconds of start-up
 def test_resume_of_a_damaged_checkpoint_exits_2_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     run_experiment(smoke_config("trainer.num_iterations=1"), run_dir)
@@ -512,10 +513,15 @@ def test_resume_usage_shows_overrides_as_optional(capsys):
     assert "RUN_DIR [run.key=value | logger.key=value ...]" in capsys.readouterr().out
 
 
-def test_an_unquoted_non_ascii_value_gets_a_quoting_hint(tmp_path):
-    result = run_cli(["preset=smoke", "name=héllo", f"hydra.run.dir={tmp_path / 'run'}"])
-    assert result.returncode == 2
-    assert result.stderr.strip().endswith("quote a value with non-ASCII characters: name='héllo'")
+def test_an_unquoted_non_ascii_value_gets_a_quoting_hint(monkeypatch, capsys):
+    from nip_like.cli import compose_config
+
+    monkeypatch.setattr(sys, "argv", ["nip_like", "preset=smoke", "name=héllo"])
+    with pytest.raises(SystemExit) as exit_info, report_errors():
+        compose_config(sys.argv[1:])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.strip().endswith("quote a value with non-ASCII characters: name='héllo'")
 
 
 def test_read_only_folders_are_refused_before_training(tmp_path, monkeypatch):

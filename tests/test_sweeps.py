@@ -119,6 +119,7 @@ def test_job_states(config_dir, tmp_path):
     assert plan.state == JobState.CONFLICT and "holds a run of another config" in plan.detail
 
 
+@pytest.mark.slow  # a subprocess: seconds of start-up
 def test_dry_run_lists_jobs_and_touches_nothing(config_dir, tmp_path):
     out = tmp_path / "sweep"
     result = run_sweep(["--dry-run", *QUICK, "trainer=ppo,nope"], config_dir, out)
