@@ -39,3 +39,15 @@ EPISODE_RETURN_KEY = ("agents", "episode_return")
 ROUND_KEY = ("state", "round")
 #: Which group of side-by-side episodes (same datapoint) a step belongs to, ``(*batch,)``.
 GROUP_ID_KEY = ("state", "group_id")
+
+# Token-sequence actions (language-model agents): ``T`` is the message length.
+#: Each agent's prompt tokens, ``(*batch, agents, P)`` long.
+PROMPT_IDS_KEY = ("agents", "prompt_ids")
+#: The prompt's real tokens, ``(*batch, agents, P)`` bool.
+PROMPT_MASK_KEY = ("agents", "prompt_mask")
+#: The message's real tokens, ``(*batch, agents, T)`` bool (the action is then ``(*batch, agents, T)``).
+TOKEN_MASK_KEY = ("agents", "token_mask")
+#: Each sampled token's log-probability at collection, ``(*batch, agents, T)``.
+TOKEN_LOG_PROBS_KEY = ("agents", "token_log_probs")
+#: The entropy of the distribution each token was drawn from, ``(*batch, agents, T)``.
+TOKEN_ENTROPY_KEY = ("agents", "token_entropy")

@@ -25,6 +25,7 @@ from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
+from nip_like.lm.pretrain import demonstration_epoch, sync_value_body
 
 #: Entries of a scenario's supervised data besides the agents' observations.
 TARGET_KEY = "target_action"
@@ -32,8 +33,8 @@ TARGET_MASK_KEY = "target_mask"
 
 
 def require_labelled_data(scenario, user: str) -> None:
-    """Fail in one line, naming ``user``, if ``scenario`` has no ``supervised_data``."""
-    if not hasattr(scenario, "supervised_data"):
+    """Fail in one line, naming ``user``, if ``scenario`` has neither ``supervised_data`` nor ``demonstrations``."""
+    if not hasattr(scenario, "supervised_data") and not hasattr(scenario, "demonstrations"):
         raise ConfigError(f"{user} needs labelled data; scenario {scenario.config.name!r} has none")
 
 
@@ -114,6 +115,11 @@ def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
 def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: torch.device) -> dict[str, float]:
     """Fit each agent of ``trainer.pretrain.agents`` to the labels, or load it from the cache.
 
+    A scenario with ``demonstrations`` (agents that send messages) fine-tunes
+    each agent on its demonstrated messages
+    (:func:`~nip_like.lm.pretrain.demonstration_epoch`); otherwise the
+    agent's decisions are fitted to ``supervised_data``.
+
     Returns
     -------
     dict
@@ -129,7 +135,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     if options.epochs < 1:
         raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
     metrics: dict[str, float] = {}
-    data = None
+    data = demonstrations = None
     for agent in options.agents:
         key = pretrain_key(config, agent)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -145,13 +151,27 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 warnings.warn(f"rebuilding the pretrained {agent}: {error}", stacklevel=2)
                 cached = None
         if cached is None:
-            if data is None:
-                data = scenario.supervised_data("train").to(device)
-            index = scenario.agent_names.index(agent)
             optimizer = torch.optim.Adam(network.parameters(), lr=float(options.lr))
             generator = torch.Generator().manual_seed(int(config.seed))
-            for _ in range(int(options.epochs)):
-                _, accuracy, _ = supervised_epoch(agents, index, data, optimizer, options.minibatch_size, generator)
+            if hasattr(scenario, "demonstrations"):
+                # Agents that speak (language models): fine-tune on demonstrated messages.
+                if demonstrations is None:
+                    demonstrations = scenario.demonstrations("train", seed=int(config.seed))
+                if agent not in demonstrations:
+                    raise ConfigError(
+                        f"trainer.pretrain.agents names {agent}, which has no demonstrations in scenario "
+                        f"{scenario.config.name!r}; those with some are {sorted(demonstrations)}"
+                    )
+                agent_data = demonstrations[agent].to(device)
+                for _ in range(int(options.epochs)):
+                    _, accuracy, _ = demonstration_epoch(network, agent_data, optimizer, options.minibatch_size, generator)
+                sync_value_body(network)
+            else:
+                if data is None:
+                    data = scenario.supervised_data("train").to(device)
+                index = scenario.agent_names.index(agent)
+                for _ in range(int(options.epochs)):
+                    _, accuracy, _ = supervised_epoch(agents, index, data, optimizer, options.minibatch_size, generator)
             cached = {"key": key, "state": network.state_dict(), "train_accuracy": accuracy}
             save_atomic({"run_id": digest, **cached}, path)
             metrics[f"pretrain/{agent}/from_cache"] = 0.0

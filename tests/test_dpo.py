@@ -10,6 +10,7 @@ from torch import nn
 from torchrl.modules import MaskedCategorical, ProbabilisticActor
 
 from nip_like import keys
+from nip_like.objectives.scoring import ActionScores, score_actions
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric
@@ -77,13 +78,25 @@ def test_episode_log_probs_sum_or_average_the_agents_own_active_steps():
         active_rows=[[1, 0], [1, 0], [0, 1]],
         actions=[[2, 0], [1, 0], [0, 2]],
     ).unsqueeze(0)
-    logits = torch.zeros(1, 3, 2, 3)
-    prover = episode_log_probs(logits, steps, torch.tensor([0]), length_normalize=False)
-    verifier = episode_log_probs(logits, steps, torch.tensor([1]), length_normalize=False)
+    scores = score_actions(uniform_actor(), steps)
+    prover = episode_log_probs(scores, steps, torch.tensor([0]), length_normalize=False)
+    verifier = episode_log_probs(scores, steps, torch.tensor([1]), length_normalize=False)
     assert prover.item() == pytest.approx(-math.log(3) - math.log(2))
     assert verifier.item() == pytest.approx(-math.log(3))
-    mean = episode_log_probs(logits, steps, torch.tensor([0]), length_normalize=True)
+    mean = episode_log_probs(scores, steps, torch.tensor([0]), length_normalize=True)
     assert mean.item() == pytest.approx((-math.log(3) - math.log(2)) / 2)
+
+
+def test_length_normalisation_divides_by_the_agents_tokens():
+    # Two steps of one agent: a 3-token message and a 1-token message (T = 3).
+    steps = TensorDict({"agents": {"active": torch.ones(1, 2, 1, dtype=torch.bool)}}, batch_size=[1, 2])
+    token_log_probs = torch.tensor([[[[-1.0, -2.0, -3.0]], [[-4.0, 0.0, 0.0]]]])
+    token_mask = torch.tensor([[[[True, True, True]], [[True, False, False]]]])
+    scores = ActionScores(token_log_probs, token_mask, torch.zeros_like(token_log_probs))
+    total = episode_log_probs(scores, steps, torch.tensor([0]), length_normalize=False)
+    mean = episode_log_probs(scores, steps, torch.tensor([0]), length_normalize=True)
+    assert total.item() == pytest.approx(-10.0)
+    assert mean.item() == pytest.approx(-10.0 / 4)
 
 
 def uniform_actor() -> ProbabilisticActor:

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TemperatureLogitsW
 from nip_like.errors import ConfigError
 from nip_like.lm import LMAgentConfig, LMPolicy, build_lm, build_lm_policy, build_tokenizer, load_agent, save_agent
 from nip_like.lm.sampling import SamplingSettings, processed_log_probs
+from nip_like.lm.policy import position_ids
 from nip_like.lm.tokenizer import SPECIAL_TOKENS
 
 ALPHABET = ["a", "b", "c", "d", "0", "1"]
@@ -154,6 +155,7 @@ def test_sample_returns_dense_padded_messages(tokenizer):
         "tokens": (B, T),
         "token_mask": (B, T),
         "token_log_probs": (B, T),
+        "token_entropy": (B, T),
         "log_prob": (B,),
         "num_tokens": (B,),
         "finished": (B,),
@@ -172,6 +174,28 @@ def test_sample_returns_dense_padded_messages(tokenizer):
     assert torch.isfinite(real_log_probs).all() and (real_log_probs < 0).all()
     assert torch.equal(out["log_prob"], out["token_log_probs"].sum(-1))
     assert out["num_tokens"].min() >= 1
+    # The stored entropies are those of the distributions sampled from, as a teacher-forced pass finds them.
+    _, entropy = policy.log_probs(ids, mask, out["tokens"], out["token_mask"])
+    torch.testing.assert_close(out["token_entropy"], entropy, atol=1e-5, rtol=0)
+    assert (out["token_entropy"][~out["token_mask"]] == 0).all()
+
+
+def test_greedy_sampling_takes_the_most_likely_token_and_ignores_the_generator(tokenizer):
+    policy = make_policy(tokenizer)
+    ids, mask = prompts(tokenizer)
+    first = policy.sample(ids, mask, torch.Generator().manual_seed(0), greedy=True)
+    second = policy.sample(ids, mask, torch.Generator().manual_seed(1), greedy=True)
+    assert torch.equal(first["tokens"], second["tokens"])
+    # Teacher-forced: at each position the greedy token is the argmax of the processed distribution.
+    tokens, token_mask = first["tokens"], first["token_mask"]
+    attention = torch.cat([mask, token_mask], -1).long()
+    with torch.no_grad():
+        logits = policy.model(
+            input_ids=torch.cat([ids, tokens], -1), attention_mask=attention, position_ids=position_ids(attention)
+        ).logits[:, ids.shape[1] - 1 : -1]
+    best = processed_log_probs(logits, policy.banned, policy.settings).argmax(-1)
+    assert torch.equal(best[token_mask], tokens[token_mask])
+
 
 
 def test_pad_bos_and_unk_are_never_sampled_even_when_the_model_prefers_them(tokenizer):

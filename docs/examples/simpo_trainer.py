@@ -45,7 +45,7 @@ class SimPOLoss(DPOLoss):
         self.gamma = gamma
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        logps = self.pair_log_probs(tensordict, self.policy_logits)
+        logps = self.pair_log_probs(tensordict, self.policy_scores)
         margins = self.beta * (logps[CHOSEN] - logps[REJECTED])
         return TensorDict(
             {

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import local_model_folder, load_value_head
 from nip_like.lm.policy import LMPolicy
@@ -27,14 +28,14 @@ class LMAgentConfig:
 
     architecture: str = "llama"  # transformers model type built from a config (AutoConfig.for_model) when no pretrained_path
     pretrained_path: Optional[str] = None  # local save_pretrained folder (model + tokenizer) to start from; null builds from config
-    hidden_size: int = 64  # width of the transformer (from-config models)
-    num_layers: int = 2  # transformer blocks (from-config models)
-    num_heads: int = 4  # attention heads, also key-value heads (from-config models)
-    intermediate_size: int = 128  # width of the MLP inside each block (from-config models)
-    max_new_tokens: int = 8  # tokens of a message, eos included
-    temperature: float = 1.0  # logits are divided by it before sampling; > 0
-    top_k: int = 0  # sample among the k most likely tokens only; 0 = off
-    top_p: float = 1.0  # sample within the top-p probability nucleus only; 1 = off
+    hidden_size: int = checked(64, ge=1)  # width of the transformer (from-config models)
+    num_layers: int = checked(2, ge=1)  # transformer blocks (from-config models)
+    num_heads: int = checked(4, ge=1)  # attention heads, also key-value heads (from-config models)
+    intermediate_size: int = checked(128, ge=1)  # width of the MLP inside each block (from-config models)
+    max_new_tokens: int = checked(8, ge=1)  # tokens of a message, eos included
+    temperature: float = checked(1.0, gt=0)  # logits are divided by it before sampling; > 0
+    top_k: int = checked(0, ge=0)  # sample among the k most likely tokens only; 0 = off
+    top_p: float = checked(1.0, gt=0, le=1)  # sample within the top-p probability nucleus only; 1 = off
     value_head: bool = True  # give the agent a linear value head (for PPO's critic)
     shared_body: bool = True  # the value head reads the policy's last hidden state; false: a separate copy of the body
 

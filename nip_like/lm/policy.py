@@ -115,7 +115,11 @@ class LMPolicy(nn.Module):
 
     @torch.no_grad()
     def sample(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generator: Optional[torch.Generator] = None
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        generator: Optional[torch.Generator] = None,
+        greedy: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Sample one message per prompt, with the KV cache.
 
@@ -129,6 +133,10 @@ class LMPolicy(nn.Module):
             Source of randomness: the same seed gives the same messages. A
             generator on another device than the prompts gets the
             probabilities copied to its device at each token.
+        greedy : bool
+            Take the most likely token of the processed distribution at each
+            step instead of drawing one (evaluation); the log-probabilities
+            returned are still those of that distribution.
 
         Returns
         -------
@@ -143,6 +151,8 @@ class LMPolicy(nn.Module):
               log-probability under the processed distribution it was drawn
               from (temperature, top-k, top-p, bans applied); 0 where the
               mask is False.
+            * ``"token_entropy"`` ``(B, T)`` float32: the entropy of that
+              distribution at each sampled position; 0 where the mask is False.
             * ``"log_prob"`` ``(B,)``: their sum, the message's log-probability.
             * ``"num_tokens"`` ``(B,)`` long: the number of sampled tokens.
             * ``"finished"`` ``(B,)`` bool: the message ended with ``<eos>``
@@ -154,6 +164,7 @@ class LMPolicy(nn.Module):
         tokens = torch.full((batch_size, length), self.pad_token_id, dtype=torch.long, device=device)
         token_mask = torch.zeros((batch_size, length), dtype=torch.bool, device=device)
         token_log_probs = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
+        token_entropy = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
         alive = torch.ones(batch_size, dtype=torch.bool, device=device)
 
         attention_mask = prompt_mask.long()
@@ -163,11 +174,12 @@ class LMPolicy(nn.Module):
         )
         for step in range(length):
             log_probs = processed_log_probs(output.logits[:, -1], self.banned, self.settings)
-            token = self._draw(log_probs, generator)
+            token = log_probs.argmax(-1) if greedy else self._draw(log_probs, generator)
             token_log_prob = log_probs.gather(-1, token.unsqueeze(-1)).squeeze(-1)
             tokens[:, step] = torch.where(alive, token, self.pad_token_id)
             token_mask[:, step] = alive
             token_log_probs[:, step] = torch.where(alive, token_log_prob, 0.0)
+            token_entropy[:, step] = torch.where(alive, entropy(log_probs), 0.0)
             alive = alive & (token != self.eos_token_id)
             if step == length - 1 or not bool(alive.any()):
                 break
@@ -184,6 +196,7 @@ class LMPolicy(nn.Module):
             "tokens": tokens,
             "token_mask": token_mask,
             "token_log_probs": token_log_probs,
+            "token_entropy": token_entropy,
             "log_prob": token_log_probs.sum(-1),
             "num_tokens": num_tokens,
             "finished": (tokens == self.eos_token_id).any(-1),

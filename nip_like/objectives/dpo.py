@@ -20,10 +20,10 @@ from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
 from nip_like.allowed import checked
-from nip_like.distributions import masked_log_softmax
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes
 from nip_like.objectives.reference import ReferencePolicy
+from nip_like.objectives.scoring import ActionScores, score_actions
 
 #: The loss variants :func:`preference_loss` knows.
 LOSS_TYPES = ("sigmoid", "ipo", "hinge")
@@ -40,7 +40,7 @@ class PreferenceConfig(ObjectiveConfig):
 
     beta: float = checked(0.3, gt=0)  # inverse temperature (sigmoid, hinge) or regularisation strength (ipo)
     margin: float = checked(0.0, ge=0)  # drop pairs whose return gap is below this (a zero gap is always dropped)
-    length_normalize: bool = False  # mean instead of summed log-probs over the agent's steps
+    length_normalize: bool = False  # mean log-prob per token instead of the sum over the agent's actions
     label_smoothing: float = checked(0.0, ge=0, lt=0.5)  # assumed preference-flip probability, conservative DPO (sigmoid only)
     ref_sync_every: int = checked(0, ge=0)  # move the reference towards the policy every N iterations; 0 keeps the initial policy
     ref_mixup_alpha: float = checked(1.0, gt=0, le=1)  # weight of the policy in that move: 1 copies it, below 1 is an EMA step
@@ -60,7 +60,7 @@ class IPOConfig(PreferenceConfig):
     """Options of the IPO objective: DPO's pairs with the IPO loss, whose type is fixed."""
 
     beta: float = checked(0.1, gt=0)  # regularisation strength: the loss pulls the log-ratio gap towards 1 / (2 beta)
-    length_normalize: bool = True  # mean log-probs over the agent's steps, as TRL's IPO
+    length_normalize: bool = True  # mean log-prob per token of the agent's actions, as TRL's IPO
 
 
 def preference_loss(
@@ -97,40 +97,38 @@ def preference_loss(
     raise ValueError(f"unknown preference loss type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")
 
 
-def action_log_probs(logits: torch.Tensor, mask: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Log-probability of ``action`` under masked categorical ``logits``; shape ``action.shape``."""
-    return masked_log_softmax(logits, mask).gather(-1, action.unsqueeze(-1)).squeeze(-1)
-
-
 def episode_log_probs(
-    logits: torch.Tensor, steps: TensorDictBase, agent: torch.Tensor, length_normalize: bool
+    scores: ActionScores, steps: TensorDictBase, agent: torch.Tensor, length_normalize: bool
 ) -> torch.Tensor:
     """An agent's log-probability of its own actions over an episode.
 
     Parameters
     ----------
-    logits : torch.Tensor
-        ``(pairs, time, num_agents, num_actions)`` policy logits on ``steps``.
+    scores : ActionScores
+        The policy's scores of the actions on ``steps``, ``(pairs, time,
+        num_agents, T)`` (see :func:`~nip_like.objectives.scoring.score_actions`).
     steps : TensorDictBase
-        ``(pairs, time)`` steps with action, action mask and active flags;
-        padding steps are marked inactive for every agent.
+        ``(pairs, time)`` steps with active flags; padding steps are marked
+        inactive for every agent.
     agent : torch.Tensor
         ``(pairs,)`` index of the agent whose actions count.
     length_normalize : bool
-        Divide by the number of steps the agent acted in (its mean log-prob).
+        Divide by the number of tokens of the agent's actions (its mean
+        log-prob per token, as TRL's IPO; a categorical action is one token).
 
     Returns
     -------
     torch.Tensor
         ``(pairs,)``: the sum (or mean) over the agent's active steps.
     """
-    log_probs = action_log_probs(logits, steps.get(keys.ACTION_MASK_KEY), steps.get(keys.ACTION_KEY))
+    log_probs, num_tokens = scores.log_prob, scores.num_tokens
     index = agent.view(-1, 1, 1).expand(-1, log_probs.shape[1], 1)
     mine = log_probs.gather(-1, index).squeeze(-1)
     active = steps.get(keys.ACTIVE_KEY).gather(-1, index).squeeze(-1)
     total = torch.where(active, mine, torch.zeros_like(mine)).sum(-1)
     if length_normalize:
-        total = total / active.sum(-1).clamp_min(1).to(total.dtype)
+        tokens = torch.where(active, num_tokens.gather(-1, index).squeeze(-1), 0).sum(-1)
+        total = total / tokens.clamp_min(1).to(total.dtype)
     return total
 
 
@@ -215,7 +213,7 @@ class DPOLoss(RolloutLoss):
     Parameters
     ----------
     actor_network : ProbabilisticActor
-        The policy; it must write ``("agents", "logits")``.
+        The policy (any actor :func:`~nip_like.objectives.scoring.score_actions` scores).
     agent_names : tuple of str
         Agents, in the order of the agent dimension.
     reference : ReferencePolicy
@@ -338,34 +336,32 @@ class DPOLoss(RolloutLoss):
         if agent.numel():
             self._layout_metrics["pairs/return_gap"] = float(pairs.get(RETURN_GAP_KEY).float().mean())
         if agent.numel() and self.uses_reference:
-            reference = self.pair_log_probs(pairs, self.reference.logits)
+            reference = self.pair_log_probs(pairs, self.reference.scores)
             pairs.set(REFERENCE_LOGPS_KEY, TensorDict(reference, batch_size=pairs.batch_size))
         return pairs
 
     def pair_log_probs(
-        self, pairs: TensorDictBase, logits_of: Callable[[TensorDictBase], torch.Tensor]
+        self, pairs: TensorDictBase, scores_of: Callable[[TensorDictBase], ActionScores]
     ) -> dict[str, torch.Tensor]:
         """Episode log-probs of each pair's agent, ``{"chosen": (pairs,), "rejected": (pairs,)}``.
 
-        ``logits_of`` maps steps to logits: :meth:`policy_logits` (with
-        gradients) or the reference's ``logits`` (without).
+        ``scores_of`` scores the actions of steps: :meth:`policy_scores` (with
+        gradients) or the reference's ``scores`` (without).
         """
         both = torch.stack([pairs.get(CHOSEN), pairs.get(REJECTED)], dim=1)  # (pairs, 2, time)
         flat = both.reshape(-1, both.shape[-1])
-        logits = logits_of(flat)
         agent = pairs.get(PAIR_AGENT_KEY).repeat_interleave(2)
-        log_probs = episode_log_probs(logits, flat, agent, self.length_normalize).view(-1, 2)
+        log_probs = episode_log_probs(scores_of(flat), flat, agent, self.length_normalize).view(-1, 2)
         return {CHOSEN: log_probs[:, 0], REJECTED: log_probs[:, 1]}
 
-    def policy_logits(self, steps: TensorDictBase) -> torch.Tensor:
-        """The policy's logits on ``steps``, with gradients."""
-        inputs = steps.select(*self.actor_network.in_keys, strict=False).clone(False)
-        return self.actor_network.get_dist_params(inputs).get(self.tensor_keys.logits)
+    def policy_scores(self, steps: TensorDictBase) -> ActionScores:
+        """The policy's scores of the actions on ``steps``, with gradients."""
+        return score_actions(self.actor_network, steps)
 
     # ----------------------------------------------------------------- forward
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """The preference loss on a minibatch of pairs, with TRL's statistics."""
-        policy = self.pair_log_probs(tensordict, self.policy_logits)
+        policy = self.pair_log_probs(tensordict, self.policy_scores)
         reference = tensordict.get(REFERENCE_LOGPS_KEY)
         chosen_ratio = policy[CHOSEN] - reference.get(CHOSEN)
         rejected_ratio = policy[REJECTED] - reference.get(REJECTED)

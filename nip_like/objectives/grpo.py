@@ -14,11 +14,13 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, group_relative
-from nip_like.objectives.masking import per_agent_mean, set_per_agent
+from nip_like.objectives.masking import set_per_agent
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
-from nip_like.objectives.reference import ReferencePolicy, categorical_kl
+from nip_like.objectives.reference import ReferencePolicy
+from nip_like.objectives.scoring import AGGREGATIONS, aggregate, token_kl
 
-REFERENCE_LOGITS_KEY = ("agents", "reference_logits")
+#: The reference policy's log-probability of each action token, ``(*batch, agents, T)``.
+REFERENCE_LOG_PROBS_KEY = ("agents", "reference_token_log_probs")
 
 
 @dataclass
@@ -28,6 +30,7 @@ class GRPOConfig(ObjectiveConfig):
     clip_epsilon: float = checked(0.2, gt=0)  # clip range of the probability ratio
     kl_coeff: float = checked(0.0, ge=0)  # weight of the KL(pi || initial policy) penalty; 0 disables it
     entropy_coeff: float = checked(0.01, ge=0)  # weight of the entropy bonus
+    loss_aggregation: str = checked("token_mean", choices=AGGREGATIONS)  # token_mean | sequence_mean over a message's tokens
 
 
 class GRPOLoss(RolloutLoss):
@@ -39,8 +42,10 @@ class GRPOLoss(RolloutLoss):
     standard deviation, and every active step of the episode gets it. A group
     of one, or a group whose returns do not vary, gets advantage 0. Only
     episodes that start and end inside the collected batch are used. The
-    update is PPO's clipped surrogate, per agent over its active steps, with an
-    optional penalty ``kl_coeff * KL(pi || pi_ref)`` to a reference policy.
+    update is PPO's clipped surrogate, per agent over its active steps' tokens,
+    with an optional penalty ``kl_coeff * KL(pi || pi_ref)`` to a reference
+    policy, estimated per token on the sampled tokens
+    (:func:`~nip_like.objectives.scoring.token_kl`, TRL's estimator).
 
     Parameters
     ----------
@@ -56,6 +61,9 @@ class GRPOLoss(RolloutLoss):
         Weight of the KL penalty; 0 disables it.
     entropy_coeff : float
         Weight of the entropy bonus.
+    loss_aggregation : str
+        ``"token_mean"`` or ``"sequence_mean"``: how token-level terms are
+        averaged (:func:`~nip_like.objectives.scoring.aggregate`).
     """
 
     @dataclass
@@ -79,6 +87,7 @@ class GRPOLoss(RolloutLoss):
         clip_epsilon: float = 0.2,
         kl_coeff: float = 0.0,
         entropy_coeff: float = 0.0,
+        loss_aggregation: str = "token_mean",
     ) -> None:
         if kl_coeff > 0 and reference is None:
             raise ValueError("GRPOLoss needs a reference policy when kl_coeff > 0")
@@ -89,6 +98,7 @@ class GRPOLoss(RolloutLoss):
         self.clip_epsilon = clip_epsilon
         self.kl_coeff = kl_coeff
         self.entropy_coeff = entropy_coeff
+        self.loss_aggregation = loss_aggregation
 
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
         """Return the steps of complete episodes, each with its group-relative advantage."""
@@ -99,18 +109,21 @@ class GRPOLoss(RolloutLoss):
         episode = order[torch.searchsorted(episode_order, found.ids[found.complete])]
         steps.set(self.tensor_keys.advantage, advantage[episode].unsqueeze(-1))
         if self.kl_coeff > 0:
-            steps.set(REFERENCE_LOGITS_KEY, self.reference.logits(steps))
+            steps.set(REFERENCE_LOG_PROBS_KEY, self.reference.scores(steps).token_log_probs)
         return steps
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         """Compute the clipped surrogate, entropy bonus and KL penalty on a minibatch of steps."""
         active = tensordict.get(self.tensor_keys.active)
         advantage = tensordict.get(self.tensor_keys.advantage).squeeze(-1)
-        dist, ratio, kl_approx, clip_fraction = importance_ratio(
-            self.actor_network, tensordict, self.tensor_keys, active, self.clip_epsilon
-        )
-        policy_loss = -per_agent_mean(clipped_surrogate(ratio, advantage, self.clip_epsilon), active)
-        entropy = per_agent_mean(dist.entropy(), active)
+        scores, ratio, log_ratio = importance_ratio(self.actor_network, tensordict, self.tensor_keys, active)
+        mask, mode = scores.token_mask, self.loss_aggregation
+        surrogate = clipped_surrogate(ratio, advantage.unsqueeze(-1), self.clip_epsilon)
+        policy_loss = -aggregate(surrogate, mask, active, mode)
+        entropy = aggregate(scores.token_entropy, mask, active, mode)
+        with torch.no_grad():
+            kl_approx = aggregate((ratio - 1) - log_ratio, mask, active, mode)
+            clip_fraction = aggregate(((ratio - 1).abs() > self.clip_epsilon).float(), mask, active, mode)
         output = TensorDict(
             {
                 "loss_objective": policy_loss.sum(),
@@ -122,8 +135,8 @@ class GRPOLoss(RolloutLoss):
         )
         per_agent = {"loss_objective": policy_loss, "entropy": entropy}
         if self.kl_coeff > 0:
-            mask = tensordict.get(self.tensor_keys.action_mask)
-            kl = per_agent_mean(categorical_kl(dist.logits, tensordict.get(REFERENCE_LOGITS_KEY), mask), active)
+            kl_tokens = token_kl(scores.token_log_probs, tensordict.get(REFERENCE_LOG_PROBS_KEY))
+            kl = aggregate(kl_tokens, mask, active, mode)
             output["loss_kl"] = self.kl_coeff * kl.sum()
             output["kl_reference"] = kl.detach().mean()
             per_agent["kl_reference"] = kl

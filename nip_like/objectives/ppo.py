@@ -20,6 +20,14 @@ from nip_like.errors import ConfigError
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.reference import categorical_kl
+from nip_like.objectives.scoring import (
+    AGGREGATIONS,
+    ActionScores,
+    aggregate,
+    behaviour_token_log_probs,
+    score_actions,
+    token_kl,
+)
 
 PPO_VARIANTS = ("clip", "kl")
 #: Distances the value loss can use.
@@ -43,6 +51,7 @@ class PPOConfig(ObjectiveConfig):
     loss_critic_type: str = checked("smooth_l1", choices=CRITIC_LOSS_TYPES)  # l1 | l2 | smooth_l1
     gamma: float = checked(0.99, ge=0, le=1)  # discount factor of GAE
     lmbda: float = checked(0.95, ge=0, le=1)  # GAE lambda
+    loss_aggregation: str = checked("token_mean", choices=AGGREGATIONS)  # token_mean | sequence_mean over a message's tokens
 
 
 class MultiAgentPPOLoss(RolloutLoss):
@@ -81,6 +90,12 @@ class MultiAgentPPOLoss(RolloutLoss):
     gamma, lmbda : float
         Discount and lambda of the GAE advantage module built with the loss
         (:attr:`value_estimator`; :meth:`make_value_estimator` rebuilds it).
+    loss_aggregation : str
+        For actions that are token sequences: the ratio, surrogate, entropy
+        and statistics are per token, averaged ``"token_mean"`` (over all of
+        an agent's tokens) or ``"sequence_mean"`` (per message, then over
+        messages); see :func:`~nip_like.objectives.scoring.aggregate`. A
+        categorical action is one token, and both give the same loss.
 
     Notes
     -----
@@ -124,6 +139,7 @@ class MultiAgentPPOLoss(RolloutLoss):
         loss_critic_type: str = "smooth_l1",
         gamma: float = 0.99,
         lmbda: float = 0.95,
+        loss_aggregation: str = "token_mean",
     ) -> None:
         if variant not in PPO_VARIANTS:
             raise ConfigError(f"trainer.objective.variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
@@ -143,6 +159,7 @@ class MultiAgentPPOLoss(RolloutLoss):
         self.critic_coeff = critic_coeff
         self.normalize_advantage = normalize_advantage
         self.loss_critic_type = loss_critic_type
+        self.loss_aggregation = loss_aggregation
         self.register_buffer("kl_beta", torch.tensor(float(kl_beta)))
         self.make_value_estimator(gamma=gamma, lmbda=lmbda)
 
@@ -164,20 +181,20 @@ class MultiAgentPPOLoss(RolloutLoss):
         if self.normalize_advantage:
             advantage = standardize_per_agent(advantage, active)
 
-        old_logits = tensordict.get(self.tensor_keys.logits)
-        dist, ratio, kl_approx, clip_fraction = importance_ratio(
-            self.actor_network, tensordict, self.tensor_keys, active, self.clip_epsilon
-        )
-
+        scores, ratio, log_ratio = importance_ratio(self.actor_network, tensordict, self.tensor_keys, active)
+        mask, mode = scores.token_mask, self.loss_aggregation
+        token_advantage = advantage.unsqueeze(-1)
         if self.variant == "clip":
-            surrogate = clipped_surrogate(ratio, advantage, self.clip_epsilon)
+            surrogate = clipped_surrogate(ratio, token_advantage, self.clip_epsilon)
         else:
-            action_mask = tensordict.get(self.tensor_keys.action_mask)
-            kl = categorical_kl(old_logits, dist.logits, action_mask)
+            kl = self._kl_to_behaviour(tensordict, scores, log_ratio)
             # A copy: the coefficient adapts in place below, after the graph uses it.
-            surrogate = ratio * advantage - self.kl_beta.clone() * kl
-        policy_loss = -per_agent_mean(surrogate, active)
-        entropy = per_agent_mean(dist.entropy(), active)
+            surrogate = ratio * token_advantage - self.kl_beta.clone() * kl
+        policy_loss = -aggregate(surrogate, mask, active, mode)
+        entropy = aggregate(scores.token_entropy, mask, active, mode)
+        with torch.no_grad():
+            kl_approx = aggregate((ratio - 1) - log_ratio, mask, active, mode)
+            clip_fraction = aggregate(((ratio - 1).abs() > self.clip_epsilon).float(), mask, active, mode)
 
         value = self.critic_network(tensordict.select(*self.critic_network.in_keys).clone(False))
         value = value.get(self.tensor_keys.value)
@@ -214,6 +231,21 @@ class MultiAgentPPOLoss(RolloutLoss):
         )
         return output
 
+    def _kl_to_behaviour(self, tensordict: TensorDictBase, scores: ActionScores, log_ratio: torch.Tensor) -> torch.Tensor:
+        """``(*batch, agents, T)`` KL(behaviour || current) of the kl variant's penalty.
+
+        Exact for categorical actions (the behaviour logits are stored); for
+        token sequences the per-token estimate on the sampled tokens
+        (:func:`~nip_like.objectives.scoring.token_kl` with the roles of the
+        two policies as sampled: the tokens come from the behaviour policy).
+        """
+        old_logits = tensordict.get(self.tensor_keys.logits, None)
+        if scores.logits is not None and old_logits is not None:
+            action_mask = tensordict.get(self.tensor_keys.action_mask)
+            return categorical_kl(old_logits, scores.logits, action_mask).unsqueeze(-1)
+        # The behaviour policy is the sampler: its log-ratio to itself is 0.
+        return token_kl(torch.zeros_like(log_ratio), log_ratio)
+
     def _adapt_kl_beta(self, kl: float) -> None:
         if kl > 1.5 * self.kl_target:
             self.kl_beta.mul_(2.0)
@@ -222,41 +254,35 @@ class MultiAgentPPOLoss(RolloutLoss):
 
 
 def importance_ratio(
-    actor: ProbabilisticActor, tensordict: TensorDictBase, tensor_keys, active: torch.Tensor, clip_epsilon: float
-) -> tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Evaluate the current policy on stored actions against their behaviour log-probs.
+    actor, tensordict: TensorDictBase, tensor_keys, active: torch.Tensor
+) -> tuple[ActionScores, torch.Tensor, torch.Tensor]:
+    """Score the stored actions under the current policy against their behaviour log-probs, per token.
 
     Parameters
     ----------
-    actor : ProbabilisticActor
-        The current policy.
+    actor
+        The current policy (see :func:`~nip_like.objectives.scoring.score_actions`).
     tensordict : TensorDictBase
-        Steps with the actions (``tensor_keys.action``) and their log-probs
-        at collection (``tensor_keys.sample_log_prob``).
+        Steps with the actions and their log-probs at collection
+        (``("agents", "token_log_probs")`` for token sequences, else
+        ``tensor_keys.sample_log_prob``).
     tensor_keys
         The loss's keys.
     active : torch.Tensor
         ``(*batch, num_agents)``: who acted.
-    clip_epsilon : float
-        Clip range, for the clip fraction.
 
     Returns
     -------
     tuple
-        The current distribution, the ratio ``pi / pi_old``, and per agent over
-        active steps the approximate KL and the clip fraction. Inactive entries
-        get ratio 1: they are replaced, not multiplied, so they cannot turn
-        into NaN.
+        The scores, the ratio ``pi / pi_old`` and its log, both ``(*batch,
+        num_agents, T)``. Entries outside the active steps' tokens get ratio 1:
+        they are replaced, not multiplied, so they cannot turn into NaN.
     """
-    dist = actor.get_dist(tensordict.clone(False))
-    log_prob = dist.log_prob(tensordict.get(tensor_keys.action))
-    old_log_prob = tensordict.get(tensor_keys.sample_log_prob)
-    log_ratio = torch.where(active, log_prob - old_log_prob, torch.zeros_like(log_prob))
-    ratio = log_ratio.exp()
-    with torch.no_grad():
-        kl_approx = per_agent_mean((ratio - 1) - log_ratio, active)
-        clip_fraction = per_agent_mean(((ratio - 1).abs() > clip_epsilon).float(), active)
-    return dist, ratio, kl_approx, clip_fraction
+    scores = score_actions(actor, tensordict)
+    counted = scores.token_mask & active.unsqueeze(-1)
+    difference = scores.token_log_probs - behaviour_token_log_probs(tensordict)
+    log_ratio = torch.where(counted, difference, torch.zeros_like(difference))
+    return scores, log_ratio.exp(), log_ratio
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_epsilon: float) -> torch.Tensor:

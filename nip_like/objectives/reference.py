@@ -7,10 +7,10 @@ import copy
 import torch
 from tensordict import TensorDictBase
 from torch import nn
-from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
 from nip_like.distributions import masked_log_softmax
+from nip_like.objectives.scoring import ActionScores, score_actions, token_kl
 
 
 class ReferencePolicy(nn.Module):
@@ -18,20 +18,23 @@ class ReferencePolicy(nn.Module):
 
     Parameters
     ----------
-    policy : ProbabilisticActor
-        The policy to copy; it must write ``("agents", "logits")``.
+    policy : nn.Module
+        The policy to copy: a probabilistic actor, or an actor that scores
+        token sequences (see :func:`~nip_like.objectives.scoring.score_actions`).
     """
 
-    def __init__(self, policy: ProbabilisticActor) -> None:
+    def __init__(self, policy: nn.Module) -> None:
         super().__init__()
         self.policy = copy.deepcopy(policy)
         self.policy.requires_grad_(False)
 
     @torch.no_grad()
-    def logits(self, tensordict: TensorDictBase) -> torch.Tensor:
-        """Return the reference logits ``(*batch, num_agents, num_actions)`` for ``tensordict``."""
-        inputs = tensordict.select(*self.policy.in_keys, strict=False).clone(False)
-        return self.policy.get_dist_params(inputs).get(keys.LOGITS_KEY)
+    def scores(self, tensordict: TensorDictBase) -> ActionScores:
+        """The reference's log-probabilities (and entropies) of the actions stored in ``tensordict``.
+
+        See :func:`~nip_like.objectives.scoring.score_actions`; without gradients.
+        """
+        return score_actions(self.policy, tensordict)
 
     @torch.no_grad()
     def refresh(self, policy: nn.Module, decay: float = 0.0) -> None:
@@ -53,3 +56,35 @@ def categorical_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     log_p = masked_log_softmax(logits, mask)
     terms = -log_p.exp() * log_p
     return torch.where(mask, terms, torch.zeros_like(terms)).sum(-1)
+
+
+def divergence_from_reference(
+    batch: TensorDictBase, reference: ReferencePolicy
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL(collecting policy || reference) and the collecting policy's entropy, per step and agent.
+
+    Uses only what the collector recorded and the reference's scores, so it is
+    measured the same way for every objective.
+
+    * Categorical actions (the batch holds ``("agents", "logits")``): both exact.
+    * Token sequences: per-token estimates on the sampled tokens, summed over
+      each message: :func:`~nip_like.objectives.scoring.token_kl` between the
+      stored log-probabilities and the reference's, and the stored entropy of
+      each token's distribution. Both sums are unbiased estimates of the
+      message distributions' KL and entropy.
+
+    Returns
+    -------
+    kl, entropy : torch.Tensor
+        ``(*batch, agents)`` each.
+    """
+    logits = batch.get(keys.LOGITS_KEY, None)
+    if logits is not None:
+        mask = batch.get(keys.ACTION_MASK_KEY)
+        reference_logits = reference.scores(batch).logits
+        return categorical_kl(logits, reference_logits, mask), categorical_entropy(logits, mask)
+    token_mask = batch.get(keys.TOKEN_MASK_KEY)
+    kl = token_kl(batch.get(keys.TOKEN_LOG_PROBS_KEY), reference.scores(batch).token_log_probs)
+    kl = torch.where(token_mask, kl, torch.zeros_like(kl)).sum(-1)
+    entropy = torch.where(token_mask, batch.get(keys.TOKEN_ENTROPY_KEY), 0.0).sum(-1)
+    return kl, entropy

@@ -15,6 +15,7 @@ from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
+from nip_like.objectives.scoring import score_actions
 
 RETURN_KEY = ("agents", "return")
 
@@ -60,7 +61,9 @@ class ReinforceConfig(ObjectiveConfig):
 class MultiAgentReinforceLoss(RolloutLoss):
     """REINFORCE per agent over its active steps, with an optional value baseline.
 
-    The advantage of a step is its discounted return-to-go, minus the critic's
+    An action's log-probability is the sum over its tokens (one for a
+    categorical action, a message's for a language-model agent). The
+    advantage of a step is its discounted return-to-go, minus the critic's
     value when a critic is given (the critic then learns the returns by
     regression over every step). Only episodes that start and end inside the
     collected batch are used, so every return is a true Monte-Carlo return.
@@ -138,11 +141,12 @@ class MultiAgentReinforceLoss(RolloutLoss):
             advantage = returns - value.detach()
         if self.normalize_advantage:
             advantage = standardize_per_agent(advantage, active)
-        dist = self.actor_network.get_dist(tensordict.clone(False))
-        log_prob = dist.log_prob(tensordict.get(self.tensor_keys.action))
-        log_prob = torch.where(active, log_prob, torch.zeros_like(log_prob))
+        scores = score_actions(self.actor_network, tensordict)
+        log_prob = torch.where(active, scores.log_prob, torch.zeros_like(scores.log_prob))
         policy_loss = -per_agent_mean(log_prob * advantage, active)
-        entropy = per_agent_mean(dist.entropy(), active)
+        # A message's entropy: the sum of its tokens' entropies (one term for a categorical action).
+        message_entropy = torch.where(scores.token_mask, scores.token_entropy, 0.0).sum(-1)
+        entropy = per_agent_mean(message_entropy, active)
         output["loss_objective"] = policy_loss.sum()
         output["loss_entropy"] = -self.entropy_coeff * entropy.sum()
         output["entropy"] = entropy.detach().mean()

@@ -32,7 +32,7 @@ from abc import abstractmethod
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Binary, Bounded, Categorical, Composite, Unbounded
+from torchrl.data import Binary, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from nip_like.errors import ConfigError
@@ -53,10 +53,13 @@ class InteractionEnv(EnvBase):
         Who acts in which round and how rewards are shared.
     num_envs : int
         Number of independent episodes run side by side.
-    num_actions : int
-        Size of the action space shared by all agents (masked per agent).
-    observation_size : int
-        Length of each agent's observation vector.
+    num_actions : int, optional
+        Size of the categorical action space shared by all agents (masked per
+        agent). Needed by the default :meth:`_agent_action_spec`; a scenario
+        whose actions are token sequences overrides that hook instead.
+    observation_size : int, optional
+        Length of each agent's observation vector (default
+        :meth:`_policy_input_spec` only).
     device : torch.device or str
         Where the tensors live.
     seed : int
@@ -72,8 +75,8 @@ class InteractionEnv(EnvBase):
         self,
         protocol: Protocol,
         num_envs: int,
-        num_actions: int,
-        observation_size: int,
+        num_actions: int | None = None,
+        observation_size: int | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
         group_size: int = 1,
@@ -104,12 +107,17 @@ class InteractionEnv(EnvBase):
         Use :attr:`rng` for randomness, so that the stream can be saved and restored.
         """
 
-    @abstractmethod
     def _observe(self, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
         """Return each agent's ``(observation, action_mask)`` for ``state``.
 
-        Shapes ``(B, N, F)`` (float) and ``(B, N, A)`` (bool).
+        Shapes ``(B, N, F)`` (float) and ``(B, N, A)`` (bool). The hook of
+        scenarios with categorical actions (the default
+        :meth:`_policy_inputs`); a scenario that overrides
+        :meth:`_policy_inputs` does not implement it.
         """
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither _observe (categorical actions) nor _policy_inputs"
+        )
 
     @abstractmethod
     def _advance(
@@ -145,6 +153,33 @@ class InteractionEnv(EnvBase):
         """Extra per-agent observation entries for ``state`` (see :meth:`_agent_observation_spec`)."""
         return {}
 
+    def _policy_input_spec(self) -> dict[str, object]:
+        """Specs of the per-agent entries a policy acts on, shape ``(B, N, ...)``.
+
+        The default is a categorical agent's: ``observation`` ``(B, N, F)``
+        and ``action_mask`` ``(B, N, A)``. A scenario whose agents read other
+        inputs (token prompts) overrides it with :meth:`_policy_inputs`.
+        """
+        agents = (*self.batch_size, self.num_agents)
+        return {
+            "observation": Unbounded(shape=(*agents, self.observation_size), device=self.device),
+            "action_mask": Binary(n=self.num_actions, shape=(*agents, self.num_actions), dtype=torch.bool, device=self.device),
+        }
+
+    def _policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        """The entries of :meth:`_policy_input_spec` for ``state`` (by default from :meth:`_observe`)."""
+        observation, action_mask = self._observe(state)
+        return {"observation": observation, "action_mask": action_mask}
+
+    def _agent_action_spec(self) -> object:
+        """Spec of ``("agents", "action")``, shape ``(B, N, ...)``.
+
+        The default is one categorical choice among ``num_actions`` per agent;
+        a scenario whose agents send token sequences returns a ``(B, N, T)``
+        integer spec.
+        """
+        return Categorical(n=self.num_actions, shape=(*self.batch_size, self.num_agents), device=self.device)
+
     # ----------------------------------------------------------------- specs
     def _make_specs(self) -> None:
         batch, agents = self.batch_size, (*self.batch_size, self.num_agents)
@@ -158,8 +193,7 @@ class InteractionEnv(EnvBase):
         )
         agent_obs = Composite(
             **self._agent_observation_spec(),
-            observation=Unbounded(shape=(*agents, self.observation_size), device=self.device),
-            action_mask=Binary(n=self.num_actions, shape=(*agents, self.num_actions), dtype=torch.bool, device=self.device),
+            **self._policy_input_spec(),
             active=Binary(n=self.num_agents, shape=agents, dtype=torch.bool, device=self.device),
             episode_return=Unbounded(shape=(*agents, 1), device=self.device),
             shape=agents,
@@ -168,7 +202,7 @@ class InteractionEnv(EnvBase):
         self.observation_spec = Composite(state=state, agents=agent_obs, shape=batch, device=self.device)
         self.action_spec = Composite(
             agents=Composite(
-                action=Categorical(n=self.num_actions, shape=agents, device=self.device),
+                action=self._agent_action_spec(),
                 shape=agents,
                 device=self.device,
             ),
@@ -196,11 +230,9 @@ class InteractionEnv(EnvBase):
 
     # ------------------------------------------------------------- mechanics
     def _agent_entries(self, state: TensorDictBase, episode_return: torch.Tensor) -> dict:
-        observation, action_mask = self._observe(state)
         return {
             **self._observe_extra(state),
-            "observation": observation,
-            "action_mask": action_mask,
+            **self._policy_inputs(state),
             "active": self.protocol.active_agents_in(state),
             "episode_return": episode_return,
         }

@@ -33,7 +33,7 @@ from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
 from nip_like.objectives.masking import per_agent_mean
-from nip_like.objectives.reference import ReferencePolicy, categorical_entropy, categorical_kl
+from nip_like.objectives.reference import ReferencePolicy, divergence_from_reference
 from nip_like.pretrain import pretrain_agents
 from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
 from nip_like.scenarios.base import Scenario
@@ -330,15 +330,13 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def _policy_diagnostics(self, batch: TensorDictBase) -> dict[str, float]:
         """KL from the initial policy and entropy of the collecting policy, over active steps.
 
-        Both are exact for the categorical action distributions and use only
-        what the collector recorded, so they are measured the same way for
-        every objective.
+        See :func:`~nip_like.objectives.reference.divergence_from_reference`:
+        exact for categorical actions, per-token estimates on the sampled
+        tokens for messages; the same for every objective.
         """
         active = batch.get(keys.ACTIVE_KEY)
-        mask = batch.get(keys.ACTION_MASK_KEY)
-        logits = batch.get(keys.LOGITS_KEY)
-        kl = per_agent_mean(categorical_kl(logits, self.reference_policy.logits(batch), mask), active)
-        entropy = per_agent_mean(categorical_entropy(logits, mask), active)
+        kl, entropy = divergence_from_reference(batch, self.reference_policy)
+        kl, entropy = per_agent_mean(kl, active), per_agent_mean(entropy, active)
         metrics = {"objective/kl": kl.mean().item(), "objective/entropy": entropy.mean().item()}
         for index, name in enumerate(self.agent_names):
             metrics[f"agents/{name}/objective/kl"] = kl[index].item()

@@ -1,5 +1,7 @@
 """The duplicates task: does a list of values hold two equal ones?
 
-Only the data layer exists so far (:mod:`nip_like.scenarios.duplicates.data`);
-this package registers no scenario, and imports nothing on its own.
+:mod:`~nip_like.scenarios.duplicates.data` generates and caches the lists,
+:mod:`~nip_like.scenarios.duplicates.environment` plays the interactive proof
+in tokens, and :mod:`~nip_like.scenarios.duplicates.scenario` registers the
+``duplicates`` scenario with language-model agents.
 """

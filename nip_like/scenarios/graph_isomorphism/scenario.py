@@ -17,6 +17,7 @@ from nip_like.distributions import masked_log_softmax
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.decisions import decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
@@ -238,16 +239,7 @@ class GraphIsomorphismScenario(Scenario):
         """
         metrics = super().episode_metrics(episodes)
         state = episodes.get("state")
-        label = state["label"]
-        accept = state["decision"] == 1
-        correct = (accept == label) & (state["decision"] >= 0)
-        metrics["accuracy"] = correct.float().mean().item()
-        _, datapoint = state["pair_index"].unique(return_inverse=True)
-        per_datapoint = torch.zeros(int(datapoint.max()) + 1).index_add_(0, datapoint.cpu(), correct.float().cpu())
-        per_datapoint /= torch.bincount(datapoint.cpu()).float()
-        metrics["accuracy_per_datapoint"] = per_datapoint.mean().item()
-        metrics["accuracy_worst_datapoint"] = per_datapoint.min().item()
-        metrics.update(precision_recall(accept, label))
+        metrics.update(decision_metrics(state["decision"], state["label"], state["pair_index"]))
         metrics["episode_length"] = state["round"].float().mean().item()
         metrics.update(self.faithful_answers(state))
         return metrics
@@ -297,12 +289,3 @@ class GraphIsomorphismScenario(Scenario):
             for position, prover in enumerate(provers)
             if answers[position]
         }
-
-
-def precision_recall(accept: torch.Tensor, label: torch.Tensor) -> dict[str, float]:
-    """Precision and recall of ``accept`` decisions against ``label`` (isomorphic = positive); 0 when undefined."""
-    true_positive = (accept & label).sum().item()
-    return {
-        "precision": true_positive / max(int(accept.sum()), 1),
-        "recall": true_positive / max(int(label.sum()), 1),
-    }

@@ -1,0 +1,204 @@
+"""Language-model agents in the RL loop: the stacked actor and critic over per-agent LMs.
+
+:class:`LMActor` is the policy the collector runs: for each agent it samples a
+message from that agent's :class:`~nip_like.lm.policy.LMPolicy` on the rows
+where the agent acts, batched, and writes the ``(*batch, agents, T)`` action
+with its token mask, per-token log-probabilities and entropies and their sum.
+Its :meth:`LMActor.score_actions` recomputes the same log-probabilities with
+gradients in one teacher-forced pass per agent, which is all the objectives
+ask of a policy (:mod:`nip_like.objectives.scoring`). :class:`LMCritic` is the
+value network: each agent's value head on its prompt.
+
+Both hold the per-agent models in one :class:`~nip_like.agents.PerAgent`, so
+each agent's parameters (its model and value head) form its own optimiser
+group, as for the other agent kinds.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.envs.utils import ExplorationType, exploration_type
+
+from nip_like import keys
+from nip_like.agents import AgentModules, PerAgent
+from nip_like.lm.policy import LMPolicy
+from nip_like.objectives.scoring import ActionScores
+
+#: Exploration types that take the most likely token instead of sampling.
+GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE)
+
+
+def _flat(tensor: torch.Tensor, batch_dims: int) -> torch.Tensor:
+    """Merge the first ``batch_dims`` dimensions of ``tensor`` into one."""
+    return tensor.reshape(-1, *tensor.shape[batch_dims:])
+
+
+class LMActor(TensorDictModuleBase):
+    """Sample each acting agent's message with its own language model.
+
+    Parameters
+    ----------
+    policies : Mapping[str, LMPolicy]
+        One policy per agent, in the order of the agent dimension.
+    message_tokens : int
+        ``T``, the width of the action: at least every policy's
+        ``max_new_tokens`` (a shorter message is padded, mask False).
+
+    Notes
+    -----
+    Reads ``("agents", "prompt_ids")``, ``("agents", "prompt_mask")`` and
+    ``("agents", "active")``; writes ``("agents", "action")`` (the tokens,
+    ``<pad>`` after the message and for agents that do not act),
+    ``("agents", "token_mask")``, ``("agents", "token_log_probs")``,
+    ``("agents", "token_entropy")`` and ``("agents", "action_log_prob")``.
+    Under ``ExplorationType.DETERMINISTIC`` (evaluation with
+    ``trainer.eval.deterministic``) each token is the most likely one.
+    """
+
+    def __init__(self, policies: Mapping[str, LMPolicy], message_tokens: int) -> None:
+        super().__init__()
+        longest = max(policy.max_new_tokens for policy in policies.values())
+        if message_tokens < longest:
+            raise ValueError(f"message_tokens ({message_tokens}) is below an agent's max_new_tokens ({longest})")
+        self.agents = PerAgent(dict(policies))
+        self.agent_names = tuple(policies)
+        self.message_tokens = int(message_tokens)
+        self.in_keys = [keys.PROMPT_IDS_KEY, keys.PROMPT_MASK_KEY, keys.ACTIVE_KEY]
+        self.out_keys = [
+            keys.ACTION_KEY,
+            keys.TOKEN_MASK_KEY,
+            keys.TOKEN_LOG_PROBS_KEY,
+            keys.TOKEN_ENTROPY_KEY,
+            keys.LOG_PROB_KEY,
+        ]
+
+    def policy(self, name: str) -> LMPolicy:
+        """Agent ``name``'s policy."""
+        return self.agents.networks[name]
+
+    @torch.no_grad()
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Sample the acting agents' messages into ``tensordict`` (see the class notes)."""
+        active = tensordict.get(keys.ACTIVE_KEY)
+        batch_shape, dims = active.shape[:-1], active.ndim - 1
+        prompt_ids = _flat(tensordict.get(keys.PROMPT_IDS_KEY), dims)
+        prompt_mask = _flat(tensordict.get(keys.PROMPT_MASK_KEY), dims)
+        acting = _flat(active, dims)
+        rows, agents, length = acting.shape[0], acting.shape[1], self.message_tokens
+        device = prompt_ids.device
+        first = self.policy(self.agent_names[0])
+        tokens = torch.full((rows, agents, length), first.pad_token_id, dtype=torch.long, device=device)
+        token_mask = torch.zeros((rows, agents, length), dtype=torch.bool, device=device)
+        token_log_probs = torch.zeros((rows, agents, length), dtype=torch.float32, device=device)
+        token_entropy = torch.zeros((rows, agents, length), dtype=torch.float32, device=device)
+        greedy = exploration_type() in GREEDY
+        for index, name in enumerate(self.agent_names):
+            where = acting[:, index]
+            if not bool(where.any()):
+                continue
+            policy = self.policy(name)
+            sample = policy.sample(prompt_ids[where, index], prompt_mask[where, index], greedy=greedy)
+            width = sample["tokens"].shape[-1]
+            tokens[where, index, :width] = sample["tokens"]
+            token_mask[where, index, :width] = sample["token_mask"]
+            token_log_probs[where, index, :width] = sample["token_log_probs"]
+            token_entropy[where, index, :width] = sample["token_entropy"]
+        shape = (*batch_shape, agents)
+        tensordict.set(keys.ACTION_KEY, tokens.reshape(*shape, length))
+        tensordict.set(keys.TOKEN_MASK_KEY, token_mask.reshape(*shape, length))
+        tensordict.set(keys.TOKEN_LOG_PROBS_KEY, token_log_probs.reshape(*shape, length))
+        tensordict.set(keys.TOKEN_ENTROPY_KEY, token_entropy.reshape(*shape, length))
+        tensordict.set(keys.LOG_PROB_KEY, token_log_probs.sum(-1).reshape(shape))
+        return tensordict
+
+    def score_actions(self, tensordict: TensorDictBase) -> ActionScores:
+        """Teacher-forced log-probabilities and entropies of the stored messages, with gradients.
+
+        Each agent's model runs once, on the rows where it acted; the other
+        rows get zeros with a False mask. On the messages this actor sampled,
+        the log-probabilities equal the stored ones up to float error.
+        """
+        active = tensordict.get(keys.ACTIVE_KEY)
+        batch_shape, dims = active.shape[:-1], active.ndim - 1
+        prompt_ids = _flat(tensordict.get(keys.PROMPT_IDS_KEY), dims)
+        prompt_mask = _flat(tensordict.get(keys.PROMPT_MASK_KEY), dims)
+        tokens = _flat(tensordict.get(keys.ACTION_KEY), dims)
+        token_mask = _flat(tensordict.get(keys.TOKEN_MASK_KEY), dims) & _flat(active, dims).unsqueeze(-1)
+        rows, agents, length = tokens.shape
+        per_agent_log_probs, per_agent_entropy = [], []
+        for index, name in enumerate(self.agent_names):
+            where = token_mask[:, index].any(-1)
+            log_probs = tokens.new_zeros((rows, length), dtype=torch.float32)
+            entropy = tokens.new_zeros((rows, length), dtype=torch.float32)
+            if bool(where.any()):
+                scored = self.policy(name).evaluate(
+                    prompt_ids[where, index], prompt_mask[where, index], tokens[where, index], token_mask[where, index],
+                    with_value=False,
+                )
+                # Scatter with index_put so that gradients flow into the selected rows.
+                log_probs = log_probs.index_put((where.nonzero().squeeze(-1),), scored["token_log_probs"].float())
+                entropy = entropy.index_put((where.nonzero().squeeze(-1),), scored["entropy"].float())
+            per_agent_log_probs.append(log_probs)
+            per_agent_entropy.append(entropy)
+        shape = (*batch_shape, agents, length)
+        return ActionScores(
+            token_log_probs=torch.stack(per_agent_log_probs, dim=1).reshape(shape),
+            token_mask=token_mask.reshape(shape),
+            token_entropy=torch.stack(per_agent_entropy, dim=1).reshape(shape),
+        )
+
+
+class LMCritic(TensorDictModuleBase):
+    """Each agent's value head on its prompt, ``("agents", "state_value")`` ``(*batch, agents, 1)``.
+
+    An agent whose policy has no value head (``value_head: false``) gets the
+    constant 0, a critic with nothing to learn.
+
+    Parameters
+    ----------
+    agents : PerAgent
+        The actor's per-agent policies (the same modules, so a shared body is
+        shared).
+    """
+
+    def __init__(self, agents: PerAgent) -> None:
+        super().__init__()
+        self.agents = agents
+        self.in_keys = [keys.PROMPT_IDS_KEY, keys.PROMPT_MASK_KEY]
+        self.out_keys = [keys.VALUE_KEY]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Write each agent's value of its prompt into ``tensordict``."""
+        prompt_ids = tensordict.get(keys.PROMPT_IDS_KEY)
+        prompt_mask = tensordict.get(keys.PROMPT_MASK_KEY)
+        dims = prompt_ids.ndim - 2
+        ids, mask = _flat(prompt_ids, dims), _flat(prompt_mask, dims)
+        empty = ids.new_zeros((ids.shape[0], 0))
+        values = []
+        for index, name in enumerate(self.agents.agent_names):
+            policy: LMPolicy = self.agents.networks[name]
+            if policy.value_head is None:
+                values.append(torch.zeros(ids.shape[0], device=ids.device))
+                continue
+            values.append(policy.value(ids[:, index], mask[:, index], empty, empty.bool()).float())
+        value = torch.stack(values, dim=-1).reshape(*prompt_ids.shape[:-1], 1)
+        tensordict.set(keys.VALUE_KEY, value)
+        return tensordict
+
+
+def lm_agent_modules(policies: Mapping[str, LMPolicy], message_tokens: int) -> AgentModules:
+    """The :class:`~nip_like.agents.AgentModules` of language-model agents.
+
+    Parameters
+    ----------
+    policies : Mapping[str, LMPolicy]
+        One policy per agent, in the order of the agent dimension.
+    message_tokens : int
+        ``T``, the width of the environment's action.
+    """
+    actor = LMActor(policies, message_tokens)
+    return AgentModules(policy=actor, value=LMCritic(actor.agents), agent_names=actor.agent_names)

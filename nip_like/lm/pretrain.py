@@ -1,0 +1,80 @@
+"""Supervised fine-tuning of a language-model agent on demonstrations (its warm start)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import TensorDictBase
+
+from nip_like.lm.policy import LMPolicy
+
+#: A token with probability above this is the most likely one: greedy decoding reproduces it.
+GREEDY_PROBABILITY = 0.5
+
+
+def demonstration_epoch(
+    policy: LMPolicy,
+    data: TensorDictBase,
+    optimizer: torch.optim.Optimizer,
+    minibatch_size: int,
+    generator: torch.Generator,
+    max_grad_norm: float | None = None,
+) -> tuple[float, float, int]:
+    """One shuffled pass of next-token cross-entropy on the demonstrated messages.
+
+    Parameters
+    ----------
+    policy : LMPolicy
+        The agent; trained on the log-probabilities of the distribution it
+        samples from (:meth:`~nip_like.lm.policy.LMPolicy.evaluate`).
+    data : TensorDictBase
+        ``(E,)`` demonstrations: ``"prompt_ids"``, ``"prompt_mask"``,
+        ``"tokens"``, ``"token_mask"`` (see
+        :meth:`~nip_like.scenarios.duplicates.scenario.DuplicatesScenario.demonstrations`).
+    optimizer : torch.optim.Optimizer
+        Over the policy's parameters.
+    minibatch_size : int
+        Demonstrations per step (the last, incomplete minibatch is dropped,
+        unless it is the only one).
+    generator : torch.Generator
+        Shuffles the order.
+    max_grad_norm : float, optional
+        Clip the gradient norm to this.
+
+    Returns
+    -------
+    loss, accuracy, steps
+        The mean minibatch loss (per token), the share of demonstrations whose
+        every token has probability above one half (so that greedy decoding
+        reproduces them exactly), and the number of optimiser steps.
+    """
+    count = data.batch_size[0]
+    size = min(int(minibatch_size), count)
+    order = torch.randperm(count, generator=generator).to(data.device)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    losses, accuracies = [], []
+    for start in range(0, count - size + 1, size):
+        batch = data[order[start : start + size]]
+        scores = policy.evaluate(
+            batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
+        )
+        mask = batch["token_mask"]
+        token_log_probs = scores["token_log_probs"]
+        loss = -(token_log_probs * mask).sum() / mask.sum().clamp_min(1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(loss.detach())
+        reproduced = (token_log_probs.detach() > math.log(GREEDY_PROBABILITY)) | ~mask
+        accuracies.append(reproduced.all(-1).float().mean())
+    return torch.stack(losses).mean().item(), torch.stack(accuracies).mean().item(), len(losses)
+
+
+def sync_value_body(policy: LMPolicy) -> None:
+    """Start a separate value body from the fine-tuned model's body (nothing to do when shared)."""
+    head = policy.value_head
+    if head is not None and head.body is not None:
+        head.body.load_state_dict(policy.model.base_model.state_dict())

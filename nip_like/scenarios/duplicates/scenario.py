@@ -1,0 +1,275 @@
+"""The duplicates scenario: language-model agents argue whether a list holds two equal values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from nip_like import keys
+from nip_like.agents import AgentModules
+from nip_like.allowed import checked
+from nip_like.errors import ConfigError
+from nip_like.folders import check_writable_folder
+from nip_like.lm.agents import lm_agent_modules
+from nip_like.lm.models import LMAgentConfig, build_lm_policy
+from nip_like.lm.tokenizer import build_tokenizer
+from nip_like.protocols.proof import ProofProtocol
+from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
+from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.decisions import decision_metrics
+from nip_like.scenarios.duplicates.data import DuplicateLists, DuplicateSpec, load_or_generate, split_lists
+from nip_like.scenarios.duplicates.environment import VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class DuplicatesConfig(ScenarioConfig):
+    """The duplicates scenario (see :mod:`nip_like.scenarios.duplicates.environment`)."""
+
+    name: str = "duplicates"  # scenario name
+    num_lists: int = checked(4000, ge=2)  # lists in the dataset, before the splits
+    length: int = checked(8, ge=2, le=64)  # L, values in a list (at most num_values)
+    num_values: int = checked(16, ge=2, le=256)  # V, the values are 0 .. V-1
+    positive_fraction: float = checked(0.5, gt=0, lt=1)  # share of lists that hold a duplicate pair
+    dataset_seed: int = checked(0, ge=0)  # seed of the dataset generator (the run's seed does not change the data)
+    val_fraction: float = checked(0.1, gt=0, lt=1)  # share of lists in the validation split (periodic evaluation)
+    test_fraction: float = checked(0.2, gt=0, lt=1)  # share of lists in the held-out test split
+    cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
+    verifier_view: str = checked("cells", choices=VERIFIER_VIEWS)  # cells (only revealed cells) | full (the whole list)
+    agents: dict[str, Any] = field(default_factory=dict)  # per-agent LMAgentConfig entries; others use default_agent
+    default_agent: LMAgentConfig = field(default_factory=LMAgentConfig)  # the language model of agents not in agents
+
+
+@register_scenario("duplicates", DuplicatesConfig)
+class DuplicatesScenario(Scenario):
+    """Decide whether a list holds a duplicate pair, seeing only the cells that messages name.
+
+    The agents are causal language models (one per agent, built from
+    ``scenario.default_agent`` or ``scenario.agents.<name>``) sharing a
+    word-level tokenizer of the game's symbols. The lists are generated once
+    per generation config, cached and split like the graph data; periodic
+    evaluation plays the validation split, the test loop the test split.
+    """
+
+    eval_split = "val"
+
+    def __init__(self, config, protocol) -> None:
+        super().__init__(config, protocol)
+        if not isinstance(protocol, ProofProtocol):
+            raise ConfigError(
+                f"scenario duplicates needs an interactive-proof protocol "
+                f"({', '.join(PROTOCOLS.names(subclass_of=ProofProtocol))}), got {protocol.name!r}"
+            )
+        unknown = sorted(set(config.agents) - set(protocol.agent_names))
+        if unknown:
+            raise ConfigError(
+                f"scenario.agents names {unknown}, which protocol {protocol.name!r} "
+                f"does not have; its agents are {list(protocol.agent_names)}"
+            )
+        if config.val_fraction + config.test_fraction >= 1:
+            raise ConfigError(
+                f"scenario.val_fraction and scenario.test_fraction must sum to less than 1, "
+                f"got {config.val_fraction} and {config.test_fraction}"
+            )
+        if config.length > config.num_values:
+            raise ConfigError(
+                f"scenario.length ({config.length}) must be at most scenario.num_values ({config.num_values}) "
+                f"so that lists without a duplicate exist"
+            )
+        self.spec = DuplicateSpec(
+            num_lists=int(config.num_lists),
+            length=int(config.length),
+            num_values=int(config.num_values),
+            seed=int(config.dataset_seed),
+            positive_fraction=float(config.positive_fraction),
+        )
+        self.symbols = DuplicateSymbols(int(config.length), int(config.num_values), tuple(protocol.agent_names))
+        check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
+        self._splits: dict[str, DuplicateLists] | None = None
+
+    # -------------------------------------------------------------------- data
+    def splits(self) -> dict[str, DuplicateLists]:
+        """The train, validation and test lists (generated or read from the cache once)."""
+        if self._splits is None:
+            lists = load_or_generate(self.spec, Path(self.config.cache_dir).expanduser())
+            val, test = float(self.config.val_fraction), float(self.config.test_fraction)
+            self._splits = split_lists(lists, {"train": 1.0 - val - test, "val": val, "test": test}, seed=self.spec.seed)
+        return self._splits
+
+    @cached_property
+    def tokenizer(self):
+        """The agents' shared word-level tokenizer of the game's symbols."""
+        return build_tokenizer(self.symbols.alphabet())
+
+    def agent_configs(self) -> dict[str, LMAgentConfig]:
+        """Each agent's language-model config (``scenario.agents.<name>`` or ``scenario.default_agent``)."""
+        return {
+            name: typed_entry(LMAgentConfig, self.config.agents[name], f"scenario.agents.{name}")
+            if name in self.config.agents
+            else self.config.default_agent
+            for name in self.agent_names
+        }
+
+    @property
+    def message_tokens(self) -> int:
+        """``T``: the longest message an agent can send (its ``max_new_tokens``)."""
+        return max(int(agent.max_new_tokens) for agent in self.agent_configs().values())
+
+    def make_env(
+        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
+    ) -> DuplicatesEnv:
+        if split not in SPLITS:
+            raise ConfigError(f"unknown data split {split!r}; the duplicates splits are {list(SPLITS)}")
+        return DuplicatesEnv(
+            self.protocol,
+            self.splits()[split],
+            self.symbols.ids(self.tokenizer),
+            vocab_size=len(self.tokenizer),
+            message_tokens=self.message_tokens,
+            verifier_view=str(self.config.verifier_view),
+            num_envs=num_envs,
+            device=device,
+            seed=seed,
+            group_size=group_size,
+        )
+
+    # ------------------------------------------------------------------ agents
+    def make_agents(self) -> AgentModules:
+        policies = {}
+        for name, agent in self.agent_configs().items():
+            if agent.pretrained_path is None:
+                policies[name] = build_lm_policy(agent, self.tokenizer)
+                continue
+            policy = build_lm_policy(agent)
+            if policy.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+                raise ConfigError(
+                    f"agent {name}: the tokenizer in {agent.pretrained_path} is not the duplicates game's "
+                    f"(length {self.symbols.length}, {self.symbols.num_values} values, agents {list(self.symbols.agents)})"
+                )
+            policies[name] = policy
+        return lm_agent_modules(policies, self.message_tokens)
+
+    # ----------------------------------------------------------------- metrics
+    def policy_metrics(self, batch: TensorDictBase) -> dict[str, float]:
+        """Each agent's mean message length (tokens, ``<eos>`` included) and share of messages cut at the limit."""
+        active = batch.get(keys.ACTIVE_KEY)
+        mask = batch.get(keys.TOKEN_MASK_KEY)
+        eos = self.tokenizer.eos_token_id
+        finished = (batch.get(keys.ACTION_KEY) == eos).any(-1)
+        metrics = {}
+        for index, name in enumerate(self.agent_names):
+            acted = active[..., index]
+            if bool(acted.any()):
+                metrics[f"agents/{name}/policy/message_tokens"] = mask[..., index, :][acted].sum(-1).float().mean().item()
+                metrics[f"agents/{name}/policy/cut_messages"] = (~finished[..., index][acted]).float().mean().item()
+        return metrics
+
+    def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
+        """Verifier accuracy, decision rate, precision, recall, length, and each prover's certificate rate.
+
+        ``decided``: share of episodes that ended with a decision (the rest
+        ran out of turns: wrong). ``agents/<prover>/certificates``: share of
+        the positive lists on which the prover named the duplicate pair.
+        """
+        metrics = super().episode_metrics(episodes)
+        state = episodes.get("state")
+        metrics.update(decision_metrics(state["decision"], state["label"], state["list_index"]))
+        metrics["decided"] = (state["decision"] >= 0).float().mean().item()
+        metrics["episode_length"] = state["round"].float().mean().item()
+        positive = state["label"]
+        if bool(positive.any()):
+            certificate = state["certificate"][positive].clamp(min=0)  # (E+, 2)
+            revealed = state["revealed"][positive]  # (E+, N, L)
+            index = certificate.unsqueeze(1).expand(-1, revealed.shape[1], 2)
+            named = revealed.gather(-1, index).all(-1)  # (E+, N)
+            for agent, name in enumerate(self.agent_names):
+                if agent != self.protocol.verifier_index:
+                    metrics[f"agents/{name}/certificates"] = named[:, agent].float().mean().item()
+        return metrics
+
+    # ------------------------------------------------------ demonstrations
+    def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
+        """Honest play on every list of ``split``, as (prompt, message) pairs per agent, for a warm start.
+
+        The scripted honest play: a prover arguing for *accept* names the
+        duplicate pair (``c<i> c<j> <eos>``) of a positive list and a random
+        pair of cells otherwise; a prover arguing for *reject* names a random
+        pair; the verifier passes (the empty message ``<eos>``) before its
+        last turn and then says ``accept <eos>`` or ``reject <eos>`` by the
+        label. Every list is played once, through the environment's own
+        prompts and rules.
+
+        Returns
+        -------
+        dict of str to TensorDict
+            For each agent with demonstrations (the verifier on every list, an
+            accept-side prover on the positive lists, a reject-side prover on
+            none: it has no certificate to give): batch ``(E,)`` with
+            ``"prompt_ids"``/``"prompt_mask"`` ``(E, P)`` and ``"tokens"``/
+            ``"token_mask"`` ``(E, T)``.
+        """
+        env = self.make_env(1, split, 0, "cpu")
+        if env.message_tokens < 3:
+            raise ConfigError(
+                f"demonstrations need messages of at least 3 tokens (two cells and <eos>); "
+                f"scenario.default_agent.max_new_tokens is {env.message_tokens}"
+            )
+        lists = self.splits()[split]
+        count, ids = len(lists), env.ids
+        generator = torch.Generator().manual_seed(seed)
+        state = env._new_state(count)
+        state["list_index"] = torch.arange(count)
+        state["values"], state["label"], state["certificate"] = lists.values, lists.label, lists.certificate
+        state.update(self.protocol.initial_state(count, generator))
+        state["round"] = torch.zeros(count, dtype=torch.int64)
+        state["group_id"] = torch.arange(count)
+        eos, pad, tokens = self.tokenizer.eos_token_id, ids["pad"], env.message_tokens
+        collected: dict[str, list[dict[str, torch.Tensor]]] = {name: [] for name in self.agent_names}
+        playing = torch.ones(count, dtype=torch.bool)
+        for _ in range(self.protocol.num_rounds):
+            active = self.protocol.active_agents_in(state) & playing.unsqueeze(-1)
+            inputs = env._policy_inputs(state)
+            action = torch.full((count, self.protocol.num_agents, tokens), pad, dtype=torch.int64)
+            for index, name in enumerate(self.agent_names):
+                if index == self.protocol.verifier_index:
+                    deciding = self.protocol.decision_round(state["round"])
+                    decision = torch.where(state["label"], ids["accept"], ids["reject"])
+                    action[:, index, 0] = torch.where(deciding, decision, eos)
+                    action[:, index, 1] = torch.where(deciding, eos, pad)
+                    shown = active[:, index]
+                else:
+                    random_pair = torch.rand(count, env.length, generator=generator).argsort(-1)[:, :2]
+                    honest = self.protocol.prover_sides.get(name, True) & state["label"]
+                    cells = torch.where(honest.unsqueeze(-1), state["certificate"].clamp(min=0), random_pair)
+                    action[:, index, :2] = ids["cell0"] + cells
+                    action[:, index, 2] = eos
+                    shown = active[:, index] & honest
+                if bool(shown.any()):
+                    collected[name].append(
+                        {
+                            "prompt_ids": inputs["prompt_ids"][shown, index],
+                            "prompt_mask": inputs["prompt_mask"][shown, index],
+                            "tokens": action[shown, index],
+                            "token_mask": action[shown, index] != pad,
+                        }
+                    )
+            action = torch.where(active.unsqueeze(-1), action, pad)
+            state, _, ended = env._advance(state, action, active)
+            state["round"] = state["round"] + 1
+            playing = playing & ~ended
+            if not bool(playing.any()):
+                break
+        return {
+            name: TensorDict(
+                {key: torch.cat([part[key] for part in parts]) for key in parts[0]},
+                batch_size=[sum(part["tokens"].shape[0] for part in parts)],
+            )
+            for name, parts in collected.items()
+            if parts
+        }
