@@ -84,6 +84,7 @@ class EvalConfig:
     metric: str = "eval/reward"  # metric that picks the best checkpoint
     mode: str = checked("max", choices=("max", "min"))  # max | min: whether a larger or smaller metric is better
     early_stopping_patience: int = checked(0, ge=0)  # stop after this many evaluations without improvement; 0 disables
+    transcripts: int = checked(16, ge=0)  # dialogues written to transcripts/ per evaluation and for the test (scenarios whose agents talk)
     test_checkpoint: str = checked("final", choices=("final", "best"))  # final | best: which agents the test loop evaluates
 
 

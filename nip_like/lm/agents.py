@@ -16,6 +16,7 @@ group, as for the other agent kinds.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -25,6 +26,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 
 from nip_like import keys
 from nip_like.agents import AgentModules, PerAgent
+from nip_like.lm.checkpoints import save_agent
 from nip_like.lm.policy import LMPolicy
 from nip_like.objectives.scoring import ActionScores
 
@@ -79,6 +81,18 @@ class LMActor(TensorDictModuleBase):
     def policy(self, name: str) -> LMPolicy:
         """Agent ``name``'s policy."""
         return self.agents.networks[name]
+
+    def save_pretrained(self, folder: Path) -> list[Path]:
+        """Write each agent to ``folder/<agent>`` as a Hugging Face folder (model, tokenizer, value head).
+
+        ``AutoModelForCausalLM.from_pretrained(folder / agent)`` reloads the
+        model, ``AutoTokenizer.from_pretrained`` its tokenizer, and
+        ``scenario.agents.<agent>.pretrained_path`` starts a run from it.
+        """
+        return [
+            save_agent(Path(folder) / name, policy.model, policy.tokenizer, policy.value_head)
+            for name, policy in ((name, self.policy(name)) for name in self.agent_names)
+        ]
 
     @torch.no_grad()
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -85,6 +85,23 @@ class Scenario(ABC):
         """
         return {}
 
+    def transcripts(self, episodes: TensorDictBase, limit: int) -> list[dict]:
+        """Readable records of up to ``limit`` finished episodes (none by default).
+
+        A scenario whose agents talk returns one JSON-serialisable dict per
+        episode: who said what, what the environment revealed, the decision,
+        the label and the rewards. The trainer writes them as JSONL beside
+        each evaluation and the test (``transcripts/``).
+
+        Parameters
+        ----------
+        episodes : TensorDictBase
+            As for :meth:`episode_metrics`.
+        limit : int
+            The most records to return.
+        """
+        return []
+
     def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
         """Summarise finished episodes.
 

@@ -8,6 +8,7 @@ end. A subclass implements only :meth:`TensorDictRlTrainer._get_loss_module_and_
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -476,7 +477,20 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # The same episodes at every evaluation, and no draw from the training generators.
         self.eval_env.rng.manual_seed(derive_seed(int(self.config.seed), "eval_env"))
         episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)
+        self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
         return {f"eval/{k}": v for k, v in self._episode_metrics(episodes).items()}
+
+    def _write_transcripts(self, episodes: TensorDictBase, name: str) -> None:
+        """Write the scenario's transcripts of ``episodes`` to ``transcripts/<name>.jsonl`` (if it has any)."""
+        records = self.scenario.transcripts(episodes, int(self.trainer_config.eval.transcripts))
+        if not records:
+            return
+        folder = self.run_dir / "transcripts"
+        folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(record) + "\n" for record in records)
+        temporary = folder / f".{name}.jsonl.tmp"
+        temporary.write_text(text)
+        temporary.replace(folder / f"{name}.jsonl")
 
     def _check_eval_metric(self) -> None:
         """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
@@ -531,6 +545,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         all_episodes = torch.cat(episodes)
         if not self.test_run:
             all_episodes = all_episodes[: self.trainer_config.num_test_episodes]
+        self._write_transcripts(all_episodes, "test")
         metrics = {f"test/{k}": v for k, v in self._episode_metrics(all_episodes).items()}
         optimum = self.scenario.optimal_rewards()
         if optimum:
@@ -540,6 +555,20 @@ class TensorDictRlTrainer(TensorDictTrainer):
         return metrics
 
     # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, name: str = "last") -> Path:
+        """Write the trainer state to ``checkpoints/<name>.pt``, and the agents in their own format.
+
+        Agents that can write themselves as Hugging Face folders (a policy with
+        ``save_pretrained``: language-model agents) are also saved under
+        ``checkpoints/<name>/<agent>/`` (model, tokenizer, value head), beside
+        the full trainer state that exact resumption reads.
+        """
+        path = super().save_checkpoint(name)
+        save_pretrained = getattr(self.policy, "save_pretrained", None)
+        if save_pretrained is not None:
+            save_pretrained(self.checkpoint_dir / name)
+        return path
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "loss_module": self.loss_module.state_dict(),

@@ -20,8 +20,8 @@ decision) ends the episode *undecided*: that counts as a wrong decision
 What an agent reads, its prompt, is a fixed layout of ``P`` tokens with a mask
 (``False`` at the slots that are empty for it):
 
-``<bos>`` then one token per cell (the value token ``v<x>``, or ``?`` where the
-cell is hidden from the agent), ``|``, then for each round whose messages can
+``<bos>``, then for each cell its name ``c<i>`` and its value token ``v<x>``
+(``?`` where the cell is hidden from the agent), ``|``, then for each round whose messages can
 be seen and each agent: the speaker token ``<name>:`` and the message's ``T``
 tokens. Provers see every cell. The verifier sees every cell with
 ``verifier_view: full`` and, with ``verifier_view: cells``, only the cells that
@@ -130,6 +130,32 @@ class DuplicateSymbols:
         }
 
 
+def named_cells(messages: torch.Tensor, cell0: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Parse ``(..., T)`` messages: do they name two different cells, and which?
+
+    Parameters
+    ----------
+    messages : torch.Tensor
+        Token ids.
+    cell0 : int
+        The id of ``c0`` (the cell tokens' ids are consecutive).
+    length : int
+        ``L``, cells in a list.
+
+    Returns
+    -------
+    names : torch.Tensor
+        ``(...)`` bool: the first two tokens are cell tokens of different cells.
+    first, second : torch.Tensor
+        ``(...)`` the two cells (clamped into range where ``names`` is False).
+    """
+    first = messages[..., 0] - cell0
+    second = messages[..., 1] - cell0 if messages.shape[-1] > 1 else torch.full_like(first, -1)
+    in_range = (first >= 0) & (first < length) & (second >= 0) & (second < length)
+    names = in_range & (first != second)
+    return names, first.clamp(0, length - 1), second.clamp(0, length - 1)
+
+
 class DuplicatesEnv(InteractionEnv):
     """Vectorised duplicates interactive proof with token-sequence messages (see the module docstring).
 
@@ -187,8 +213,8 @@ class DuplicatesEnv(InteractionEnv):
 
     @property
     def prompt_length(self) -> int:
-        """``P``: ``<bos>``, the cells, ``|``, then a speaker token and a message per agent and seen round."""
-        return self.length + 2 + self.seen_rounds * self.num_agents * (1 + self.message_tokens)
+        """``P``: ``<bos>``, each cell's name and value, ``|``, then a speaker token and a message per agent and seen round."""
+        return 2 * self.length + 2 + self.seen_rounds * self.num_agents * (1 + self.message_tokens)
 
     # ----------------------------------------------------------------- specs
     def _state_spec(self) -> dict[str, object]:
@@ -252,11 +278,14 @@ class DuplicatesEnv(InteractionEnv):
 
     def _policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
         batch, agents = state.batch_size[0], self.num_agents
-        cells = torch.where(
+        shown = torch.where(
             self.visible_cells(state),
             self.ids["value0"] + state["values"].unsqueeze(1),
             torch.full((), self.ids["hidden"], device=self.device),
         )
+        # Each value follows its cell's name ("c0 v4 c1 ? ..."), so naming a cell is copying a token.
+        names = self.ids["cell0"] + torch.arange(self.length, device=self.device).expand_as(shown)
+        cells = torch.stack([names, shown], dim=-1).reshape(batch, agents, 2 * self.length)
         edge = torch.full((batch, agents, 1), 0, dtype=torch.int64, device=self.device)
         header = torch.cat([edge + self.ids["bos"], cells, edge + self.ids["separator"]], dim=-1)
         header_mask = torch.ones_like(header, dtype=torch.bool)
@@ -279,20 +308,8 @@ class DuplicatesEnv(InteractionEnv):
         }
 
     def named_cells(self, messages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Parse ``(..., T)`` messages: do they name two different cells, and which?
-
-        Returns
-        -------
-        names : torch.Tensor
-            ``(...)`` bool: the first two tokens are cell tokens of different cells.
-        first, second : torch.Tensor
-            ``(...)`` the two cells (clamped into range where ``names`` is False).
-        """
-        first = messages[..., 0] - self.ids["cell0"]
-        second = messages[..., 1] - self.ids["cell0"] if messages.shape[-1] > 1 else torch.full_like(first, -1)
-        in_range = (first >= 0) & (first < self.length) & (second >= 0) & (second < self.length)
-        names = in_range & (first != second)
-        return names, first.clamp(0, self.length - 1), second.clamp(0, self.length - 1)
+        """Parse ``(..., T)`` messages (see :func:`named_cells`)."""
+        return named_cells(messages, self.ids["cell0"], self.length)
 
     def _advance(
         self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor

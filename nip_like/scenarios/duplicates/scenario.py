@@ -23,7 +23,7 @@ from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
 from nip_like.scenarios.decisions import decision_metrics
 from nip_like.scenarios.duplicates.data import DuplicateLists, DuplicateSpec, load_or_generate, split_lists
-from nip_like.scenarios.duplicates.environment import VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols
+from nip_like.scenarios.duplicates.environment import VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols, named_cells
 
 SPLITS = ("train", "val", "test")
 
@@ -193,12 +193,58 @@ class DuplicatesScenario(Scenario):
                     metrics[f"agents/{name}/certificates"] = named[:, agent].float().mean().item()
         return metrics
 
+    def transcripts(self, episodes: TensorDictBase, limit: int) -> list[dict]:
+        """The dialogues of up to ``limit`` episodes, as text (see :meth:`Scenario.transcripts`).
+
+        Each record: ``list_index``, ``values``, ``label``, ``certificate``,
+        ``turns`` (each message with its round, speaker, text and the cells it
+        revealed with their values), ``decision`` (``accept``, ``reject`` or
+        ``none``), ``correct`` and each agent's ``rewards`` (episode return).
+        """
+        state = episodes.get("state")[:limit].cpu()
+        returns = episodes.get(keys.EPISODE_RETURN_KEY)[:limit].squeeze(-1).cpu()
+        ids = self.symbols.ids(self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        names, first, second = named_cells(state["messages"], ids["cell0"], self.symbols.length)
+        records = []
+        for episode in range(state.batch_size[0]):
+            values = state["values"][episode]
+            turns = []
+            for round_index in range(state["messages"].shape[1]):
+                for agent, name in enumerate(self.agent_names):
+                    message = state["messages"][episode, round_index, agent]
+                    if bool((message == pad).all()):
+                        continue
+                    revealed = []
+                    if bool(names[episode, round_index, agent]):
+                        cells = (int(first[episode, round_index, agent]), int(second[episode, round_index, agent]))
+                        revealed = [[cell, int(values[cell])] for cell in cells]
+                    text = " ".join(self.tokenizer.convert_ids_to_tokens(message[message != pad].tolist()))
+                    turns.append({"round": round_index, "agent": name, "message": text, "revealed": revealed})
+            decision = int(state["decision"][episode])
+            label = bool(state["label"][episode])
+            records.append(
+                {
+                    "list_index": int(state["list_index"][episode]),
+                    "values": values.tolist(),
+                    "label": label,
+                    "certificate": state["certificate"][episode].tolist(),
+                    "turns": turns,
+                    "decision": {1: "accept", 0: "reject"}.get(decision, "none"),
+                    "correct": decision >= 0 and bool(decision) == label,
+                    "rewards": {name: float(returns[episode, agent]) for agent, name in enumerate(self.agent_names)},
+                }
+            )
+        return records
+
     # ------------------------------------------------------ demonstrations
     def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
         """Honest play on every list of ``split``, as (prompt, message) pairs per agent, for a warm start.
 
         The scripted honest play: a prover arguing for *accept* names the
-        duplicate pair (``c<i> c<j> <eos>``) of a positive list and a random
+        duplicate pair of a positive list, the later cell first
+        (``c<j> c<i> <eos>`` for ``i < j``: a causal model reading cell ``j``
+        has already seen cell ``i``), and a random
         pair of cells otherwise; a prover arguing for *reject* names a random
         pair; the verifier passes (the empty message ``<eos>``) before its
         last turn and then says ``accept <eos>`` or ``reject <eos>`` by the
@@ -246,7 +292,9 @@ class DuplicatesScenario(Scenario):
                 else:
                     random_pair = torch.rand(count, env.length, generator=generator).argsort(-1)[:, :2]
                     honest = self.protocol.prover_sides.get(name, True) & state["label"]
-                    cells = torch.where(honest.unsqueeze(-1), state["certificate"].clamp(min=0), random_pair)
+                    # The later cell first: a causal model can see the earlier one when it reads the later.
+                    certificate = state["certificate"].clamp(min=0).flip(-1)
+                    cells = torch.where(honest.unsqueeze(-1), certificate, random_pair)
                     action[:, index, :2] = ids["cell0"] + cells
                     action[:, index, 2] = eos
                     shown = active[:, index] & honest
