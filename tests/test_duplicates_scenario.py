@@ -14,7 +14,8 @@ from nip_like import keys
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.objectives.scoring import score_actions
 from nip_like.protocols.proof import ProofProtocol
-from nip_like.registry import PROTOCOLS
+from nip_like.registry import PROTOCOLS, TRAINERS
+from nip_like.trainers.rl import TensorDictRlTrainer
 from nip_like.scenarios.duplicates.data import certificate_holds
 from nip_like.scenarios.duplicates.scenario import DuplicatesConfig, DuplicatesScenario
 from tests.conftest import smoke_config
@@ -166,9 +167,17 @@ def test_demonstrations_are_honest_play(tmp_path):
     assert accept.sum() == lists.label.sum()
 
 
-@pytest.mark.parametrize("trainer", ["ppo", "grpo", "dpo", "reinforce"])
+#: The built-in RL trainers (other test modules register trainers of their own).
+RL_TRAINERS = [
+    name
+    for name in TRAINERS.names()
+    if issubclass(TRAINERS.get(name), TensorDictRlTrainer) and TRAINERS.get(name).__module__.startswith("nip_like.")
+]
+
+
+@pytest.mark.parametrize("trainer", RL_TRAINERS)
 def test_every_objective_trains_lm_agents(tmp_path, trainer):
-    group = ["trainer.group_size=4"] if trainer in ("grpo", "dpo") else []  # objectives that compare episodes
+    group = ["trainer.group_size=4"]  # for the objectives that compare episodes; the others do not mind
     config = smoke_config(
         f"trainer={trainer}",
         "scenario=duplicates",
