@@ -167,6 +167,23 @@ def test_demonstrations_are_honest_play(tmp_path):
     assert accept.sum() == lists.label.sum()
 
 
+def lm_smoke_config(tmp_path, *overrides: str):
+    return smoke_config(
+        "scenario=duplicates",
+        "protocol=nip",
+        "protocol.first_speaker=prover",
+        "protocol.max_rounds=2",
+        f"scenario.cache_dir={tmp_path / 'data'}",
+        "scenario.num_lists=200",
+        *[f"scenario.default_agent.{key}={value}" for key, value in TINY_AGENT.items()],
+        *overrides,
+    )
+
+
+#: The evaluation of the checkpoint and transcript tests.
+DEV_EVAL = ("trainer.eval.num_episodes=32", "trainer.eval.metric=eval/reward")
+
+
 #: The built-in RL trainers (other test modules register trainers of their own).
 RL_TRAINERS = [
     name
@@ -178,15 +195,9 @@ RL_TRAINERS = [
 @pytest.mark.parametrize("trainer", RL_TRAINERS)
 def test_every_objective_trains_lm_agents(tmp_path, trainer):
     group = ["trainer.group_size=4"]  # for the objectives that compare episodes; the others do not mind
-    config = smoke_config(
+    config = lm_smoke_config(
+        tmp_path,
         f"trainer={trainer}",
-        "scenario=duplicates",
-        "protocol=nip",
-        "protocol.first_speaker=prover",
-        "protocol.max_rounds=2",
-        f"scenario.cache_dir={tmp_path / 'data'}",
-        "scenario.num_lists=200",
-        *[f"scenario.default_agent.{key}={value}" for key, value in TINY_AGENT.items()],
         "trainer.num_iterations=2",
         "trainer.eval.every=1",
         "trainer.eval.num_episodes=16",
@@ -202,25 +213,10 @@ def test_every_objective_trains_lm_agents(tmp_path, trainer):
     assert math.isfinite(trainer_object.state.best_metric)
 
 
-def lm_smoke_config(tmp_path, *overrides: str):
-    return smoke_config(
-        "scenario=duplicates",
-        "protocol=nip",
-        "protocol.first_speaker=prover",
-        "protocol.max_rounds=2",
-        f"scenario.cache_dir={tmp_path / 'data'}",
-        "scenario.num_lists=200",
-        *[f"scenario.default_agent.{key}={value}" for key, value in TINY_AGENT.items()],
-        "trainer.eval.num_episodes=32",
-        "trainer.eval.metric=eval/reward",
-        *overrides,
-    )
-
-
 def test_best_agents_reload_with_from_pretrained_and_reproduce_the_dev_metric(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    trainer = build_trainer(lm_smoke_config(tmp_path, "trainer.eval.every=1"), tmp_path / "run")
+    trainer = build_trainer(lm_smoke_config(tmp_path, "trainer.eval.every=1", *DEV_EVAL), tmp_path / "run")
     trainer.train()
     best = tmp_path / "run" / "checkpoints" / "best"
     for name in trainer.agent_names:
@@ -228,7 +224,7 @@ def test_best_agents_reload_with_from_pretrained_and_reproduce_the_dev_metric(tm
         tokenizer = AutoTokenizer.from_pretrained(best / name)
         assert model.config.vocab_size >= len(tokenizer) and (best / name / "value_head.pt").is_file()
     paths = [f"+scenario.agents.{name}.pretrained_path={best / name}" for name in trainer.agent_names]
-    reloaded = build_trainer(lm_smoke_config(tmp_path, "trainer.eval.every=1", *paths), tmp_path / "again")
+    reloaded = build_trainer(lm_smoke_config(tmp_path, "trainer.eval.every=1", *DEV_EVAL, *paths), tmp_path / "again")
     from contextlib import ExitStack
 
     with ExitStack() as stack:
@@ -240,7 +236,7 @@ def test_best_agents_reload_with_from_pretrained_and_reproduce_the_dev_metric(tm
 def test_evaluations_and_the_test_write_readable_transcripts(tmp_path):
     import json
 
-    run_experiment(lm_smoke_config(tmp_path, "trainer.eval.every=2", "trainer.eval.transcripts=5"), tmp_path / "run")
+    run_experiment(lm_smoke_config(tmp_path, "trainer.eval.every=2", "trainer.eval.transcripts=5", *DEV_EVAL), tmp_path / "run")
     folder = tmp_path / "run" / "transcripts"
     names = sorted(path.name for path in folder.glob("*.jsonl"))
     assert names == ["eval_000000.jsonl", "eval_000002.jsonl", "eval_000003.jsonl", "test.jsonl"]

@@ -154,8 +154,9 @@ class LMActor(TensorDictModuleBase):
                     with_value=False,
                 )
                 # Scatter with index_put so that gradients flow into the selected rows.
-                log_probs = log_probs.index_put((where.nonzero().squeeze(-1),), scored["token_log_probs"].float())
-                entropy = entropy.index_put((where.nonzero().squeeze(-1),), scored["entropy"].float())
+                rows_index = (where.nonzero().squeeze(-1),)
+                log_probs = log_probs.index_put(rows_index, scored["token_log_probs"].float())
+                entropy = entropy.index_put(rows_index, scored["entropy"].float())
             per_agent_log_probs.append(log_probs)
             per_agent_entropy.append(entropy)
         shape = (*batch_shape, agents, length)

@@ -1,8 +1,45 @@
-"""Metrics of a verifier's accept/reject decisions, shared by the decision scenarios."""
+"""What the decision scenarios share: their start-up checks and the metrics of a verifier's decisions."""
 
 from __future__ import annotations
 
 import torch
+
+from nip_like.errors import ConfigError
+from nip_like.protocols.proof import ProofProtocol
+from nip_like.registry import PROTOCOLS
+
+
+def check_proof_scenario(scenario: str, config, protocol) -> None:
+    """Refuse, in one line, a protocol or split sizes that a labelled interactive-proof scenario cannot use.
+
+    Parameters
+    ----------
+    scenario : str
+        The scenario's registered name, for messages.
+    config : DictConfig
+        The scenario's node: ``agents`` (per-agent entries), ``val_fraction``
+        and ``test_fraction``.
+    protocol : Protocol
+        The protocol: it must be an interactive-proof protocol, and
+        ``config.agents`` may only name its agents.
+    """
+    if not isinstance(protocol, ProofProtocol):
+        raise ConfigError(
+            f"scenario {scenario} needs an interactive-proof protocol "
+            f"({', '.join(PROTOCOLS.names(subclass_of=ProofProtocol))}), got {protocol.name!r}"
+        )
+    unknown = sorted(set(config.agents) - set(protocol.agent_names))
+    if unknown:
+        raise ConfigError(
+            f"scenario.agents names {unknown}, which protocol {protocol.name!r} "
+            f"does not have; its agents are {list(protocol.agent_names)}"
+        )
+    fractions = (config.val_fraction, config.test_fraction)
+    if min(fractions) <= 0 or sum(fractions) >= 1:
+        raise ConfigError(
+            f"scenario.val_fraction and scenario.test_fraction must be positive and sum to less than 1, "
+            f"got {config.val_fraction} and {config.test_fraction}"
+        )
 
 
 def precision_recall(accept: torch.Tensor, label: torch.Tensor) -> dict[str, float]:

@@ -18,10 +18,9 @@ from nip_like.folders import check_writable_folder
 from nip_like.lm.agents import lm_agent_modules
 from nip_like.lm.models import LMAgentConfig, build_lm_policy
 from nip_like.lm.tokenizer import build_tokenizer
-from nip_like.protocols.proof import ProofProtocol
-from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
+from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
-from nip_like.scenarios.decisions import decision_metrics
+from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics
 from nip_like.scenarios.duplicates.data import DuplicateLists, DuplicateSpec, load_or_generate, split_lists
 from nip_like.scenarios.duplicates.environment import VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols, named_cells
 
@@ -61,22 +60,7 @@ class DuplicatesScenario(Scenario):
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
-        if not isinstance(protocol, ProofProtocol):
-            raise ConfigError(
-                f"scenario duplicates needs an interactive-proof protocol "
-                f"({', '.join(PROTOCOLS.names(subclass_of=ProofProtocol))}), got {protocol.name!r}"
-            )
-        unknown = sorted(set(config.agents) - set(protocol.agent_names))
-        if unknown:
-            raise ConfigError(
-                f"scenario.agents names {unknown}, which protocol {protocol.name!r} "
-                f"does not have; its agents are {list(protocol.agent_names)}"
-            )
-        if config.val_fraction + config.test_fraction >= 1:
-            raise ConfigError(
-                f"scenario.val_fraction and scenario.test_fraction must sum to less than 1, "
-                f"got {config.val_fraction} and {config.test_fraction}"
-            )
+        check_proof_scenario("duplicates", config, protocol)
         if config.length > config.num_values:
             raise ConfigError(
                 f"scenario.length ({config.length}) must be at most scenario.num_values ({config.num_values}) "

@@ -14,10 +14,9 @@ from nip_like.allowed import Allowed, checked
 from nip_like.errors import ConfigError
 from nip_like.folders import check_writable_folder
 from nip_like.distributions import masked_log_softmax
-from nip_like.protocols.proof import ProofProtocol
-from nip_like.registry import PROTOCOLS, register_scenario, typed_entry
+from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
-from nip_like.scenarios.decisions import decision_metrics, precision_recall
+from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
@@ -59,23 +58,7 @@ class GraphIsomorphismScenario(Scenario):
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
-        if not isinstance(protocol, ProofProtocol):
-            raise ConfigError(
-                f"scenario graph_isomorphism needs an interactive-proof protocol "
-                f"({', '.join(PROTOCOLS.names(subclass_of=ProofProtocol))}), got {protocol.name!r}"
-            )
-        unknown = sorted(set(config.agents) - set(protocol.agent_names))
-        if unknown:
-            raise ConfigError(
-                f"scenario.agents names {unknown}, which protocol {protocol.name!r} "
-                f"does not have; its agents are {list(protocol.agent_names)}"
-            )
-        fractions = (config.val_fraction, config.test_fraction)
-        if min(fractions) <= 0 or sum(fractions) >= 1:
-            raise ConfigError(
-                f"scenario.val_fraction and scenario.test_fraction must be positive and sum to less than 1, "
-                f"got {config.val_fraction} and {config.test_fraction}"
-            )
+        check_proof_scenario("graph_isomorphism", config, protocol)
         self.spec = GraphPairSpec(
             num_pairs=int(config.num_pairs),
             seed=int(config.dataset_seed),
