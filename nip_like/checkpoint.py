@@ -34,6 +34,22 @@ HEADER_PREFIX = b"nip_like-checkpoint "
 _MAX_HEADER = 512
 
 
+def write_text_atomic(text: str, path: Path) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and one ``os.replace``.
+
+    A crash leaves the previous file or the new one, whole (the folder is
+    created if needed).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def save_atomic(state: dict[str, Any], path: Path) -> None:
     """Write ``state`` to ``path`` with a checksum, so that a crash never leaves a broken file.
 

@@ -67,10 +67,12 @@ class AgentUpdateConfig:
 class PretrainConfig:
     """Supervised pretraining of agents on the labels before RL (scenarios with labelled data)."""
 
-    agents: list[str] = field(default_factory=list)  # agents whose policy networks are first fitted to the labels
+    agents: list[str] = field(default_factory=list)  # agents first fitted to the labels or demonstrations; "*" = every agent that has some
     epochs: int = checked(10, ge=1)  # passes over the train split
     lr: float = checked(0.001, gt=0)  # Adam learning rate of the pretraining
     minibatch_size: int = checked(64, ge=1)  # datapoints per pretraining minibatch
+    warmup_steps: int = checked(0, ge=0)  # linear learning-rate warm-up over this many optimiser steps; 0 = none
+    max_grad_norm: Optional[float] = checked(None, gt=0)  # clip each step's gradient norm to this; null = no clipping
     cache_dir: str = "~/.cache/nip_like/pretrained"  # where pretrained agents are cached, keyed by what determines them
 
 

@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nip_like import interrupts, run_lock
-from nip_like.checkpoint import seed_everything
+from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder
 from nip_like.config import check_config_values, check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
@@ -132,9 +132,7 @@ def git_revision() -> str | None:
 
 
 def _write_json_atomic(data: dict[str, Any], path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, path)
+    write_text_atomic(json.dumps(data, indent=2, sort_keys=True) + "\n", path)
 
 
 def check_run_folder(run_dir: Path, resume: bool = False) -> None:

@@ -13,12 +13,13 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDictBase
+from tqdm.auto import tqdm
 
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.keys import LOGITS_KEY
@@ -26,6 +27,7 @@ from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.lm.pretrain import demonstration_epoch, sync_value_body
+from nip_like.supervised import supervised_pass, warmup_schedule
 
 #: Entries of a scenario's supervised data besides the agents' observations.
 TARGET_KEY = "target_action"
@@ -52,6 +54,7 @@ def supervised_epoch(
     minibatch_size: int,
     generator: torch.Generator,
     max_grad_norm: float | None = None,
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
 ) -> tuple[float, float, int]:
     """One shuffled pass of cross-entropy on the target actions.
 
@@ -60,23 +63,13 @@ def supervised_epoch(
     loss, accuracy, steps
         Mean minibatch loss and accuracy, and the number of optimiser steps.
     """
-    size = min(int(minibatch_size), data.batch_size[0])
-    order = torch.randperm(data.batch_size[0], generator=generator).to(data.device)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    losses, accuracies = [], []
-    for start in range(0, data.batch_size[0] - size + 1, size):
-        batch = data[order[start : start + size]]
+
+    def step_loss(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
         log_probs = decision_log_probs(agents, agent_index, batch)
         target = batch.get(TARGET_KEY)
-        loss = F.nll_loss(log_probs, target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
-        losses.append(loss.detach())
-        accuracies.append((log_probs.argmax(-1) == target).float().mean())
-    return torch.stack(losses).mean().item(), torch.stack(accuracies).mean().item(), len(losses)
+        return F.nll_loss(log_probs, target), log_probs.argmax(-1) == target
+
+    return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
 
 
 def pretrain_key(config: DictConfig, agent: str) -> dict[str, Any]:
@@ -112,6 +105,36 @@ def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
                 body_v.load_state_dict(body_p.state_dict())
 
 
+def _epochs(config: DictConfig, agent: str) -> tqdm:
+    """The pretraining epochs of ``agent``, with a progress bar when ``run.progress_bar`` is on."""
+    return tqdm(
+        range(int(config.trainer.pretrain.epochs)),
+        desc=f"Warm start of {agent}",
+        unit="epoch",
+        disable=not bool(config.run.progress_bar),
+        leave=False,
+    )
+
+
+#: In ``trainer.pretrain.agents``: every agent the scenario has demonstrations or labels for.
+ALL_AGENTS = "*"
+
+
+def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
+    """``trainer.pretrain.agents`` with :data:`ALL_AGENTS` expanded, in the protocol's order.
+
+    ``"*"`` stands for every agent of the protocol, or, for a scenario whose
+    agents speak, every agent that has demonstrations (a prover arguing for
+    *reject* in the duplicates game has none).
+    """
+    if ALL_AGENTS not in requested:
+        return requested
+    names = list(scenario.agent_names)
+    if hasattr(scenario, "demonstration_agents"):
+        names = [name for name in names if name in scenario.demonstration_agents()]
+    return list(dict.fromkeys([*names, *(name for name in requested if name != ALL_AGENTS)]))
+
+
 def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: torch.device) -> dict[str, float]:
     """Fit each agent of ``trainer.pretrain.agents`` to the labels, or load it from the cache.
 
@@ -127,7 +150,8 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     """
     options = config.trainer.pretrain
     require_labelled_data(scenario, "trainer.pretrain.agents")
-    unknown = sorted(set(options.agents) - set(scenario.agent_names))
+    names = pretrained_agent_names(scenario, list(options.agents))
+    unknown = sorted(set(names) - set(scenario.agent_names))
     if unknown:
         raise ConfigError(
             f"trainer.pretrain.agents names {unknown}; the protocol's agents are {list(scenario.agent_names)}"
@@ -136,7 +160,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
     metrics: dict[str, float] = {}
     data = demonstrations = None
-    for agent in options.agents:
+    for agent in names:
         key = pretrain_key(config, agent)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = Path(options.cache_dir).expanduser() / f"{agent}_{digest}.pt"
@@ -152,6 +176,8 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 cached = None
         if cached is None:
             optimizer = torch.optim.Adam(network.parameters(), lr=float(options.lr))
+            scheduler = warmup_schedule(optimizer, int(options.warmup_steps))
+            clip = options.max_grad_norm
             generator = torch.Generator().manual_seed(int(config.seed))
             if hasattr(scenario, "demonstrations"):
                 # Agents that speak (language models): fine-tune on demonstrated messages.
@@ -163,15 +189,19 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                         f"{scenario.config.name!r}; those with some are {sorted(demonstrations)}"
                     )
                 agent_data = demonstrations[agent].to(device)
-                for _ in range(int(options.epochs)):
-                    _, accuracy, _ = demonstration_epoch(network, agent_data, optimizer, options.minibatch_size, generator)
+                for _ in _epochs(config, agent):
+                    _, accuracy, _ = demonstration_epoch(
+                        network, agent_data, optimizer, options.minibatch_size, generator, clip, scheduler
+                    )
                 sync_value_body(network)
             else:
                 if data is None:
                     data = scenario.supervised_data("train").to(device)
                 index = scenario.agent_names.index(agent)
-                for _ in range(int(options.epochs)):
-                    _, accuracy, _ = supervised_epoch(agents, index, data, optimizer, options.minibatch_size, generator)
+                for _ in _epochs(config, agent):
+                    _, accuracy, _ = supervised_epoch(
+                        agents, index, data, optimizer, options.minibatch_size, generator, clip, scheduler
+                    )
             cached = {"key": key, "state": network.state_dict(), "train_accuracy": accuracy}
             save_atomic({"run_id": digest, **cached}, path)
             metrics[f"pretrain/{agent}/from_cache"] = 0.0

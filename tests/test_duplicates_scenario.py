@@ -250,3 +250,13 @@ def test_evaluations_and_the_test_write_readable_transcripts(tmp_path):
             assert turn["agent"] in ("prover", "verifier") and turn["message"]
             for cell, value in turn["revealed"]:
                 assert record["values"][cell] == value
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS.names(subclass_of=ProofProtocol))
+def test_every_agent_with_demonstrations_is_what_a_star_pretrains(tmp_path, protocol):
+    from nip_like.pretrain import ALL_AGENTS, pretrained_agent_names
+
+    scenario = scenario_for(protocol, tmp_path)
+    assert pretrained_agent_names(scenario, [ALL_AGENTS]) == sorted(
+        scenario.demonstrations("train"), key=scenario.agent_names.index
+    )

@@ -441,6 +441,27 @@ def test_saving_without_a_value_head_removes_a_stale_one(tokenizer, tmp_path):
     assert load_agent(tmp_path)[2] is None
 
 
+def test_a_save_that_fails_half_way_leaves_the_previous_agent_whole(tokenizer, tmp_path, monkeypatch):
+    policy = make_policy(tokenizer)
+    folder = tmp_path / "agent"
+    save_agent(folder, policy.model, policy.tokenizer, policy.value_head)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with torch.no_grad():
+        next(policy.model.parameters()).add_(1.0)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(policy.tokenizer, "save_pretrained", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_agent(folder, policy.model, policy.tokenizer, policy.value_head)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    monkeypatch.undo()
+    save_agent(folder, policy.model, policy.tokenizer, policy.value_head)  # the leftover is cleared
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["agent"]
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} != before
+
+
 def test_a_saved_value_head_must_match_the_config(tokenizer, tmp_path):
     policy = make_policy(tokenizer, shared_body=True)
     save_agent(tmp_path, policy.model, policy.tokenizer, policy.value_head)

@@ -10,11 +10,14 @@ any, in ``value_head.pt`` beside them.
 
 from __future__ import annotations
 
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
@@ -30,7 +33,11 @@ def save_agent(
     tokenizer: PreTrainedTokenizerBase,
     value_head: Optional[LMValueHead] = None,
 ) -> Path:
-    """Write a language-model agent to ``folder``.
+    """Write a language-model agent to ``folder``, whole or not at all.
+
+    Everything is first written to a hidden sibling folder, which then takes
+    ``folder``'s place, so a crash mid-save leaves the previous agent (or the
+    new one) complete under ``folder``.
 
     Parameters
     ----------
@@ -53,20 +60,40 @@ def save_agent(
         The folder.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    value_path = folder / VALUE_HEAD_FILE
-    if value_head is None:
-        value_path.unlink(missing_ok=True)
-    else:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    with _quiet_progress():
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    if value_head is not None:
         state = {
             "shared_body": value_head.shared_body,
             "hidden_size": value_head.linear.in_features,
             "state_dict": value_head.state_dict(),
         }
-        save_atomic(state, value_path)
+        save_atomic(state, staging / VALUE_HEAD_FILE)
+    # Swap the finished folder in: a crash leaves the old folder or the new one whole (and a
+    # hidden leftover that the next save removes), never a half-written agent under its name.
+    previous = folder.with_name(f".{folder.name}.old")
+    shutil.rmtree(previous, ignore_errors=True)
+    if folder.exists():
+        folder.rename(previous)
+    staging.rename(folder)
+    shutil.rmtree(previous, ignore_errors=True)
     return folder
+
+
+@contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """Hide transformers' per-save progress bars (a checkpoint writes one per agent)."""
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def load_agent(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from tensordict import TensorDictBase
 
 from nip_like.lm.policy import LMPolicy
+from nip_like.supervised import supervised_pass
 
 #: A token with probability above this is the most likely one: greedy decoding reproduces it.
 GREEDY_PROBABILITY = 0.5
@@ -20,6 +22,7 @@ def demonstration_epoch(
     minibatch_size: int,
     generator: torch.Generator,
     max_grad_norm: float | None = None,
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
 ) -> tuple[float, float, int]:
     """One shuffled pass of next-token cross-entropy on the demonstrated messages.
 
@@ -41,6 +44,8 @@ def demonstration_epoch(
         Shuffles the order.
     max_grad_norm : float, optional
         Clip the gradient norm to this.
+    scheduler : LRScheduler, optional
+        Stepped after every optimiser step (a learning-rate warm-up, say).
 
     Returns
     -------
@@ -49,28 +54,18 @@ def demonstration_epoch(
         every token has probability above one half (so that greedy decoding
         reproduces them exactly), and the number of optimiser steps.
     """
-    count = data.batch_size[0]
-    size = min(int(minibatch_size), count)
-    order = torch.randperm(count, generator=generator).to(data.device)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    losses, accuracies = [], []
-    for start in range(0, count - size + 1, size):
-        batch = data[order[start : start + size]]
+
+    def step_loss(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
         scores = policy.evaluate(
             batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
         )
         mask = batch["token_mask"]
         token_log_probs = scores["token_log_probs"]
         loss = -(token_log_probs * mask).sum() / mask.sum().clamp_min(1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
-        losses.append(loss.detach())
         reproduced = (token_log_probs.detach() > math.log(GREEDY_PROBABILITY)) | ~mask
-        accuracies.append(reproduced.all(-1).float().mean())
-    return torch.stack(losses).mean().item(), torch.stack(accuracies).mean().item(), len(losses)
+        return loss, reproduced.all(-1)
+
+    return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
 
 
 def sync_value_body(policy: LMPolicy) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import MISSING, DictConfig
 from tensordict import TensorDictBase
 
 from nip_like.agents import AgentModules
+from nip_like.errors import ConfigError
 from nip_like.keys import EPISODE_RETURN_KEY
 from nip_like.protocols.base import Protocol
 from nip_like.scenarios.environment import InteractionEnv
@@ -38,9 +40,58 @@ class Scenario(ABC):
     #: The data split that periodic evaluation plays (a scenario with a validation split names it).
     eval_split: str = "train"
 
+    #: The dataset class of the scenario's data files (:class:`~nip_like.scenarios.datasets.TensorDataset`);
+    #: None for a scenario without data files.
+    dataset_class: type | None = None
+
     def __init__(self, config: DictConfig, protocol: Protocol) -> None:
         self.config = config
         self.protocol = protocol
+        self._splits: dict | None = None
+
+    def splits(self) -> dict:
+        """The scenario's data splits by name (a scenario with data files overrides it)."""
+        raise ConfigError(f"scenario {self.config.name!r} has no data splits")
+
+    def use_dataset_file(self, path: Path, split: str = "test") -> int:
+        """Play ``split`` on every example of a dataset file instead (``python -m nip_like.evaluate --data``).
+
+        Parameters
+        ----------
+        path : Path
+            A file in the scenario's format (:attr:`dataset_class`, written by
+            its ``save``: a cache file or one made by its dataset script).
+        split : str
+            The split it replaces.
+
+        Returns
+        -------
+        int
+            The number of examples in the file.
+
+        Raises
+        ------
+        ConfigError
+            If the scenario has no data files, or the file's examples do not
+            fit the scenario's config (:meth:`check_dataset`).
+        DatasetFileError
+            If the file is missing, unreadable or not of the scenario's format.
+        """
+        if self.dataset_class is None:
+            raise ConfigError(f"scenario {self.config.name!r} has no data files; --data needs one that has")
+        splits = dict(self.splits())
+        if split not in splits:
+            raise ConfigError(f"unknown data split {split!r}; the scenario's splits are {list(splits)}")
+        data = self.dataset_class.load(Path(path))
+        if len(data) == 0:
+            raise ConfigError(f"{path} holds no examples")
+        self.check_dataset(data, Path(path))
+        splits[split] = data
+        self._splits = splits
+        return len(data)
+
+    def check_dataset(self, data, path: Path) -> None:
+        """Refuse, in one line, a dataset whose examples do not fit the scenario's config."""
 
     @property
     def agent_names(self) -> tuple[str, ...]:

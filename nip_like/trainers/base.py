@@ -139,6 +139,8 @@ class Trainer(ABC):
         self.show_progress = bool(config.run.progress_bar)
         self.on_progress: Callable[[int], None] | None = None
         self.progress_initial: dict[str, int] = {}
+        #: The data split the test loop plays (``python -m nip_like.evaluate --split`` changes it).
+        self.test_split = "test"
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -28,7 +28,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.objectives import LossModule
 
 from nip_like import keys
-from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states
+from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states, write_text_atomic
 from nip_like.errors import ConfigError, TrainingError
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
@@ -485,12 +485,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         records = self.scenario.transcripts(episodes, int(self.trainer_config.eval.transcripts))
         if not records:
             return
-        folder = self.run_dir / "transcripts"
-        folder.mkdir(parents=True, exist_ok=True)
         text = "".join(json.dumps(record) + "\n" for record in records)
-        temporary = folder / f".{name}.jsonl.tmp"
-        temporary.write_text(text)
-        temporary.replace(folder / f"{name}.jsonl")
+        write_text_atomic(text, self.run_dir / "transcripts" / f"{name}.jsonl")
 
     def _check_eval_metric(self) -> None:
         """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
@@ -535,7 +531,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
         iteration_context.set_description("Testing")
         batch_episodes = 8 if self.test_run else self.trainer_config.test_batch_episodes
-        env = self.scenario.make_env(batch_episodes, "test", derive_seed(int(self.config.seed), "test_env"), self.device)
+        env = self.scenario.make_env(
+            batch_episodes, self.test_split, derive_seed(int(self.config.seed), "test_env"), self.device
+        )
         episodes = []
         for _ in range(self.num_test_iterations):
             if stop_requested():  # training is done and saved: a resumed run tests again

@@ -65,7 +65,7 @@ class SoloAgentTrainer(TensorDictTrainer):
         self.agents.modules().to(self.device)
         parameters = {self.agent: list(self.agents.agent_parameters(self.agent))}
         self.optimizer = build_optimizer(tc.optimizer, parameters)
-        self.data = {split: scenario.supervised_data(split).to(self.device) for split in ("train", "val", "test")}
+        self._data: dict[str, Any] = {}  # each split's supervised data, read on first use
         self.generator = torch.Generator().manual_seed(derive_seed(int(config.seed), "solo_agent"))
         self.state = SoloState()
         self.num_iterations = 1 if config.run.test_run else int(tc.num_iterations)
@@ -74,15 +74,21 @@ class SoloAgentTrainer(TensorDictTrainer):
         return [self.agents.modules()]
 
     # ------------------------------------------------------------ evaluation
-    def _evaluate(self, split: str) -> dict[str, float]:
-        data = self.data[split]
+    def data(self, split: str):
+        """The supervised data of ``split`` on the trainer's device (read from the scenario once)."""
+        if split not in self._data:
+            self._data[split] = self.scenario.supervised_data(split).to(self.device)
+        return self._data[split]
+
+    def _evaluate(self, split: str, prefix: str) -> dict[str, float]:
+        data = self.data(split)
         chunks = data.split(1024)
         predicted = torch.cat([decision_log_probs(self.agents, self.agent_index, chunk).argmax(-1) for chunk in chunks])
         target = data.get(TARGET_KEY)
         metrics = {"accuracy": (predicted == target).float().mean().item()}
         if hasattr(self.scenario, "supervised_metrics"):
             metrics.update(self.scenario.supervised_metrics(predicted, data))
-        return {f"{'eval' if split == 'val' else split}/{k}": v for k, v in metrics.items()}
+        return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
     # ----------------------------------------------------------------- loops
     def train(self) -> dict[str, float]:
@@ -100,7 +106,7 @@ class SoloAgentTrainer(TensorDictTrainer):
     def _run_train_loop(self, iteration_context: IterationContext) -> None:
         iteration_context.set_description("Training")
         tc = self.config.trainer
-        data = self.data["train"]
+        data = self.data("train")
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
             loss, accuracy, steps = supervised_epoch(
@@ -119,7 +125,7 @@ class SoloAgentTrainer(TensorDictTrainer):
             if every and (self.state.iteration % every == 0 or last):
                 with ExitStack() as stack:
                     self._build_test_context(stack)
-                    metrics.update(self._evaluate("val"))
+                    metrics.update(self._evaluate("val", "eval"))
                 if self.state.best_metric is None or metrics["eval/accuracy"] > self.state.best_metric:
                     self.state.best_metric = metrics["eval/accuracy"]
                     self.state.best_iteration = self.state.iteration
@@ -136,7 +142,7 @@ class SoloAgentTrainer(TensorDictTrainer):
     @attach_progress_bar(lambda self: 1)
     def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
         iteration_context.set_description("Testing")
-        metrics = self._evaluate("test")
+        metrics = self._evaluate(self.test_split, "test")
         iteration_context.step()
         return metrics
 

@@ -56,6 +56,8 @@ class DuplicatesScenario(Scenario):
     evaluation plays the validation split, the test loop the test split.
     """
 
+    dataset_class = DuplicateLists
+
     eval_split = "val"
 
     def __init__(self, config, protocol) -> None:
@@ -75,7 +77,6 @@ class DuplicatesScenario(Scenario):
         )
         self.symbols = DuplicateSymbols(int(config.length), int(config.num_values), tuple(protocol.agent_names))
         check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
-        self._splits: dict[str, DuplicateLists] | None = None
 
     # -------------------------------------------------------------------- data
     def splits(self) -> dict[str, DuplicateLists]:
@@ -85,6 +86,14 @@ class DuplicatesScenario(Scenario):
             val, test = float(self.config.val_fraction), float(self.config.test_fraction)
             self._splits = split_lists(lists, {"train": 1.0 - val - test, "val": val, "test": test}, seed=self.spec.seed)
         return self._splits
+
+    def check_dataset(self, data: DuplicateLists, path: Path) -> None:
+        length, values = int(self.config.length), int(self.config.num_values)
+        if data.values.shape[1] != length or int(data.values.max()) >= values:
+            raise ConfigError(
+                f"{path} holds lists of {data.values.shape[1]} values up to {int(data.values.max())}; "
+                f"this run's game has lists of {length} values in 0..{values - 1}"
+            )
 
     @cached_property
     def tokenizer(self):
@@ -222,6 +231,14 @@ class DuplicatesScenario(Scenario):
         return records
 
     # ------------------------------------------------------ demonstrations
+    def demonstration_agents(self) -> list[str]:
+        """The agents :meth:`demonstrations` gives messages for: the verifier and the accept-side provers."""
+        return [
+            name
+            for index, name in enumerate(self.agent_names)
+            if index == self.protocol.verifier_index or self.protocol.prover_sides.get(name, True)
+        ]
+
     def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
         """Honest play on every list of ``split``, as (prompt, message) pairs per agent, for a warm start.
 

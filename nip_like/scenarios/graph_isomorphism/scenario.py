@@ -54,6 +54,8 @@ class GraphIsomorphismScenario(Scenario):
     plays the validation split; the final test loop the test split.
     """
 
+    dataset_class = GraphPairs
+
     eval_split = "val"
 
     def __init__(self, config, protocol) -> None:
@@ -68,7 +70,6 @@ class GraphIsomorphismScenario(Scenario):
             wl_fractions=tuple(float(f) for f in config.wl_fractions),
         )
         check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
-        self._splits: dict[str, GraphPairs] | None = None
 
     # -------------------------------------------------------------------- data
     def splits(self) -> dict[str, GraphPairs]:
@@ -79,6 +80,13 @@ class GraphIsomorphismScenario(Scenario):
             fractions = {"train": 1.0 - val - test, "val": val, "test": test}
             self._splits = split_pairs(pairs, fractions, seed=self.spec.seed)
         return self._splits
+
+    def check_dataset(self, data: GraphPairs, path: Path) -> None:
+        if data.adjacency.shape[-1] != int(self.config.max_nodes):
+            raise ConfigError(
+                f"{path} holds graphs padded to {data.adjacency.shape[-1]} nodes; "
+                f"this run's agents take scenario.max_nodes = {self.config.max_nodes}"
+            )
 
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1

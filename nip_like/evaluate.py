@@ -1,0 +1,173 @@
+"""``python -m nip_like.evaluate RUN_DIR``: test a run's saved agents again, on any split or data file.
+
+Rebuilds the run's trainer from its own config (``RUN_DIR/config.yaml``), loads
+a checkpoint (by default the one the run's test loop used: ``best`` when
+``trainer.eval.test_checkpoint=best``, else ``last``) and runs the trainer's
+own test loop on the chosen split, or on every example of a dataset file in
+the scenario's format. On the test split with the run's seed it reproduces the
+run's logged test metrics exactly. Nothing of the run is changed: the metrics
+and transcripts go to ``RUN_DIR/evaluations/<checkpoint>-<split or file>.json``
+(and ``.jsonl`` beside it) or to ``--out``, written atomically. Only run
+settings may be overridden (``run.device=cuda``); bad input is one line
+``error: ...`` with exit status 2.
+
+Examples
+--------
+``python -m nip_like.evaluate outputs/2026-11-23/10-00-00_duplicates_nip``
+``python -m nip_like.evaluate RUN_DIR --checkpoint last --split val``
+``python -m nip_like.evaluate RUN_DIR --data lists.pt --episodes 2000 run.device=cuda``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+
+from nip_like.checkpoint import load_checked, write_text_atomic
+from nip_like.cli import OneLineArgumentParser, report_errors
+from nip_like.config import run_id
+from nip_like.errors import CheckpointError, ConfigError
+from nip_like.experiment import build_trainer, format_metrics
+from nip_like.resume import load_run_config
+
+#: Checkpoints a run writes; "tested" is the one its test loop used.
+CHECKPOINTS = ("tested", "best", "last")
+#: Where evaluations go inside the run folder.
+EVALUATIONS_DIR = "evaluations"
+
+
+def tested_checkpoint(config) -> str:
+    """The checkpoint a run's test loop evaluated: ``best`` or ``last``."""
+    chosen = config.trainer.get("eval", {}).get("test_checkpoint", "final")
+    return "best" if chosen == "best" else "last"
+
+
+def evaluate_run(
+    run_dir: Path,
+    checkpoint: str = "tested",
+    split: str = "test",
+    data: Path | None = None,
+    episodes: int | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a checkpoint of a finished (or running) run; return the metrics and what was evaluated.
+
+    Parameters
+    ----------
+    run_dir : Path
+        A run folder written by ``python -m nip_like``.
+    checkpoint : str
+        ``tested`` (the checkpoint the run's test used), ``best`` or ``last``.
+    split : str
+        The data split to play (a scenario's ``train``, ``val``, ``test``).
+    data : Path, optional
+        A dataset file in the scenario's format; its examples replace ``split``.
+    episodes : int, optional
+        Test episodes (default: the run's ``trainer.num_test_episodes``).
+    overrides : list of str, optional
+        ``run.*`` settings, ``key=value``.
+
+    Returns
+    -------
+    dict
+        ``"metrics"`` (named ``test/...`` on the test split, else after the
+        split or ``data``), ``"checkpoint"``, ``"split"``, ``"data"``,
+        ``"episodes"``, ``"transcripts"`` (the records written, if any).
+    """
+    run_dir = Path(run_dir)
+    if checkpoint not in CHECKPOINTS:
+        raise ConfigError(f"--checkpoint must be one of {list(CHECKPOINTS)}, got {checkpoint!r}")
+    for item in overrides or []:
+        if not item.startswith("run."):
+            raise ConfigError(f"cannot override {item!r} when evaluating: only run.* settings (key=value) may change")
+    config = load_run_config(run_dir, overrides)
+    expected_id = run_id(config)
+    name = tested_checkpoint(config) if checkpoint == "tested" else checkpoint
+    path = run_dir / "checkpoints" / f"{name}.pt"
+    if not path.is_file():
+        found = sorted(p.stem for p in (run_dir / "checkpoints").glob("*.pt"))
+        raise CheckpointError(f"{run_dir} has no {name} checkpoint (checkpoints/{name}.pt); it has {found or 'none'}")
+    state = load_checked(path, expected_id)
+    # The evaluated agents come from the checkpoint: skip warm starts, log nothing, write nowhere in the run.
+    config.trainer.pretrain.agents = []
+    config.logger.backends = []
+    config.logger.print_metrics = False
+    config.run.test_run = False
+    if episodes is not None:
+        if episodes < 1:
+            raise ConfigError(f"--episodes must be at least 1, got {episodes}")
+        config.trainer.num_test_episodes = int(episodes)
+    with tempfile.TemporaryDirectory(prefix="nip_like_evaluate_") as scratch:
+        trainer = build_trainer(config, Path(scratch))
+        trainer.load_state_dict(state["trainer"])
+        examples = trainer.scenario.use_dataset_file(data, split) if data is not None else None
+        trainer.test_split = split
+        if data is None:
+            trainer.scenario.make_env(1, split, 0, "cpu")  # an unknown split fails here, in one line
+        with ExitStack() as stack:
+            trainer._build_test_context(stack)
+            metrics = trainer._run_test_loop()
+        transcripts_file = Path(scratch) / "transcripts" / "test.jsonl"
+        transcripts = transcripts_file.read_text() if transcripts_file.is_file() else ""
+    label = "data" if data is not None else split
+    if label != "test":
+        metrics = {f"{label}/{key.split('/', 1)[1]}": value for key, value in metrics.items()}
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": name,
+        "split": split,
+        "data": str(data) if data is not None else None,
+        "data_examples": examples,
+        "episodes": int(config.trainer.num_test_episodes),
+        "metrics": metrics,
+        "transcripts": transcripts,
+    }
+
+
+def write_evaluation(result: dict[str, Any], out: Path) -> None:
+    """Write ``result`` as JSON to ``out`` and its transcripts, if any, to ``out`` with suffix ``.jsonl``."""
+    transcripts = result.get("transcripts") or ""
+    record = {key: value for key, value in result.items() if key != "transcripts"}
+    write_text_atomic(json.dumps(record, indent=2, sort_keys=True) + "\n", out)
+    if transcripts:
+        write_text_atomic(transcripts, out.with_suffix(".jsonl"))
+
+
+def default_output(run_dir: Path, result: dict[str, Any]) -> Path:
+    """``RUN_DIR/evaluations/<checkpoint>-<split or data file stem>.json``."""
+    source = Path(result["data"]).stem if result["data"] else result["split"]
+    return Path(run_dir) / EVALUATIONS_DIR / f"{result['checkpoint']}-{source}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = OneLineArgumentParser(
+        prog="python -m nip_like.evaluate",
+        usage="%(prog)s RUN_DIR [--checkpoint C] [--split S | --data FILE] [--episodes N] [--out FILE] [run.key=value ...]",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("run_dir", type=Path, help="the run folder")
+    parser.add_argument("overrides", nargs="*", default=[], help="optional run.* settings, key=value (run.device=cuda)")
+    parser.add_argument("--checkpoint", default="tested", help=f"one of {', '.join(CHECKPOINTS)} (default: tested)")
+    parser.add_argument("--split", default="test", help="the data split to play (default: test)")
+    parser.add_argument("--data", type=Path, help="a dataset file in the scenario's format, played instead of the split")
+    parser.add_argument("--episodes", type=int, help="test episodes (default: the run's trainer.num_test_episodes)")
+    parser.add_argument("--out", type=Path, help="the JSON file to write (default: RUN_DIR/evaluations/<checkpoint>-<split>.json)")
+    args = parser.parse_args(argv)
+    with report_errors():
+        result = evaluate_run(args.run_dir, args.checkpoint, args.split, args.data, args.episodes, args.overrides)
+        out = args.out or default_output(args.run_dir, result)
+        write_evaluation(result, out)
+    source = f"data file {result['data']}" if result["data"] else f"split {result['split']}"
+    print(f"Checkpoint {result['checkpoint']} of {args.run_dir} on the {source} ({out}):")
+    print(format_metrics(result["metrics"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
