@@ -60,7 +60,9 @@ the ``rollout_func`` call, reward and advantage computation, padding), which
 the table also shows included. Tokens per second count the real tokens
 (prompt and message, no padding) that the step trains on. Each side makes
 ``--warmup`` untimed steps, then ``--update-steps`` timed ones (median
-reported), then one more step for the memory peak.
+reported), then one more step for the memory peak. With TRL, the two sides
+alternate step by step (a framework step runs after each TRL step, outside
+TRL's timed window), so that both see the same load from other processes.
 
 Peak memory of an update step: on CUDA, ``torch.cuda.max_memory_allocated``
 during the step minus what was allocated when it began. On the CPU, the
@@ -550,23 +552,45 @@ class FrameworkUpdate:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def measure_framework_update(
-    policy: LMPolicy, loss: Callable[[LMPolicy], torch.Tensor], tokens: tuple[int, int], args: argparse.Namespace
-) -> dict[str, Any]:
-    """Time ``--update-steps`` framework updates on a copy of ``policy`` and probe one more for memory."""
-    update = FrameworkUpdate(clone_policy(policy), loss)
-    device = policy.banned.device
-    for _ in range(args.warmup):
-        update.step()
-    seconds, cpu_seconds = [], []
-    for _ in range(args.update_steps):
-        wall, cpu, _ = timed_call(update.step, device)
-        seconds.append(wall)
-        cpu_seconds.append(cpu)
-    probe = MemoryProbe(device)
+class StepTimes:
+    """Wall and process-CPU seconds of successive update steps, warm-up ones included."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+
+    def add(self, seconds: float, cpu_seconds: float) -> None:
+        """Record one step."""
+        self.seconds.append(seconds)
+        self.cpu_seconds.append(cpu_seconds)
+
+    def summary(self, args: argparse.Namespace, tokens: tuple[int, int], minus: StepTimes | None = None) -> dict:
+        """:func:`summarise` of the timed steps (after the warm-up, before the memory step), minus ``minus``'s."""
+        steps = slice(args.warmup, args.warmup + args.update_steps)
+        seconds, cpu_seconds = self.seconds[steps], self.cpu_seconds[steps]
+        if minus is not None:
+            seconds = [total - part for total, part in zip(seconds, minus.seconds[steps])]
+            cpu_seconds = [total - part for total, part in zip(cpu_seconds, minus.cpu_seconds[steps])]
+        return summarise(seconds, cpu_seconds, *tokens)
+
+
+def timed_framework_step(update: FrameworkUpdate, times: StepTimes) -> Callable[[], None]:
+    """A function that makes one timed step of ``update`` and records its times."""
+    device = update.policy.banned.device
+
+    def step() -> None:
+        seconds, cpu_seconds, _ = timed_call(update.step, device)
+        times.add(seconds, cpu_seconds)
+
+    return step
+
+
+def probed_step(update: FrameworkUpdate) -> int:
+    """Make one more step of ``update``; return its peak memory in bytes (see :class:`MemoryProbe`)."""
+    probe = MemoryProbe(update.policy.banned.device)
     probe.start()
     update.step()
-    return {**summarise(seconds, cpu_seconds, *tokens), "peak_bytes": probe.stop()}
+    return probe.stop()
 
 
 # ------------------------------------------------------------------ TRL updates
@@ -603,16 +627,27 @@ def trl_options(args: argparse.Namespace, output_dir: str) -> dict[str, Any]:
     }
 
 
-def step_clock(device: torch.device, memory_step: int):
-    """A ``TrainerCallback`` that times every optimiser step and probes the memory of step ``memory_step``."""
+def step_clock(device: torch.device, memory_step: int, after_step: Callable[[], None]):
+    """A ``TrainerCallback`` that times TRL's optimiser steps, interleaved with the framework's.
+
+    Parameters
+    ----------
+    device : torch.device
+        The device trained on.
+    memory_step : int
+        Index of the (last) step whose memory peak is probed.
+    after_step : callable
+        Called after each timing of a step before ``memory_step`` (outside
+        TRL's timed window): one framework step, so that both sides share
+        whatever the machine's other processes do.
+    """
     from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
         """Wall and CPU time from ``on_step_begin`` to ``on_step_end``; the memory peak of one step."""
 
         def __init__(self) -> None:
-            self.seconds: list[float] = []
-            self.cpu_seconds: list[float] = []
+            self.times = StepTimes()
             self.peak_bytes = 0
             self._probe = MemoryProbe(device)
             self._started = (0.0, 0.0)
@@ -625,10 +660,12 @@ def step_clock(device: torch.device, memory_step: int):
 
         def on_step_end(self, args, state, control, **kwargs):
             synchronize(device)
-            self.seconds.append(time.perf_counter() - self._started[0])
-            self.cpu_seconds.append(time.process_time() - self._started[1])
-            if state.global_step - 1 == memory_step:  # global_step is counted before on_step_end
+            self.times.add(time.perf_counter() - self._started[0], time.process_time() - self._started[1])
+            step = state.global_step - 1  # global_step is counted before on_step_end
+            if step == memory_step:
                 self.peak_bytes = self._probe.stop()
+            else:
+                after_step()
 
     return StepClock()
 
@@ -645,17 +682,6 @@ def prompt_texts(tokenizer, prompts: Prompts) -> list[str]:
     """The prompts as text, ``<bos>`` left out (the tokenizer puts it back)."""
     rows = [ids[mask][1:] for ids, mask in zip(prompts.ids.cpu(), prompts.mask.cpu())]
     return [tokenizer.decode(row) for row in rows]
-
-
-def trl_timings(clock, args: argparse.Namespace, tokens: tuple[int, int], subtract: list[list[float]] | None = None):
-    """The timed steps of a TRL run (after the warm-up, before the memory step), optionally minus other times."""
-    steps = slice(args.warmup, args.warmup + args.update_steps)
-    seconds, cpu_seconds = clock.seconds[steps], clock.cpu_seconds[steps]
-    if subtract is not None:
-        wall, cpu = subtract
-        seconds = [total - part for total, part in zip(seconds, wall[steps])]
-        cpu_seconds = [total - part for total, part in zip(cpu_seconds, cpu[steps])]
-    return summarise(seconds, cpu_seconds, *tokens)
 
 
 def presampled_rollout(tokenizer, batch: GroupBatch) -> Callable:
@@ -692,8 +718,12 @@ def benchmark_reward(prompts, completions, benchmark_reward, **kwargs) -> list[f
     return list(benchmark_reward)
 
 
-def measure_trl_grpo(policy: LMPolicy, batch: GroupBatch, args: argparse.Namespace) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the batch's messages (no generation); see the module docstring.
+def measure_trl_grpo(
+    policy: LMPolicy, batch: GroupBatch, args: argparse.Namespace, after_step: Callable[[], None]
+) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the batch's messages (no generation), ``after_step`` after each step.
+
+    See the module docstring.
 
     Returns
     -------
@@ -709,20 +739,18 @@ def measure_trl_grpo(policy: LMPolicy, batch: GroupBatch, args: argparse.Namespa
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer that records how long each ``_prepare_inputs`` (rollout, rewards, advantages) takes."""
 
-        prepare_seconds: list[float]
-        prepare_cpu_seconds: list[float]
+        prepare_times: StepTimes
 
         def _prepare_inputs(self, generation_batch):
             started, cpu_started = time.perf_counter(), time.process_time()
             inputs = super()._prepare_inputs(generation_batch)
             synchronize(self.args.device)
-            self.prepare_seconds.append(time.perf_counter() - started)
-            self.prepare_cpu_seconds.append(time.process_time() - cpu_started)
+            self.prepare_times.add(time.perf_counter() - started, time.process_time() - cpu_started)
             return inputs
 
     device = policy.banned.device
     tokens = real_tokens(batch.prompts, batch.token_mask)
-    clock = step_clock(device, memory_step=args.warmup + args.update_steps)
+    clock = step_clock(device, args.warmup + args.update_steps, after_step)
     dataset = Dataset.from_dict({"prompt": prompt_texts(policy.tokenizer, batch.prompts)[:: batch.group_size]})
     with tempfile.TemporaryDirectory(prefix="nip_like_lm_benchmark_") as output_dir:
         config = GRPOConfig(
@@ -743,13 +771,12 @@ def measure_trl_grpo(policy: LMPolicy, batch: GroupBatch, args: argparse.Namespa
             rollout_func=presampled_rollout(policy.tokenizer, batch),
             callbacks=[clock],
         )
-        trainer.prepare_seconds, trainer.prepare_cpu_seconds = [], []
+        trainer.prepare_times = StepTimes()
         quiet(trainer)
         trainer.train()
-    prepare = [trainer.prepare_seconds, trainer.prepare_cpu_seconds]
     return {
-        "update": trl_timings(clock, args, tokens, subtract=prepare),
-        "step": trl_timings(clock, args, tokens),
+        "update": clock.times.summary(args, tokens, minus=trainer.prepare_times),
+        "step": clock.times.summary(args, tokens),
         "peak_bytes": clock.peak_bytes,
     }
 
@@ -768,8 +795,10 @@ def check_trl_tokens(dataset, batch: PreferenceBatch) -> None:
                 raise RuntimeError(f"TRL tokenized row {row}'s {key} as {list(example[key])}, expected {ids}")
 
 
-def measure_trl_dpo(policy: LMPolicy, batch: PreferenceBatch, args: argparse.Namespace) -> dict[str, Any]:
-    """TRL's DPOTrainer on the batch's pairs, reference log-probs precomputed; see the module docstring."""
+def measure_trl_dpo(
+    policy: LMPolicy, batch: PreferenceBatch, args: argparse.Namespace, after_step: Callable[[], None]
+) -> dict[str, Any]:
+    """TRL's DPOTrainer on the batch's pairs, ``after_step`` after each step; see the module docstring."""
     from datasets import Dataset, disable_progress_bars
     from trl import DPOConfig, DPOTrainer
 
@@ -778,7 +807,7 @@ def measure_trl_dpo(policy: LMPolicy, batch: PreferenceBatch, args: argparse.Nam
     device = policy.banned.device
     tokenizer = policy.tokenizer
     tokens = real_tokens(batch.prompts, batch.chosen_mask, batch.rejected_mask)
-    clock = step_clock(device, memory_step=args.warmup + args.update_steps)
+    clock = step_clock(device, args.warmup + args.update_steps, after_step)
 
     def as_text(messages: torch.Tensor, mask: torch.Tensor) -> list[str]:
         return [" " + tokenizer.decode(row[row_mask]) for row, row_mask in zip(messages.cpu(), mask.cpu())]
@@ -808,7 +837,7 @@ def measure_trl_dpo(policy: LMPolicy, batch: PreferenceBatch, args: argparse.Nam
         check_trl_tokens(trainer.train_dataset, batch)
         quiet(trainer)
         trainer.train()
-    return {"update": trl_timings(clock, args, tokens), "peak_bytes": clock.peak_bytes}
+    return {"update": clock.times.summary(args, tokens), "peak_bytes": clock.peak_bytes}
 
 
 # ------------------------------------------------------------------ report
@@ -891,24 +920,69 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def measure_update(
+    policy: LMPolicy,
+    loss: Callable[[LMPolicy], torch.Tensor],
+    tokens: tuple[int, int],
+    args: argparse.Namespace,
+    trl_measure: Callable[[Callable[[], None]], dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """The framework's updates of one objective, alternating step by step with TRL's if ``trl_measure`` is given.
+
+    Parameters
+    ----------
+    policy : LMPolicy
+        The initial policy; each side trains a copy.
+    loss : callable
+        The framework's loss of a policy.
+    tokens : tuple of int
+        Real tokens of a step, in all and in messages.
+    args : argparse.Namespace
+        The command line.
+    trl_measure : callable, optional
+        Runs TRL's trainer, calling its argument after each of its steps but
+        the last (see :func:`step_clock`), and returns TRL's results.
+
+    Returns
+    -------
+    dict
+        ``"nip_like"`` (and ``"trl"`` with ``"trl_over_nip_like"``, the ratio of median update times).
+    """
+    update = FrameworkUpdate(clone_policy(policy), loss)
+    times = StepTimes()
+    framework_step = timed_framework_step(update, times)
+    result: dict[str, Any] = {}
+    if trl_measure is None:
+        for _ in range(args.warmup + args.update_steps):
+            framework_step()
+    else:
+        result["trl"] = trl_measure(framework_step)
+    result["nip_like"] = {**times.summary(args, tokens), "peak_bytes": probed_step(update)}
+    if trl_measure is not None:
+        result["trl_over_nip_like"] = result["trl"]["update"]["median_seconds"] / result["nip_like"]["median_seconds"]
+    return result
+
+
 def measure_updates(policy: LMPolicy, prompts: Prompts, args: argparse.Namespace, with_trl: bool) -> dict[str, Any]:
     """GRPO and DPO updates of the framework and, if ``with_trl``, of TRL, all from the same initial model."""
     group = make_group_batch(policy, prompts, args.group_size, args.seed + 1)
     preference = make_preference_batch(policy, prompts, args.seed + 2)
-    group_tokens = real_tokens(prompts, group.token_mask)
-    preference_tokens = real_tokens(prompts, preference.chosen_mask, preference.rejected_mask)
-    updates: dict[str, dict[str, Any]] = {
-        "GRPO": {"nip_like": measure_framework_update(policy, lambda p: grpo_loss(p, group), group_tokens, args)},
-        "DPO": {
-            "nip_like": measure_framework_update(policy, lambda p: dpo_loss(p, preference), preference_tokens, args)
-        },
+    return {
+        "GRPO": measure_update(
+            policy,
+            lambda trained: grpo_loss(trained, group),
+            real_tokens(prompts, group.token_mask),
+            args,
+            (lambda after_step: measure_trl_grpo(policy, group, args, after_step)) if with_trl else None,
+        ),
+        "DPO": measure_update(
+            policy,
+            lambda trained: dpo_loss(trained, preference),
+            real_tokens(prompts, preference.chosen_mask, preference.rejected_mask),
+            args,
+            (lambda after_step: measure_trl_dpo(policy, preference, args, after_step)) if with_trl else None,
+        ),
     }
-    if with_trl:
-        updates["GRPO"]["trl"] = measure_trl_grpo(policy, group, args)
-        updates["DPO"]["trl"] = measure_trl_dpo(policy, preference, args)
-        for sides in updates.values():
-            sides["trl_over_nip_like"] = sides["trl"]["update"]["median_seconds"] / sides["nip_like"]["median_seconds"]
-    return updates
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

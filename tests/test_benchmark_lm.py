@@ -97,6 +97,7 @@ def test_trl_updates(run_main, monkeypatch):
         assert sides["trl"]["peak_bytes"] > 0
         assert sides["trl"]["update"]["tokens"] == sides["nip_like"]["tokens"]  # the same batch on both sides
         assert sides["trl_over_nip_like"] > 0
+        assert len(sides["nip_like"]["seconds"]) == len(sides["trl"]["update"]["seconds"]) == 1
     grpo = results["updates"]["GRPO"]["trl"]
     assert_update(grpo["step"])
     assert grpo["step"]["median_seconds"] >= grpo["update"]["median_seconds"]
