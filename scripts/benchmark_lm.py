@@ -76,7 +76,7 @@ memory (``resource.getrusage``) is reported once at the end, for scale.
 Run it from the repository root (TRL is the ``bench`` extra,
 ``pip install -e '.[bench]'``; without it the TRL rows are skipped)::
 
-    python scripts/benchmark_lm.py                                   # defaults, about 1 minute on 2 cores
+    python scripts/benchmark_lm.py                                   # defaults, about 20 s on 2 cores
     python scripts/benchmark_lm.py --batch-size 64 --prompt-length 32 --new-tokens 64
     python scripts/benchmark_lm.py --repeats 1 --update-steps 1 --warmup 1 --skip-trl   # smoke
     python scripts/benchmark_lm.py --output lm_benchmark.json       # also write the results as JSON
