@@ -69,10 +69,12 @@ class PretrainConfig:
 
     agents: list[str] = field(default_factory=list)  # agents first fitted to the labels or demonstrations; "*" = every agent that has some
     epochs: int = checked(10, ge=1)  # passes over the train split
+    agent_epochs: dict[str, int] = field(default_factory=dict)  # per-agent passes, overriding epochs: {prover: 12}
     lr: float = checked(0.001, gt=0)  # Adam learning rate of the pretraining
     minibatch_size: int = checked(64, ge=1)  # datapoints per pretraining minibatch
     warmup_steps: int = checked(0, ge=0)  # linear learning-rate warm-up over this many optimiser steps; 0 = none
     max_grad_norm: Optional[float] = checked(None, gt=0)  # clip each step's gradient norm to this; null = no clipping
+    keep_best: bool = False  # after each epoch score the agent on the validation split; keep the best epoch's weights
     cache_dir: str = "~/.cache/nip_like/pretrained"  # where pretrained agents are cached, keyed by what determines them
 
 

@@ -9,6 +9,7 @@ seed), so a sweep that pretrains the same agent many times fits it once.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import warnings
@@ -26,7 +27,7 @@ from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
-from nip_like.lm.pretrain import demonstration_epoch, sync_value_body
+from nip_like.lm.pretrain import demonstration_epoch, held_out_scores, sync_value_body
 from nip_like.supervised import supervised_pass, warmup_schedule
 
 #: Entries of a scenario's supervised data besides the agents' observations.
@@ -72,15 +73,25 @@ def supervised_epoch(
     return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
 
 
-def pretrain_key(config: DictConfig, agent: str) -> dict[str, Any]:
-    """Everything that determines a pretrained agent (hashed into its cache file name)."""
+def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any]:
+    """Everything that determines a pretrained agent (hashed into its cache file name).
+
+    Besides the config and the seed, the scenario's ``pretrain_data_version``
+    (if it has one): a scenario bumps it when its labels or demonstrations
+    change, so that agents fitted to the old ones are not reused.
+    """
     return {
+        "data_version": getattr(scenario, "pretrain_data_version", None),
         "scenario": OmegaConf.to_container(config.scenario, resolve=True),
         "protocol": OmegaConf.to_container(config.protocol, resolve=True),
         "pretrain": {
-            name: value
-            for name, value in OmegaConf.to_container(config.trainer.pretrain, resolve=True).items()
-            if name not in ("agents", "cache_dir")
+            **{
+                name: value
+                for name, value in OmegaConf.to_container(config.trainer.pretrain, resolve=True).items()
+                if name not in ("agents", "cache_dir", "agent_epochs")
+            },
+            # This agent's own number of epochs, not the others'.
+            "epochs": int(config.trainer.pretrain.agent_epochs.get(agent, config.trainer.pretrain.epochs)),
         },
         "agent": agent,
         "seed": int(config.seed),
@@ -107,13 +118,23 @@ def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
 
 def _epochs(config: DictConfig, agent: str) -> tqdm:
     """The pretraining epochs of ``agent``, with a progress bar when ``run.progress_bar`` is on."""
+    options = config.trainer.pretrain
     return tqdm(
-        range(int(config.trainer.pretrain.epochs)),
+        range(int(options.agent_epochs.get(agent, options.epochs))),
         desc=f"Warm start of {agent}",
         unit="epoch",
         disable=not bool(config.run.progress_bar),
         leave=False,
     )
+
+
+def _better(
+    best: tuple[float, dict, float] | None, score: float, network: torch.nn.Module, accuracy: float
+) -> tuple[float, dict, float]:
+    """Keep ``network``'s weights if ``score`` (held-out accuracy) beats the best so far."""
+    if best is not None and score <= best[0]:
+        return best
+    return score, copy.deepcopy(network.state_dict()), accuracy
 
 
 #: In ``trainer.pretrain.agents``: every agent the scenario has demonstrations or labels for.
@@ -158,10 +179,16 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         )
     if options.epochs < 1:
         raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
+    for agent, epochs in options.agent_epochs.items():
+        if agent not in scenario.agent_names or int(epochs) < 1:
+            raise ConfigError(
+                f"trainer.pretrain.agent_epochs.{agent} = {epochs}: it must name an agent of the protocol "
+                f"({list(scenario.agent_names)}) and be at least 1"
+            )
     metrics: dict[str, float] = {}
     data = demonstrations = None
     for agent in names:
-        key = pretrain_key(config, agent)
+        key = pretrain_key(config, agent, scenario)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = Path(options.cache_dir).expanduser() / f"{agent}_{digest}.pt"
         network = _policy_network(agents, agent)
@@ -179,6 +206,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             scheduler = warmup_schedule(optimizer, int(options.warmup_steps))
             clip = options.max_grad_norm
             generator = torch.Generator().manual_seed(int(config.seed))
+            best: tuple[float, dict, float] | None = None
             if hasattr(scenario, "demonstrations"):
                 # Agents that speak (language models): fine-tune on demonstrated messages.
                 if demonstrations is None:
@@ -189,25 +217,49 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                         f"{scenario.config.name!r}; those with some are {sorted(demonstrations)}"
                     )
                 agent_data = demonstrations[agent].to(device)
+                held_out = None
+                if options.keep_best:
+                    held_out = scenario.demonstrations("val", seed=int(config.seed))[agent].to(device)
                 for _ in _epochs(config, agent):
+                    network.train()
                     _, accuracy, _ = demonstration_epoch(
                         network, agent_data, optimizer, options.minibatch_size, generator, clip, scheduler
                     )
-                sync_value_body(network)
+                    if held_out is not None:
+                        network.eval()
+                        best = _better(best, held_out_scores(network, held_out)[1], network, accuracy)
             else:
                 if data is None:
                     data = scenario.supervised_data("train").to(device)
                 index = scenario.agent_names.index(agent)
+                held_out = scenario.supervised_data("val").to(device) if options.keep_best else None
                 for _ in _epochs(config, agent):
                     _, accuracy, _ = supervised_epoch(
                         agents, index, data, optimizer, options.minibatch_size, generator, clip, scheduler
                     )
-            cached = {"key": key, "state": network.state_dict(), "train_accuracy": accuracy}
+                    if held_out is not None:
+                        with torch.no_grad():
+                            predicted = decision_log_probs(agents, index, held_out).argmax(-1)
+                        score = (predicted == held_out.get(TARGET_KEY)).float().mean().item()
+                        best = _better(best, score, network, accuracy)
+            if best is not None:
+                network.load_state_dict(best[1])
+                accuracy = best[2]
+            if hasattr(scenario, "demonstrations"):
+                sync_value_body(network)
+            cached = {
+                "key": key,
+                "state": network.state_dict(),
+                "train_accuracy": accuracy,
+                "val_accuracy": best[0] if best is not None else None,
+            }
             save_atomic({"run_id": digest, **cached}, path)
             metrics[f"pretrain/{agent}/from_cache"] = 0.0
         else:
             network.load_state_dict(cached["state"])
             metrics[f"pretrain/{agent}/from_cache"] = 1.0
         metrics[f"pretrain/{agent}/train_accuracy"] = float(cached["train_accuracy"])
+        if cached.get("val_accuracy") is not None:
+            metrics[f"pretrain/{agent}/val_accuracy"] = float(cached["val_accuracy"])
         _copy_body_to_value(agents, agent)
     return metrics

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 
 import torch
 from omegaconf import OmegaConf
 
-from nip_like.lm.pretrain import GREEDY_PROBABILITY, demonstration_epoch
+from nip_like.lm.pretrain import demonstration_epoch, held_out_scores
 from nip_like.registry import PROTOCOLS
 from nip_like.scenarios.duplicates.scenario import DuplicatesConfig, DuplicatesScenario
 from nip_like.supervised import warmup_schedule
@@ -73,23 +72,6 @@ def build_scenario(args: argparse.Namespace, cache_dir: str) -> DuplicatesScenar
     return DuplicatesScenario(config, protocol)
 
 
-@torch.no_grad()
-def held_out(policy, data, minibatch_size: int) -> tuple[float, float]:
-    """Loss per token and greedy reproduction rate of ``policy`` on ``data``."""
-    total_loss, total_tokens, reproduced = 0.0, 0, 0
-    for start in range(0, data.batch_size[0], minibatch_size):
-        batch = data[start : start + minibatch_size]
-        scores = policy.evaluate(
-            batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
-        )
-        mask = batch["token_mask"]
-        log_probs = scores["token_log_probs"]
-        total_loss -= (log_probs * mask).sum().item()
-        total_tokens += int(mask.sum())
-        reproduced += int(((log_probs > math.log(GREEDY_PROBABILITY)) | ~mask).all(-1).sum())
-    return total_loss / max(total_tokens, 1), reproduced / max(data.batch_size[0], 1)
-
-
 def main() -> None:
     args = parse_args()
     if args.threads:
@@ -116,7 +98,7 @@ def main() -> None:
         )
         steps += epoch_steps
         policy.eval()
-        val_loss, val_accuracy = held_out(policy, val, 4 * args.minibatch_size)
+        val_loss, val_accuracy = held_out_scores(policy, val, 4 * args.minibatch_size)
         row = {
             "epoch": epoch,
             "steps": steps,

@@ -15,6 +15,7 @@ from nip_like.errors import CheckpointError
 from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.trainers.rl import TensorDictRlTrainer
+from tests.test_duplicates_scenario import TINY_AGENT
 from tests.conftest import REPO_ROOT, run_cli, smoke_config
 
 
@@ -61,6 +62,22 @@ class Interrupted(Exception):
     ids=["ppo", "dpo_ema_reference"],
 )
 def test_interrupted_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch, objective):
+    _interrupt_and_resume(tmp_path, monkeypatch, objective)
+
+
+def test_interrupted_lm_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
+    # Language-model agents: their optimiser, collector carrier (prompts, messages) and RNG resume exactly.
+    _interrupt_and_resume(tmp_path, monkeypatch, (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy"))
+
+
+def lm_overrides(tmp_path) -> tuple[str, ...]:
+    """Tiny language-model agents on the duplicates task, NIP, prover first."""
+    agent = [f"scenario.default_agent.{key}={value}" for key, value in TINY_AGENT.items()]
+    return ("scenario=duplicates", "protocol=nip", "protocol.first_speaker=prover", "protocol.max_rounds=2",
+            "scenario.num_lists=200", f"scenario.cache_dir={tmp_path / 'data'}", *agent)
+
+
+def _interrupt_and_resume(tmp_path, monkeypatch, objective) -> None:
     overrides = (*objective, "trainer.num_iterations=7", "run.checkpoint_every=2", "logger=csv", "trainer.eval.every=3")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
 
@@ -98,11 +115,14 @@ def _iteration_of(path):
 
 
 @pytest.mark.slow
-def test_killed_process_resumes_to_the_same_final_metrics(tmp_path):
+@pytest.mark.parametrize("agents", ["graph", "language_models"])
+def test_killed_process_resumes_to_the_same_final_metrics(tmp_path, agents):
     args = [
         "preset=smoke", "trainer.num_iterations=40", "trainer.eval.every=10", "run.checkpoint_every=1",
         "run.progress_bar=false",
     ]
+    if agents == "language_models":
+        args += [*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy"]
     reference = run_cli([*args, f"hydra.run.dir={tmp_path / 'reference'}"])
     assert reference.returncode == 0, reference.stderr
 

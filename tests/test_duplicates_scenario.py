@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, check_env_specs, set_exploration_type
 
 from nip_like import keys
+from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.objectives.scoring import score_actions
 from nip_like.protocols.proof import ProofProtocol
@@ -149,22 +150,34 @@ def test_deterministic_exploration_decodes_greedily(tmp_path):
     assert torch.equal(first, second)
 
 
-def test_demonstrations_are_honest_play(tmp_path):
-    scenario = scenario_for("debate", tmp_path, first_speaker="prover", max_rounds=2)
+@pytest.mark.parametrize("view", ["cells", "full"])
+def test_demonstrations_are_honest_play(tmp_path, view):
+    scenario = scenario_for("debate", tmp_path, verifier_view=view, first_speaker="prover", max_rounds=2)
     demos = scenario.demonstrations("train")
     lists = scenario.splits()["train"]
     assert set(demos) == {"prover0", "verifier"}  # the reject side has no certificate to give
     prover = demos["prover0"]
     assert prover.batch_size[0] == int(lists.label.sum())
     # Each prover message names a certificate that holds on its own list: read the list off the prompt.
-    cell0, value0 = scenario.symbols.ids(scenario.tokenizer)["cell0"], scenario.symbols.ids(scenario.tokenizer)["value0"]
-    values = prover["prompt_ids"][:, 2 : 2 + 16 : 2] - value0
-    named = prover["tokens"][:, :2] - cell0
+    ids = scenario.symbols.ids(scenario.tokenizer)
+    values = prover["prompt_ids"][:, 2 : 2 + 16 : 2] - ids["value0"]
+    named = prover["tokens"][:, :2] - ids["cell0"]
     assert certificate_holds(values, named).all()
     verifier = demos["verifier"]
     assert verifier.batch_size[0] == len(lists)
     accept = verifier["tokens"][:, 0] == scenario.tokenizer.convert_tokens_to_ids("accept")
-    assert accept.sum() == lists.label.sum()
+    if view == "full":
+        assert torch.equal(accept, lists.label)
+        return
+    # A sound verifier: it accepts exactly when two cells it was shown hold equal values.
+    shown = verifier["prompt_ids"][:, 2 : 2 + 16 : 2]
+    seen = shown != ids["hidden"]
+    equal = (shown.unsqueeze(-1) == shown.unsqueeze(-2)) & seen.unsqueeze(-1) & seen.unsqueeze(-2)
+    proven = (equal & ~torch.eye(8, dtype=torch.bool)).flatten(1).any(-1)
+    assert torch.equal(accept, proven)
+    assert torch.equal(accept, lists.label)  # with an honest prover, proven exactly when positive
+    lone = verifier["prompt_ids"][:, 2 : 2 + 16 : 2] == ids["hidden"]
+    assert bool((lone.sum(-1) >= 7).any())  # decoys of one cell (or one cell twice) were played too
 
 
 def lm_smoke_config(tmp_path, *overrides: str):
@@ -260,3 +273,40 @@ def test_every_agent_with_demonstrations_is_what_a_star_pretrains(tmp_path, prot
     assert pretrained_agent_names(scenario, [ALL_AGENTS]) == sorted(
         scenario.demonstrations("train"), key=scenario.agent_names.index
     )
+
+
+def test_per_agent_pretraining_epochs_are_checked_and_used(tmp_path):
+    from nip_like.pretrain import _epochs
+
+    config = lm_smoke_config(tmp_path, "trainer.pretrain.epochs=3", "+trainer.pretrain.agent_epochs={verifier: 1}")
+    assert len(_epochs(config, "verifier")) == 1 and len(_epochs(config, "prover")) == 3
+    bad = lm_smoke_config(tmp_path, "trainer.pretrain.agents=[verifier]", "+trainer.pretrain.agent_epochs={judge: 2}")
+    with pytest.raises(ConfigError, match="agent_epochs.judge = 2: it must name an agent"):
+        build_trainer(bad, tmp_path / "run")
+
+
+def test_decoys_name_cells_in_a_certificates_order(tmp_path):
+    from nip_like.scenarios.duplicates.scenario import decoy_messages
+
+    cells = decoy_messages(3000, 8, torch.Generator().manual_seed(0))
+    pairs = cells[(cells[:, 1] >= 0) & (cells[:, 0] != cells[:, 1])]
+    assert len(pairs) > 800 and bool((pairs[:, 0] > pairs[:, 1]).all())
+    assert 800 < int((cells[:, 1] < 0).sum()) < 1200 and 800 < int((cells[:, 0] == cells[:, 1]).sum()) < 1200
+
+
+def test_keep_best_pretraining_reports_the_held_out_accuracy_of_the_kept_weights(tmp_path):
+    from nip_like.lm.pretrain import held_out_scores
+
+    config = lm_smoke_config(
+        tmp_path, "trainer.pretrain.agents=[verifier]", "trainer.pretrain.epochs=3", "trainer.pretrain.keep_best=true",
+        f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+    )
+    trainer = build_trainer(config, tmp_path / "run")
+    kept = trainer.pretrain_metrics["pretrain/verifier/val_accuracy"]
+    network = trainer.policy.policy("verifier")
+    network.eval()
+    held_out = trainer.scenario.demonstrations("val", seed=0)["verifier"]
+    assert held_out_scores(network, held_out)[1] == pytest.approx(kept)
+    again = build_trainer(config, tmp_path / "again")  # from the cache, with the same figure
+    assert again.pretrain_metrics["pretrain/verifier/from_cache"] == 1.0
+    assert again.pretrain_metrics["pretrain/verifier/val_accuracy"] == kept

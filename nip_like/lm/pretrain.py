@@ -68,6 +68,27 @@ def demonstration_epoch(
     return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
 
 
+@torch.no_grad()
+def held_out_scores(policy: LMPolicy, data: TensorDictBase, minibatch_size: int = 1024) -> tuple[float, float]:
+    """Loss per token and greedy reproduction rate of ``policy`` on demonstrations it is not trained on.
+
+    The reproduction rate is the share of demonstrations whose every token has
+    probability above one half: greedy decoding says exactly them.
+    """
+    total_loss, total_tokens, reproduced = 0.0, 0, 0
+    for start in range(0, data.batch_size[0], minibatch_size):
+        batch = data[start : start + minibatch_size]
+        scores = policy.evaluate(
+            batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
+        )
+        mask = batch["token_mask"]
+        log_probs = scores["token_log_probs"]
+        total_loss -= float((log_probs * mask).sum())
+        total_tokens += int(mask.sum())
+        reproduced += int(((log_probs > math.log(GREEDY_PROBABILITY)) | ~mask).all(-1).sum())
+    return total_loss / max(total_tokens, 1), reproduced / max(data.batch_size[0], 1)
+
+
 def sync_value_body(policy: LMPolicy) -> None:
     """Start a separate value body from the fine-tuned model's body (nothing to do when shared)."""
     head = policy.value_head

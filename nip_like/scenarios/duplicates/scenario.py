@@ -45,6 +45,26 @@ class DuplicatesConfig(ScenarioConfig):
     default_agent: LMAgentConfig = field(default_factory=LMAgentConfig)  # the language model of agents not in agents
 
 
+def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: whether two distinct cells among the ``seen`` ones ``(B, L)`` hold equal ``values`` ``(B, L)``."""
+    equal = values.unsqueeze(-1) == values.unsqueeze(-2)
+    both = seen.unsqueeze(-1) & seen.unsqueeze(-2)
+    distinct = ~torch.eye(values.shape[-1], dtype=torch.bool, device=values.device)
+    return (equal & both & distinct).flatten(1).any(-1)
+
+
+def decoy_messages(count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """``(count, 2)`` cells of messages that prove nothing unless by chance: a random pair (the later
+    cell first, like a certificate), one cell alone (second entry -1: the message is ``c<i> <eos>``) or
+    one cell twice, drawn evenly."""
+    # The later cell first, as in a certificate, so that the order of the names tells nothing.
+    pair = torch.rand(count, length, generator=generator).argsort(-1)[:, :2].sort(-1, descending=True).values
+    kind = torch.randint(3, (count,), generator=generator)
+    pair[kind == 1, 1] = -1
+    pair[kind == 2, 1] = pair[kind == 2, 0]
+    return pair
+
+
 @register_scenario("duplicates", DuplicatesConfig)
 class DuplicatesScenario(Scenario):
     """Decide whether a list holds a duplicate pair, seeing only the cells that messages name.
@@ -57,6 +77,9 @@ class DuplicatesScenario(Scenario):
     """
 
     dataset_class = DuplicateLists
+    #: Version of :meth:`demonstrations` (part of the warm-start cache key): 3 = sound verifier, decoys
+    #: named in a certificate's order.
+    pretrain_data_version = 3
 
     eval_split = "val"
 
@@ -242,24 +265,29 @@ class DuplicatesScenario(Scenario):
     def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
         """Honest play on every list of ``split``, as (prompt, message) pairs per agent, for a warm start.
 
-        The scripted honest play: a prover arguing for *accept* names the
-        duplicate pair of a positive list, the later cell first
-        (``c<j> c<i> <eos>`` for ``i < j``: a causal model reading cell ``j``
-        has already seen cell ``i``), and a random
-        pair of cells otherwise; a prover arguing for *reject* names a random
-        pair; the verifier passes (the empty message ``<eos>``) before its
-        last turn and then says ``accept <eos>`` or ``reject <eos>`` by the
-        label. Every list is played once, through the environment's own
-        prompts and rules.
+        The scripted play: a prover arguing for *accept* names the duplicate
+        pair of a positive list, the later cell first (``c<j> c<i> <eos>``
+        for ``i < j``: a causal model reading cell ``j`` has already seen cell
+        ``i``); on a negative list, and always for a prover arguing for
+        *reject*, it sends a decoy: a random pair (the later cell first, as
+        in a certificate, so that the order of the names tells the verifier
+        nothing), one cell alone, or one cell twice (drawn evenly). The
+        verifier passes (the empty message ``<eos>``) before its last turn and
+        then decides as a sound verifier does: in the ``cells`` view it says
+        ``accept <eos>`` exactly when two of the cells it has seen hold equal
+        values, so decoys and lone cells are rejected whatever the label; in
+        the ``full`` view it decides by the label (it reads the whole list).
+        Every list is played once, through the environment's own prompts and
+        rules.
 
         Returns
         -------
         dict of str to TensorDict
             For each agent with demonstrations (the verifier on every list, an
             accept-side prover on the positive lists, a reject-side prover on
-            none: it has no certificate to give): batch ``(E,)`` with
-            ``"prompt_ids"``/``"prompt_mask"`` ``(E, P)`` and ``"tokens"``/
-            ``"token_mask"`` ``(E, T)``.
+            none: it has no certificate to give):
+            batch ``(E,)`` with ``"prompt_ids"``/``"prompt_mask"`` ``(E, P)``
+            and ``"tokens"``/``"token_mask"`` ``(E, T)``.
         """
         env = self.make_env(1, split, 0, "cpu")
         if env.message_tokens < 3:
@@ -286,19 +314,24 @@ class DuplicatesScenario(Scenario):
             for index, name in enumerate(self.agent_names):
                 if index == self.protocol.verifier_index:
                     deciding = self.protocol.decision_round(state["round"])
-                    decision = torch.where(state["label"], ids["accept"], ids["reject"])
+                    if env.verifier_view == "full":
+                        proven = state["label"]
+                    else:
+                        proven = equal_pair_seen(state["values"], env.visible_cells(state)[:, index])
+                    decision = torch.where(proven, ids["accept"], ids["reject"])
                     action[:, index, 0] = torch.where(deciding, decision, eos)
                     action[:, index, 1] = torch.where(deciding, eos, pad)
                     shown = active[:, index]
                 else:
-                    random_pair = torch.rand(count, env.length, generator=generator).argsort(-1)[:, :2]
-                    honest = self.protocol.prover_sides.get(name, True) & state["label"]
+                    proves = self.protocol.prover_sides.get(name, True) & state["label"]
                     # The later cell first: a causal model can see the earlier one when it reads the later.
                     certificate = state["certificate"].clamp(min=0).flip(-1)
-                    cells = torch.where(honest.unsqueeze(-1), certificate, random_pair)
-                    action[:, index, :2] = ids["cell0"] + cells
-                    action[:, index, 2] = eos
-                    shown = active[:, index] & honest
+                    message = decoy_messages(count, env.length, generator)
+                    message[proves, 0] = certificate[proves, 0]
+                    message[proves, 1] = certificate[proves, 1]
+                    action[:, index, :2] = torch.where(message >= 0, ids["cell0"] + message, eos)
+                    action[:, index, 2] = torch.where(message[:, 1] >= 0, eos, pad)
+                    shown = active[:, index] & proves
                 if bool(shown.any()):
                     collected[name].append(
                         {
