@@ -88,10 +88,11 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
             **{
                 name: value
                 for name, value in OmegaConf.to_container(config.trainer.pretrain, resolve=True).items()
-                if name not in ("agents", "cache_dir", "agent_epochs")
+                if name not in ("agents", "cache_dir", "agent_epochs", "agent_lr")
             },
-            # This agent's own number of epochs, not the others'.
+            # This agent's own number of epochs and learning rate, not the others'.
             "epochs": int(config.trainer.pretrain.agent_epochs.get(agent, config.trainer.pretrain.epochs)),
+            "lr": float(config.trainer.pretrain.agent_lr.get(agent, config.trainer.pretrain.lr)),
         },
         "agent": agent,
         "seed": int(config.seed),
@@ -179,12 +180,16 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         )
     if options.epochs < 1:
         raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
-    for agent, epochs in options.agent_epochs.items():
-        if agent not in scenario.agent_names or int(epochs) < 1:
-            raise ConfigError(
-                f"trainer.pretrain.agent_epochs.{agent} = {epochs}: it must name an agent of the protocol "
-                f"({list(scenario.agent_names)}) and be at least 1"
-            )
+    for field_name, allowed, bound in (
+        ("agent_epochs", lambda value: int(value) >= 1, "at least 1"),
+        ("agent_lr", lambda value: float(value) > 0, "above 0"),
+    ):
+        for agent, value in options[field_name].items():
+            if agent not in scenario.agent_names or not allowed(value):
+                raise ConfigError(
+                    f"trainer.pretrain.{field_name}.{agent} = {value}: it must name an agent of the protocol "
+                    f"({list(scenario.agent_names)}) and be {bound}"
+                )
     metrics: dict[str, float] = {}
     data = demonstrations = None
     for agent in names:
@@ -202,7 +207,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 warnings.warn(f"rebuilding the pretrained {agent}: {error}", stacklevel=2)
                 cached = None
         if cached is None:
-            optimizer = torch.optim.Adam(network.parameters(), lr=float(options.lr))
+            optimizer = torch.optim.Adam(network.parameters(), lr=float(options.agent_lr.get(agent, options.lr)))
             scheduler = warmup_schedule(optimizer, int(options.warmup_steps))
             clip = options.max_grad_norm
             generator = torch.Generator().manual_seed(int(config.seed))

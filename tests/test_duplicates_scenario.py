@@ -310,3 +310,15 @@ def test_keep_best_pretraining_reports_the_held_out_accuracy_of_the_kept_weights
     again = build_trainer(config, tmp_path / "again")  # from the cache, with the same figure
     assert again.pretrain_metrics["pretrain/verifier/from_cache"] == 1.0
     assert again.pretrain_metrics["pretrain/verifier/val_accuracy"] == kept
+
+
+def test_per_agent_pretraining_learning_rates_are_checked_and_keep_other_agents_cached(tmp_path):
+    from nip_like.pretrain import pretrain_key
+
+    base = lm_smoke_config(tmp_path)
+    faster = lm_smoke_config(tmp_path, "+trainer.pretrain.agent_lr={verifier: 0.01}")
+    assert pretrain_key(base, "prover") == pretrain_key(faster, "prover")
+    assert pretrain_key(faster, "verifier")["pretrain"]["lr"] == 0.01
+    bad = lm_smoke_config(tmp_path, "trainer.pretrain.agents=[verifier]", "+trainer.pretrain.agent_lr={verifier: 0}")
+    with pytest.raises(ConfigError, match="agent_lr.verifier = 0.0: it must name an agent of the protocol"):
+        build_trainer(bad, tmp_path / "run")
