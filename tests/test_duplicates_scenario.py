@@ -322,3 +322,16 @@ def test_per_agent_pretraining_learning_rates_are_checked_and_keep_other_agents_
     bad = lm_smoke_config(tmp_path, "trainer.pretrain.agents=[verifier]", "+trainer.pretrain.agent_lr={verifier: 0}")
     with pytest.raises(ConfigError, match="agent_lr.verifier = 0.0: it must name an agent of the protocol"):
         build_trainer(bad, tmp_path / "run")
+
+
+def test_early_stopping_on_the_dev_metric_stops_an_lm_run_and_tests_the_best_agents(tmp_path):
+    config = lm_smoke_config(
+        tmp_path, "trainer.num_iterations=20", "trainer.eval.every=1", "trainer.eval.early_stopping_patience=1",
+        "trainer.eval.metric=eval/episodes", "trainer.eval.num_episodes=16", "trainer.eval.test_checkpoint=best",
+    )
+    trainer = build_trainer(config, tmp_path / "run")
+    metrics = trainer.train()
+    # eval/episodes never improves after the first evaluation: stop after the second, test the first's agents.
+    assert trainer.state.stopped_early and trainer.state.iteration == 2 and trainer.state.best_iteration == 1
+    assert all((tmp_path / "run" / "checkpoints" / "best" / name / "config.json").is_file() for name in trainer.agent_names)
+    assert metrics["test/episodes"] == 64
