@@ -99,7 +99,8 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
     }
 
 
-def _policy_network(agents: AgentModules, agent: str) -> torch.nn.Module:
+def policy_network(agents: AgentModules, agent: str) -> torch.nn.Module:
+    """The policy network of ``agent`` inside the per-agent policy (:class:`~nip_like.agents.PerAgent`)."""
     for module in agents.policy.modules():
         if isinstance(module, PerAgent):
             return module.networks[agent]
@@ -108,7 +109,7 @@ def _policy_network(agents: AgentModules, agent: str) -> torch.nn.Module:
 
 def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
     """Start a separate value body from the pretrained policy body (if the agent has one)."""
-    policy = _policy_network(agents, agent)
+    policy = policy_network(agents, agent)
     for module in agents.value.modules():
         if isinstance(module, PerAgent):
             value = module.networks[agent]
@@ -196,7 +197,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         key = pretrain_key(config, agent, scenario)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = Path(options.cache_dir).expanduser() / f"{agent}_{digest}.pt"
-        network = _policy_network(agents, agent)
+        network = policy_network(agents, agent)
         cached = None
         if path.is_file():
             try:

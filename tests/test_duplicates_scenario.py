@@ -335,3 +335,22 @@ def test_early_stopping_on_the_dev_metric_stops_an_lm_run_and_tests_the_best_age
     assert trainer.state.stopped_early and trainer.state.iteration == 2 and trainer.state.best_iteration == 1
     assert all((tmp_path / "run" / "checkpoints" / "best" / name / "config.json").is_file() for name in trainer.agent_names)
     assert metrics["test/episodes"] == 64
+
+
+def test_the_solo_agent_trainer_fine_tunes_an_lm_agent_on_its_demonstrations(tmp_path):
+    from nip_like.lm.pretrain import held_out_scores
+
+    config = smoke_config(
+        "scenario=duplicates", "protocol=solo_verifier", "trainer=solo_agent", "trainer.num_iterations=2",
+        f"scenario.cache_dir={tmp_path / 'data'}", "scenario.num_lists=200",
+        *[f"scenario.default_agent.{key}={value}" for key, value in TINY_AGENT.items()],
+    )
+    trainer = build_trainer(config, tmp_path / "run")
+    metrics = trainer.train()
+    network = trainer.agents.policy.policy("verifier")
+    test = trainer.scenario.demonstrations("test", seed=0)["verifier"]
+    assert metrics["test/accuracy"] == pytest.approx(held_out_scores(network, test)[1])
+    assert 0.0 <= metrics["test/accuracy"] <= 1.0 and trainer.state.gradient_steps > 0
+    with pytest.raises(ConfigError, match="'prover1' has no demonstrations"):
+        build_trainer(lm_smoke_config(tmp_path, "trainer=solo_agent", "trainer.objective.agent=prover1",
+                                      "protocol=debate"), tmp_path / "bad").train()

@@ -12,7 +12,14 @@ import torch
 from nip_like.checkpoint import derive_seed, get_rng_states, set_rng_states
 from nip_like.errors import ConfigError
 from nip_like.optim import build_optimizer
-from nip_like.pretrain import TARGET_KEY, decision_log_probs, require_labelled_data, supervised_epoch
+from nip_like.lm.pretrain import demonstration_epoch, held_out_scores
+from nip_like.pretrain import (
+    TARGET_KEY,
+    policy_network,
+    decision_log_probs,
+    require_labelled_data,
+    supervised_epoch,
+)
 from nip_like.registry import register_trainer
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 
@@ -38,6 +45,12 @@ class SoloAgentConfig:
 @register_trainer("solo_agent", objective=SoloAgentConfig)
 class SoloAgentTrainer(TensorDictTrainer):
     """Train one agent's policy to output the right decision straight from the datapoint.
+
+    For a scenario whose agents speak (language models, :doc:`duplicates`),
+    the agent is fine-tuned on its demonstrated messages instead
+    (``scenario.demonstrations``), and ``accuracy`` is the share of held-out
+    demonstrations that greedy decoding reproduces exactly: for the verifier,
+    which speaks once, its decision accuracy.
 
     The scenario supplies labelled data (``scenario.supervised_data(split)``):
     each agent's first observation of every datapoint, the correct action
@@ -74,13 +87,32 @@ class SoloAgentTrainer(TensorDictTrainer):
         return [self.agents.modules()]
 
     # ------------------------------------------------------------ evaluation
+    @property
+    def speaks(self) -> bool:
+        """Whether the agent is fitted to demonstrated messages (a scenario whose agents talk) rather than labels."""
+        return not hasattr(self.scenario, "supervised_data")
+
     def data(self, split: str):
-        """The supervised data of ``split`` on the trainer's device (read from the scenario once)."""
+        """The supervised data (or the agent's demonstrations) of ``split`` on the trainer's device, read once."""
         if split not in self._data:
-            self._data[split] = self.scenario.supervised_data(split).to(self.device)
+            if not self.speaks:
+                self._data[split] = self.scenario.supervised_data(split).to(self.device)
+            else:
+                demonstrations = self.scenario.demonstrations(split, seed=int(self.config.seed))
+                if self.agent not in demonstrations:
+                    raise ConfigError(
+                        f"trainer.objective.agent {self.agent!r} has no demonstrations in scenario "
+                        f"{self.scenario.config.name!r}; those with some are {sorted(demonstrations)}"
+                    )
+                self._data[split] = demonstrations[self.agent].to(self.device)
         return self._data[split]
 
     def _evaluate(self, split: str, prefix: str) -> dict[str, float]:
+        if self.speaks:
+            # The share of held-out demonstrations that greedy decoding says exactly: for a verifier
+            # that speaks once, its decision accuracy.
+            loss, reproduced = held_out_scores(policy_network(self.agents, self.agent), self.data(split))
+            return {f"{prefix}/accuracy": reproduced, f"{prefix}/token_loss": loss}
         data = self.data(split)
         chunks = data.split(1024)
         predicted = torch.cat([decision_log_probs(self.agents, self.agent_index, chunk).argmax(-1) for chunk in chunks])
@@ -109,10 +141,16 @@ class SoloAgentTrainer(TensorDictTrainer):
         data = self.data("train")
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
-            loss, accuracy, steps = supervised_epoch(
-                self.agents, self.agent_index, data, self.optimizer, tc.minibatch_size, self.generator,
-                tc.optimizer.max_grad_norm,
-            )
+            if self.speaks:
+                loss, accuracy, steps = demonstration_epoch(
+                    policy_network(self.agents, self.agent), data, self.optimizer, tc.minibatch_size,
+                    self.generator, tc.optimizer.max_grad_norm,
+                )
+            else:
+                loss, accuracy, steps = supervised_epoch(
+                    self.agents, self.agent_index, data, self.optimizer, tc.minibatch_size, self.generator,
+                    tc.optimizer.max_grad_norm,
+                )
             self.state.gradient_steps += steps
             self.state.iteration += 1
             metrics = {
