@@ -89,6 +89,19 @@ class MetricLogger:
             for logger in self.loggers.values():
                 logger.log_scalar(name, float(value), step=step)
 
+    def log_text(self, name: str, text: str, step: int) -> None:
+        """Send ``text`` to the backends that have a text channel.
+
+        CSV: ``metrics/texts/<name><step>.txt``; TensorBoard: ``add_text``;
+        W&B: ``log_str`` (a table). MLflow has none here: its runs keep the
+        JSONL files of the run folder.
+        """
+        for backend, logger in self.loggers.items():
+            if backend in ("csv", "tensorboard"):
+                logger.experiment.add_text(name, text, global_step=step)
+            elif backend == "wandb":
+                logger.log_str(name, text, step=step)
+
     def truncate_after(self, step: int, drop: tuple[str, ...] = ("test",)) -> None:
         """Drop CSV rows logged after ``step`` (used when a run resumes).
 

@@ -354,3 +354,15 @@ def test_the_solo_agent_trainer_fine_tunes_an_lm_agent_on_its_demonstrations(tmp
     with pytest.raises(ConfigError, match="'prover1' has no demonstrations"):
         build_trainer(lm_smoke_config(tmp_path, "trainer=solo_agent", "trainer.objective.agent=prover1",
                                       "protocol=debate"), tmp_path / "bad").train()
+
+
+def test_transcripts_also_go_to_the_loggers_text_channel(tmp_path):
+    run_experiment(
+        lm_smoke_config(tmp_path, "logger=csv", "trainer.eval.every=2", "trainer.eval.transcripts=3", *DEV_EVAL),
+        tmp_path / "run",
+    )
+    texts = tmp_path / "run" / "metrics" / "texts" / "transcripts"
+    names = sorted(path.name for path in texts.iterdir())
+    assert names == ["eval0.txt", "eval2.txt", "eval3.txt", "test3.txt"]
+    text = (texts / "test3.txt").read_text()
+    assert text.count("decision: ") == 3 and "  prover: " in text and "  verifier: " in text

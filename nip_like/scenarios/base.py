@@ -153,6 +153,21 @@ class Scenario(ABC):
         """
         return []
 
+    def transcript_text(self, record: dict) -> str:
+        """One transcript record as plain text for a logger's text channel.
+
+        By default: ``key: value`` lines, with each turn of ``turns`` (dicts
+        with ``agent`` and ``message``) on a line of its own as
+        ``agent: message``; a scenario may render its records its own way.
+        """
+        lines = []
+        for key, value in record.items():
+            if key == "turns":
+                lines += [f"  {turn['agent']}: {turn['message']}" for turn in value]
+            else:
+                lines.append(f"{key}: {value}")
+        return "\n".join(lines)
+
     def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
         """Summarise finished episodes.
 

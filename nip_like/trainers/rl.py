@@ -487,6 +487,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
             return
         text = "".join(json.dumps(record) + "\n" for record in records)
         write_text_atomic(text, self.run_dir / "transcripts" / f"{name}.jsonl")
+        readable = "\n\n".join(self.scenario.transcript_text(record) for record in records)
+        self.logger.log_text(f"transcripts/{name.split('_')[0]}", readable + "\n", step=self.state.iteration)
 
     def _check_eval_metric(self) -> None:
         """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
