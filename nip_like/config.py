@@ -69,8 +69,8 @@ class PretrainConfig:
 
     agents: list[str] = field(default_factory=list)  # agents first fitted to the labels or demonstrations; "*" = every agent that has some
     epochs: int = checked(10, ge=1)  # passes over the train split
-    agent_epochs: dict[str, int] = field(default_factory=dict)  # per-agent passes, overriding epochs: {prover: 12}
-    agent_lr: dict[str, float] = field(default_factory=dict)  # per-agent learning rates, overriding lr: {verifier: 0.0005}
+    agent_epochs: dict[str, int] = checked(factory=dict, each=Allowed(ge=1))  # per-agent passes, overriding epochs: {prover: 12}
+    agent_lr: dict[str, float] = checked(factory=dict, each=Allowed(gt=0))  # per-agent learning rates, overriding lr: {verifier: 0.0005}
     lr: float = checked(0.001, gt=0)  # Adam learning rate of the pretraining
     minibatch_size: int = checked(64, ge=1)  # datapoints per pretraining minibatch
     warmup_steps: int = checked(0, ge=0)  # linear learning-rate warm-up over this many optimiser steps; 0 = none

@@ -181,15 +181,11 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         )
     if options.epochs < 1:
         raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
-    for field_name, allowed, bound in (
-        ("agent_epochs", lambda value: int(value) >= 1, "at least 1"),
-        ("agent_lr", lambda value: float(value) > 0, "above 0"),
-    ):
-        for agent, value in options[field_name].items():
-            if agent not in scenario.agent_names or not allowed(value):
+    for field_name in ("agent_epochs", "agent_lr"):  # their values' ranges are checked with the config
+        for agent in options[field_name]:
+            if agent not in scenario.agent_names:
                 raise ConfigError(
-                    f"trainer.pretrain.{field_name}.{agent} = {value}: it must name an agent of the protocol "
-                    f"({list(scenario.agent_names)}) and be {bound}"
+                    f"trainer.pretrain.{field_name} names {agent}; the protocol's agents are {list(scenario.agent_names)}"
                 )
     metrics: dict[str, float] = {}
     data = demonstrations = None

@@ -281,7 +281,7 @@ def test_per_agent_pretraining_epochs_are_checked_and_used(tmp_path):
     config = lm_smoke_config(tmp_path, "trainer.pretrain.epochs=3", "+trainer.pretrain.agent_epochs={verifier: 1}")
     assert len(_epochs(config, "verifier")) == 1 and len(_epochs(config, "prover")) == 3
     bad = lm_smoke_config(tmp_path, "trainer.pretrain.agents=[verifier]", "+trainer.pretrain.agent_epochs={judge: 2}")
-    with pytest.raises(ConfigError, match="agent_epochs.judge = 2: it must name an agent"):
+    with pytest.raises(ConfigError, match="trainer.pretrain.agent_epochs names judge; the protocol's agents are"):
         build_trainer(bad, tmp_path / "run")
 
 
@@ -320,7 +320,7 @@ def test_per_agent_pretraining_learning_rates_are_checked_and_keep_other_agents_
     assert pretrain_key(base, "prover") == pretrain_key(faster, "prover")
     assert pretrain_key(faster, "verifier")["pretrain"]["lr"] == 0.01
     bad = lm_smoke_config(tmp_path, "trainer.pretrain.agents=[verifier]", "+trainer.pretrain.agent_lr={verifier: 0}")
-    with pytest.raises(ConfigError, match="agent_lr.verifier = 0.0: it must name an agent of the protocol"):
+    with pytest.raises(ConfigError, match="trainer.pretrain.agent_lr must be all > 0"):
         build_trainer(bad, tmp_path / "run")
 
 
