@@ -73,6 +73,78 @@ def supervised_epoch(
     return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
 
 
+def speaks(scenario) -> bool:
+    """Whether the scenario's agents are fitted to demonstrated messages (agents that talk) rather than to labels."""
+    return hasattr(scenario, "demonstrations")
+
+
+def split_data(scenario, split: str, seed: int, device: torch.device | str):
+    """What agents are fitted to on ``split``, on ``device``.
+
+    Each agent's demonstrations (a dict by agent name) for a scenario whose
+    agents speak, else the scenario's supervised data (one TensorDict for
+    every agent); :func:`agent_data` picks one agent's part.
+    """
+    if speaks(scenario):
+        return {name: data.to(device) for name, data in scenario.demonstrations(split, seed=seed).items()}
+    return scenario.supervised_data(split).to(device)
+
+
+def agent_data(scenario, loaded, agent: str, user: str) -> TensorDictBase:
+    """``agent``'s part of :func:`split_data`'s result; ``user`` names the option that chose the agent."""
+    if not speaks(scenario):
+        return loaded
+    if agent not in loaded:
+        raise ConfigError(
+            f"{user}: {agent!r} has no demonstrations in scenario {scenario.config.name!r}; "
+            f"those with some are {sorted(loaded)}"
+        )
+    return loaded[agent]
+
+
+def fit_epoch(
+    scenario,
+    agents: AgentModules,
+    agent: str,
+    data: TensorDictBase,
+    optimizer: torch.optim.Optimizer,
+    minibatch_size: int,
+    generator: torch.Generator,
+    max_grad_norm: float | None = None,
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+) -> tuple[float, float, int]:
+    """One shuffled pass of ``agent`` over its :func:`agent_data`: next-token or decision cross-entropy.
+
+    Returns
+    -------
+    loss, accuracy, steps
+        As :func:`~nip_like.lm.pretrain.demonstration_epoch` (accuracy: the
+        share of demonstrations reproduced) or :func:`supervised_epoch`.
+    """
+    network = policy_network(agents, agent)
+    network.train()
+    if speaks(scenario):
+        return demonstration_epoch(network, data, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
+    index = scenario.agent_names.index(agent)
+    return supervised_epoch(agents, index, data, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
+
+
+@torch.no_grad()
+def predicted_decisions(agents: AgentModules, agent_index: int, data: TensorDictBase) -> torch.Tensor:
+    """``(E,)`` the most likely target action of one agent on each datapoint of ``data``, in chunks."""
+    return torch.cat([decision_log_probs(agents, agent_index, chunk).argmax(-1) for chunk in data.split(1024)])
+
+
+def held_out_accuracy(scenario, agents: AgentModules, agent: str, data: TensorDictBase) -> float:
+    """``agent``'s accuracy on held-out :func:`agent_data`: decisions right, or demonstrations reproduced greedily."""
+    network = policy_network(agents, agent)
+    network.eval()
+    if speaks(scenario):
+        return held_out_scores(network, data)[1]
+    predicted = predicted_decisions(agents, scenario.agent_names.index(agent), data)
+    return (predicted == data.get(TARGET_KEY)).float().mean().item()
+
+
 def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any]:
     """Everything that determines a pretrained agent (hashed into its cache file name).
 
@@ -164,7 +236,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     A scenario with ``demonstrations`` (agents that send messages) fine-tunes
     each agent on its demonstrated messages
     (:func:`~nip_like.lm.pretrain.demonstration_epoch`); otherwise the
-    agent's decisions are fitted to ``supervised_data``.
+    agent's decisions are fitted to ``supervised_data`` (:func:`fit_epoch`).
 
     Returns
     -------
@@ -188,7 +260,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                     f"trainer.pretrain.{field_name} names {agent}; the protocol's agents are {list(scenario.agent_names)}"
                 )
     metrics: dict[str, float] = {}
-    data = demonstrations = None
+    loaded: dict[str, Any] = {"train": None, "val": None}  # each split's data, read once for every agent
     for agent in names:
         key = pretrain_key(config, agent, scenario)
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -209,45 +281,22 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             clip = options.max_grad_norm
             generator = torch.Generator().manual_seed(int(config.seed))
             best: tuple[float, dict, float] | None = None
-            if hasattr(scenario, "demonstrations"):
-                # Agents that speak (language models): fine-tune on demonstrated messages.
-                if demonstrations is None:
-                    demonstrations = scenario.demonstrations("train", seed=int(config.seed))
-                if agent not in demonstrations:
-                    raise ConfigError(
-                        f"trainer.pretrain.agents names {agent}, which has no demonstrations in scenario "
-                        f"{scenario.config.name!r}; those with some are {sorted(demonstrations)}"
-                    )
-                agent_data = demonstrations[agent].to(device)
-                held_out = None
-                if options.keep_best:
-                    held_out = scenario.demonstrations("val", seed=int(config.seed))[agent].to(device)
-                for _ in _epochs(config, agent):
-                    network.train()
-                    _, accuracy, _ = demonstration_epoch(
-                        network, agent_data, optimizer, options.minibatch_size, generator, clip, scheduler
-                    )
-                    if held_out is not None:
-                        network.eval()
-                        best = _better(best, held_out_scores(network, held_out)[1], network, accuracy)
-            else:
-                if data is None:
-                    data = scenario.supervised_data("train").to(device)
-                index = scenario.agent_names.index(agent)
-                held_out = scenario.supervised_data("val").to(device) if options.keep_best else None
-                for _ in _epochs(config, agent):
-                    _, accuracy, _ = supervised_epoch(
-                        agents, index, data, optimizer, options.minibatch_size, generator, clip, scheduler
-                    )
-                    if held_out is not None:
-                        with torch.no_grad():
-                            predicted = decision_log_probs(agents, index, held_out).argmax(-1)
-                        score = (predicted == held_out.get(TARGET_KEY)).float().mean().item()
-                        best = _better(best, score, network, accuracy)
+            if loaded["train"] is None:
+                loaded["train"] = split_data(scenario, "train", int(config.seed), device)
+            train = agent_data(scenario, loaded["train"], agent, "trainer.pretrain.agents")
+            if options.keep_best and loaded["val"] is None:
+                loaded["val"] = split_data(scenario, "val", int(config.seed), device)
+            held_out = agent_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
+            for _ in _epochs(config, agent):
+                _, accuracy, _ = fit_epoch(
+                    scenario, agents, agent, train, optimizer, options.minibatch_size, generator, clip, scheduler
+                )
+                if held_out is not None:
+                    best = _better(best, held_out_accuracy(scenario, agents, agent, held_out), network, accuracy)
             if best is not None:
                 network.load_state_dict(best[1])
                 accuracy = best[2]
-            if hasattr(scenario, "demonstrations"):
+            if speaks(scenario):
                 sync_value_body(network)
             cached = {
                 "key": key,

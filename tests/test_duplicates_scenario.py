@@ -351,7 +351,7 @@ def test_the_solo_agent_trainer_fine_tunes_an_lm_agent_on_its_demonstrations(tmp
     test = trainer.scenario.demonstrations("test", seed=0)["verifier"]
     assert metrics["test/accuracy"] == pytest.approx(held_out_scores(network, test)[1])
     assert 0.0 <= metrics["test/accuracy"] <= 1.0 and trainer.state.gradient_steps > 0
-    with pytest.raises(ConfigError, match="'prover1' has no demonstrations"):
+    with pytest.raises(ConfigError, match="trainer.objective.agent: 'prover1' has no demonstrations"):
         build_trainer(lm_smoke_config(tmp_path, "trainer=solo_agent", "trainer.objective.agent=prover1",
                                       "protocol=debate"), tmp_path / "bad").train()
 

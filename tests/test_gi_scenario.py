@@ -202,6 +202,19 @@ def test_pretraining_fits_once_then_loads_from_the_cache(tmp_path, cache_dir):
     assert rebuilt.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
 
 
+def test_keep_best_pretraining_keeps_the_weights_of_its_reported_validation_accuracy(tmp_path, cache_dir):
+    from nip_like.pretrain import agent_data, held_out_accuracy, split_data
+
+    config = gi_config(
+        cache_dir, "protocol=nip", "protocol.max_rounds=4", "trainer.pretrain.agents=[verifier]",
+        "trainer.pretrain.epochs=3", "trainer.pretrain.keep_best=true", f"trainer.pretrain.cache_dir={tmp_path / 'p'}",
+    )
+    trainer = build_trainer(config, tmp_path / "run")
+    val = agent_data(trainer.scenario, split_data(trainer.scenario, "val", 0, "cpu"), "verifier", "test")
+    kept = trainer.pretrain_metrics["pretrain/verifier/val_accuracy"]
+    assert held_out_accuracy(trainer.scenario, trainer.agent_modules, "verifier", val) == pytest.approx(kept)
+
+
 def test_pretraining_errors(tmp_path, cache_dir):
     with pytest.raises(ConfigError, match="pretrain.agents names \\['judge'\\]"):
         build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.pretrain.agents=[judge]"), tmp_path / "a")

@@ -56,16 +56,24 @@ def demonstration_epoch(
     """
 
     def step_loss(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = policy.evaluate(
-            batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
-        )
-        mask = batch["token_mask"]
-        token_log_probs = scores["token_log_probs"]
+        token_log_probs, mask = _demonstrated_token_log_probs(policy, batch)
         loss = -(token_log_probs * mask).sum() / mask.sum().clamp_min(1)
-        reproduced = (token_log_probs.detach() > math.log(GREEDY_PROBABILITY)) | ~mask
-        return loss, reproduced.all(-1)
+        return loss, _reproduced(token_log_probs.detach(), mask)
 
     return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
+
+
+def _demonstrated_token_log_probs(policy: LMPolicy, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, T)`` log-probabilities of the demonstrated tokens under ``policy``, and their mask."""
+    scores = policy.evaluate(
+        batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
+    )
+    return scores["token_log_probs"], batch["token_mask"]
+
+
+def _reproduced(token_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: whether greedy decoding says each demonstration (every token more likely than not)."""
+    return ((token_log_probs > math.log(GREEDY_PROBABILITY)) | ~mask).all(-1)
 
 
 @torch.no_grad()
@@ -77,15 +85,10 @@ def held_out_scores(policy: LMPolicy, data: TensorDictBase, minibatch_size: int 
     """
     total_loss, total_tokens, reproduced = 0.0, 0, 0
     for start in range(0, data.batch_size[0], minibatch_size):
-        batch = data[start : start + minibatch_size]
-        scores = policy.evaluate(
-            batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["token_mask"], with_value=False
-        )
-        mask = batch["token_mask"]
-        log_probs = scores["token_log_probs"]
+        log_probs, mask = _demonstrated_token_log_probs(policy, data[start : start + minibatch_size])
         total_loss -= float((log_probs * mask).sum())
         total_tokens += int(mask.sum())
-        reproduced += int(((log_probs > math.log(GREEDY_PROBABILITY)) | ~mask).all(-1).sum())
+        reproduced += int(_reproduced(log_probs, mask).sum())
     return total_loss / max(total_tokens, 1), reproduced / max(data.batch_size[0], 1)
 
 

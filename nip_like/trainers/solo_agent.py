@@ -12,13 +12,16 @@ import torch
 from nip_like.checkpoint import derive_seed, get_rng_states, set_rng_states
 from nip_like.errors import ConfigError
 from nip_like.optim import build_optimizer
-from nip_like.lm.pretrain import demonstration_epoch, held_out_scores
+from nip_like.lm.pretrain import held_out_scores
 from nip_like.pretrain import (
     TARGET_KEY,
+    agent_data,
+    fit_epoch,
     policy_network,
-    decision_log_probs,
+    predicted_decisions,
     require_labelled_data,
-    supervised_epoch,
+    speaks,
+    split_data,
 )
 from nip_like.registry import register_trainer
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
@@ -87,35 +90,21 @@ class SoloAgentTrainer(TensorDictTrainer):
         return [self.agents.modules()]
 
     # ------------------------------------------------------------ evaluation
-    @property
-    def speaks(self) -> bool:
-        """Whether the agent is fitted to demonstrated messages (a scenario whose agents talk) rather than labels."""
-        return not hasattr(self.scenario, "supervised_data")
-
     def data(self, split: str):
-        """The supervised data (or the agent's demonstrations) of ``split`` on the trainer's device, read once."""
+        """The agent's supervised data (or demonstrations) of ``split`` on the trainer's device, read once."""
         if split not in self._data:
-            if not self.speaks:
-                self._data[split] = self.scenario.supervised_data(split).to(self.device)
-            else:
-                demonstrations = self.scenario.demonstrations(split, seed=int(self.config.seed))
-                if self.agent not in demonstrations:
-                    raise ConfigError(
-                        f"trainer.objective.agent {self.agent!r} has no demonstrations in scenario "
-                        f"{self.scenario.config.name!r}; those with some are {sorted(demonstrations)}"
-                    )
-                self._data[split] = demonstrations[self.agent].to(self.device)
+            loaded = split_data(self.scenario, split, int(self.config.seed), self.device)
+            self._data[split] = agent_data(self.scenario, loaded, self.agent, "trainer.objective.agent")
         return self._data[split]
 
     def _evaluate(self, split: str, prefix: str) -> dict[str, float]:
-        if self.speaks:
+        data = self.data(split)
+        if speaks(self.scenario):
             # The share of held-out demonstrations that greedy decoding says exactly: for a verifier
             # that speaks once, its decision accuracy.
-            loss, reproduced = held_out_scores(policy_network(self.agents, self.agent), self.data(split))
+            loss, reproduced = held_out_scores(policy_network(self.agents, self.agent), data)
             return {f"{prefix}/accuracy": reproduced, f"{prefix}/token_loss": loss}
-        data = self.data(split)
-        chunks = data.split(1024)
-        predicted = torch.cat([decision_log_probs(self.agents, self.agent_index, chunk).argmax(-1) for chunk in chunks])
+        predicted = predicted_decisions(self.agents, self.agent_index, data)
         target = data.get(TARGET_KEY)
         metrics = {"accuracy": (predicted == target).float().mean().item()}
         if hasattr(self.scenario, "supervised_metrics"):
@@ -141,16 +130,10 @@ class SoloAgentTrainer(TensorDictTrainer):
         data = self.data("train")
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
-            if self.speaks:
-                loss, accuracy, steps = demonstration_epoch(
-                    policy_network(self.agents, self.agent), data, self.optimizer, tc.minibatch_size,
-                    self.generator, tc.optimizer.max_grad_norm,
-                )
-            else:
-                loss, accuracy, steps = supervised_epoch(
-                    self.agents, self.agent_index, data, self.optimizer, tc.minibatch_size, self.generator,
-                    tc.optimizer.max_grad_norm,
-                )
+            loss, accuracy, steps = fit_epoch(
+                self.scenario, self.agents, self.agent, data, self.optimizer, tc.minibatch_size, self.generator,
+                tc.optimizer.max_grad_norm,
+            )
             self.state.gradient_steps += steps
             self.state.iteration += 1
             metrics = {
