@@ -42,6 +42,9 @@ def test_the_tested_checkpoint_reproduces_the_logged_test_metrics(tmp_path, kind
     result = evaluate_run(run_dir)
     assert result["metrics"] == logged_test_metrics(run_dir)
     assert result["checkpoint"] == ("best" if kind.endswith("best") or kind == "language_models" else "last")
+    if kind != "hidden_bits":  # a game without data splits
+        with pytest.raises(ConfigError, match="unknown data split 'dev'; the .* splits are"):
+            evaluate_run(run_dir, split="dev")
 
 
 def test_other_splits_and_data_files_are_named_in_the_metrics(tmp_path):

@@ -49,9 +49,18 @@ class Scenario(ABC):
         self.protocol = protocol
         self._splits: dict | None = None
 
+    #: The names of the scenario's data splits (a scenario with data files names them).
+    split_names: tuple[str, ...] = ()
+
     def splits(self) -> dict:
         """The scenario's data splits by name (a scenario with data files overrides it)."""
         raise ConfigError(f"scenario {self.config.name!r} has no data splits")
+
+    def split(self, name: str):
+        """The data split ``name``; an unknown name fails in one line before any data is read."""
+        if name not in self.split_names:
+            raise ConfigError(f"unknown data split {name!r}; the {self.config.name} splits are {list(self.split_names)}")
+        return self.splits()[name]
 
     def use_dataset_file(self, path: Path, split: str = "test") -> int:
         """Play ``split`` on every example of a dataset file instead (``python -m nip_like.evaluate --data``).
@@ -79,15 +88,12 @@ class Scenario(ABC):
         """
         if self.dataset_class is None:
             raise ConfigError(f"scenario {self.config.name!r} has no data files; --data needs one that has")
-        splits = dict(self.splits())
-        if split not in splits:
-            raise ConfigError(f"unknown data split {split!r}; the scenario's splits are {list(splits)}")
+        self.split(split)
         data = self.dataset_class.load(Path(path))
         if len(data) == 0:
             raise ConfigError(f"{path} holds no examples")
         self.check_dataset(data, Path(path))
-        splits[split] = data
-        self._splits = splits
+        self._splits = {**self.splits(), split: data}
         return len(data)
 
     def check_dataset(self, data, path: Path) -> None:

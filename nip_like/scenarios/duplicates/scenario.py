@@ -21,7 +21,13 @@ from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics
-from nip_like.scenarios.duplicates.data import DuplicateLists, DuplicateSpec, load_or_generate, split_lists
+from nip_like.scenarios.duplicates.data import (
+    DuplicateLists,
+    DuplicateSpec,
+    equal_pairs,
+    load_or_generate,
+    split_lists,
+)
 from nip_like.scenarios.duplicates.environment import VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols, named_cells
 
 SPLITS = ("train", "val", "test")
@@ -47,10 +53,9 @@ class DuplicatesConfig(ScenarioConfig):
 
 def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
     """``(B,)``: whether two distinct cells among the ``seen`` ones ``(B, L)`` hold equal ``values`` ``(B, L)``."""
-    equal = values.unsqueeze(-1) == values.unsqueeze(-2)
-    both = seen.unsqueeze(-1) & seen.unsqueeze(-2)
-    distinct = ~torch.eye(values.shape[-1], dtype=torch.bool, device=values.device)
-    return (equal & both & distinct).flatten(1).any(-1)
+    # Unseen cells get distinct values that no cell holds, so that only seen cells can make a pair.
+    unseen = -1 - torch.arange(values.shape[-1], device=values.device)
+    return equal_pairs(torch.where(seen, values, unseen)) > 0
 
 
 def decoy_messages(count: int, length: int, generator: torch.Generator) -> torch.Tensor:
@@ -77,6 +82,7 @@ class DuplicatesScenario(Scenario):
     """
 
     dataset_class = DuplicateLists
+    split_names = SPLITS
     #: Version of :meth:`demonstrations` (part of the warm-start cache key): 3 = sound verifier, decoys
     #: named in a certificate's order.
     pretrain_data_version = 3
@@ -140,11 +146,9 @@ class DuplicatesScenario(Scenario):
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
     ) -> DuplicatesEnv:
-        if split not in SPLITS:
-            raise ConfigError(f"unknown data split {split!r}; the duplicates splits are {list(SPLITS)}")
         return DuplicatesEnv(
             self.protocol,
-            self.splits()[split],
+            self.split(split),
             self.symbols.ids(self.tokenizer),
             vocab_size=len(self.tokenizer),
             message_tokens=self.message_tokens,
@@ -295,7 +299,7 @@ class DuplicatesScenario(Scenario):
                 f"demonstrations need messages of at least 3 tokens (two cells and <eos>); "
                 f"scenario.default_agent.max_new_tokens is {env.message_tokens}"
             )
-        lists = self.splits()[split]
+        lists = self.split(split)
         count, ids = len(lists), env.ids
         generator = torch.Generator().manual_seed(seed)
         state = env._new_state(count)

@@ -55,6 +55,7 @@ class GraphIsomorphismScenario(Scenario):
     """
 
     dataset_class = GraphPairs
+    split_names = SPLITS
 
     eval_split = "val"
 
@@ -91,9 +92,7 @@ class GraphIsomorphismScenario(Scenario):
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
     ) -> GraphIsomorphismEnv:
-        if split not in SPLITS:
-            raise ConfigError(f"unknown data split {split!r}; the graph-isomorphism splits are {list(SPLITS)}")
-        pairs = self.splits()[split]
+        pairs = self.split(split)
         return GraphIsomorphismEnv(
             self.protocol,
             pairs.adjacency,
@@ -152,7 +151,7 @@ class GraphIsomorphismScenario(Scenario):
             pairs, reject otherwise), ``"target_mask"`` (only the two decisions)
             and ``"label"``.
         """
-        pairs = self.splits()[split]
+        pairs = self.split(split)
         env = self.make_env(1, split, 0, "cpu")
         count = len(pairs)
         state = TensorDict(
