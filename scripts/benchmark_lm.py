@@ -129,6 +129,7 @@ import transformers  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from nip_like.checkpoint import write_text_atomic  # noqa: E402
 from nip_like.lm import LMAgentConfig, LMPolicy, build_lm_policy, build_tokenizer  # noqa: E402
 from nip_like.lm.tokenizer import SPECIAL_TOKENS  # noqa: E402
 from nip_like.objectives.dpo import preference_loss  # noqa: E402
@@ -1057,8 +1058,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "cpus": os.cpu_count()},
     }
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
+        write_text_atomic(json.dumps(results, indent=2) + "\n", args.output)
         print(f"results written to {args.output}")
     return results
 

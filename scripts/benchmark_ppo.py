@@ -78,6 +78,7 @@ from omegaconf import DictConfig
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "docs" / "examples")]
 
+from nip_like.checkpoint import write_text_atomic  # noqa: E402
 from nip_like.cli import compose_config  # noqa: E402
 from nip_like.experiment import build_trainer  # noqa: E402
 from plain_ppo_loop import LoopSettings, build_plain_loop, ppo_options, run_plain_loop  # noqa: E402
@@ -364,8 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"cProfile stats of one {side} run written to {path}")
 
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
+        write_text_atomic(json.dumps(results, indent=2) + "\n", args.output)
         print(f"results written to {args.output}")
     return results
 
