@@ -35,9 +35,9 @@ Three measurements:
    :func:`~nip_like.objectives.dpo.preference_loss` on the summed
    log-probabilities of chosen and rejected messages, one forward pass over
    both), the backward pass, gradient clipping to norm 1 and a fused AdamW
-   step (``nip_like.optim.fast_implementation``). The LM agents are not wired
-   into the trainers yet, so this is the framework's LM scoring and objective
-   functions driven by a few lines of loop, not a ``nip_like`` trainer.
+   step (``nip_like.optim.fast_implementation``). This is the framework's LM
+   scoring and objective functions driven by a few lines of loop, not a trainer
+   iteration (``scripts/benchmark_lm_rollout.py`` times a whole rollout).
 3. **The same update in TRL**: ``GRPOTrainer`` and ``DPOTrainer`` on a copy of
    the same initial model, with the same batch: GRPO gets the very messages
    through ``rollout_func`` (so TRL does not generate), and its rewards give
