@@ -50,3 +50,11 @@ class RunInterrupted(NipLikeError):
     def __init__(self, message: str, exit_status: int) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+
+
+class FineTuneError(NipLikeError):
+    """A fine-tune job failed; the message names the job, its error and its log."""
+
+
+class ModelServerError(NipLikeError):
+    """A text-model server is unreachable or refuses the requests."""

@@ -17,7 +17,7 @@ def check_proof_scenario(scenario: str, config, protocol) -> None:
     scenario : str
         The scenario's registered name, for messages.
     config : DictConfig
-        The scenario's node: ``agents`` (per-agent entries), ``val_fraction``
+        The scenario's node: ``agents`` (per-agent entries, if it has them), ``val_fraction``
         and ``test_fraction``.
     protocol : Protocol
         The protocol: it must be an interactive-proof protocol, and
@@ -28,7 +28,7 @@ def check_proof_scenario(scenario: str, config, protocol) -> None:
             f"scenario {scenario} needs an interactive-proof protocol "
             f"({', '.join(PROTOCOLS.names(subclass_of=ProofProtocol))}), got {protocol.name!r}"
         )
-    unknown = sorted(set(config.agents) - set(protocol.agent_names))
+    unknown = sorted(set(config.get("agents", {})) - set(protocol.agent_names))
     if unknown:
         raise ConfigError(
             f"scenario.agents names {unknown}, which protocol {protocol.name!r} "

@@ -34,8 +34,8 @@ SPLITS = ("train", "val", "test")
 
 
 @dataclass
-class DuplicatesConfig(ScenarioConfig):
-    """The duplicates scenario (see :mod:`nip_like.scenarios.duplicates.environment`)."""
+class DuplicatesDataConfig(ScenarioConfig):
+    """The duplicates game's data and view, shared by its token and chat scenarios."""
 
     name: str = "duplicates"  # scenario name
     num_lists: int = checked(4000, ge=2)  # lists in the dataset, before the splits
@@ -47,6 +47,12 @@ class DuplicatesConfig(ScenarioConfig):
     test_fraction: float = checked(0.2, gt=0, lt=1)  # share of lists in the held-out test split
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     verifier_view: str = checked("cells", choices=VERIFIER_VIEWS)  # cells (only revealed cells) | full (the whole list)
+
+
+@dataclass
+class DuplicatesConfig(DuplicatesDataConfig):
+    """The duplicates scenario (see :mod:`nip_like.scenarios.duplicates.environment`)."""
+
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent LMAgentConfig entries; others use default_agent
     default_agent: LMAgentConfig = field(default_factory=LMAgentConfig)  # the language model of agents not in agents
 
@@ -91,7 +97,7 @@ class DuplicatesScenario(Scenario):
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
-        check_proof_scenario("duplicates", config, protocol)
+        check_proof_scenario(str(config.name), config, protocol)
         if config.length > config.num_values:
             raise ConfigError(
                 f"scenario.length ({config.length}) must be at most scenario.num_values ({config.num_values}) "

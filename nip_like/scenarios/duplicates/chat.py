@@ -1,0 +1,262 @@
+"""The duplicates game rendered as chat, for text agents (:mod:`nip_like.text`).
+
+The lists, splits, protocols and rules are those of the token game
+(:mod:`nip_like.scenarios.duplicates.environment`); the text game plays
+through that very environment and only translates:
+
+* what an agent sees becomes a chat: a system prompt for its role, then one
+  user message with the list as the agent sees it and the messages it can
+  read so far, e.g.::
+
+      list: ? ? 7 ? 7 ? ? ?
+      prover: 4 2
+
+* what it answers is parsed into the game's move with one rule: the first two
+  whole numbers of a reply that are different cells (``0 .. L-1``) name those
+  cells (``"4 2"``, ``"cells 4 and 2"``); a verifier's reply whose first word
+  is ``accept`` or ``reject`` (any case, punctuation ignored) is its decision;
+  anything else is a message with no effect. A verifier whose reply on its last
+  turn is not a decision ends the episode undecided, which counts as wrong.
+
+:class:`ScriptedDuplicatesModel` plays honestly from the chat text alone (the
+warm start's demonstrations and a reference in tests).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from nip_like.errors import ConfigError
+from nip_like.registry import register_scenario, typed_entry
+from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
+from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesScenario
+from nip_like.text.models import Chat, Sampling, TextModel, TextModelConfig
+
+#: Width of the token action the chat replies are translated into: two cells and ``<eos>``.
+ACTION_TOKENS = 3
+HIDDEN_TEXT = "?"
+
+#: System prompts by role: the verifier, a prover arguing that a pair exists, one arguing that none does.
+SYSTEM_PROMPTS = {
+    "verifier": "Does the list hold two equal values? Answer accept or reject.",
+    "accept": "Name two cells of the list that hold equal values: i j",
+    "reject": "Name two cells of the list: i j",
+}
+
+
+@dataclass
+class DuplicatesChatConfig(DuplicatesDataConfig):
+    """The duplicates game as chat between text models (see :mod:`nip_like.scenarios.duplicates.chat`)."""
+
+    name: str = "duplicates_chat"  # scenario name
+    default_model: TextModelConfig = field(default_factory=TextModelConfig)  # the text model of groups not in models
+    models: dict[str, Any] = field(default_factory=dict)  # per-group TextModelConfig entries: {verifier: {hidden_size: 96}}
+    agent_groups: dict[str, str] = field(default_factory=dict)  # agent -> model group; agents not named form a group of their own
+    system_prompts: dict[str, str] = field(default_factory=dict)  # per-role overrides of the system prompt: verifier, accept, reject
+    scripted_provers: bool = False  # every prover is the honest scripted player (backend scripted), whatever the protocol
+
+
+def parse_cells(text: str, length: int) -> Optional[tuple[int, int]]:
+    """The first two whole numbers of ``text`` if they are different cells in ``0 .. length-1``."""
+    numbers = [int(number) for number in re.findall(r"\d+", text)[:2]]
+    if len(numbers) == 2 and numbers[0] != numbers[1] and all(number < length for number in numbers):
+        return numbers[0], numbers[1]
+    return None
+
+
+def parse_decision(text: str) -> Optional[str]:
+    """``"accept"`` or ``"reject"`` if that is the reply's first word (any case, punctuation ignored)."""
+    words = re.findall(r"[a-z]+", text.lower())
+    if words and words[0] in (ACCEPT, REJECT):
+        return words[0]
+    return None
+
+
+def list_line(values: Sequence[int], visible: Sequence[bool]) -> str:
+    """``"list: 3 ? 7 ..."``: each cell's value, ``?`` where hidden."""
+    return "list: " + " ".join(str(value) if seen else HIDDEN_TEXT for value, seen in zip(values, visible))
+
+
+def read_list_line(text: str) -> list[Optional[int]]:
+    """The cells of the ``list:`` line of a chat message (``None`` where hidden); empty if there is none."""
+    for line in text.splitlines():
+        if line.startswith("list:"):
+            return [None if cell == HIDDEN_TEXT else int(cell) for cell in line[len("list:") :].split()]
+    return []
+
+
+@register_scenario("duplicates_chat", DuplicatesChatConfig)
+class DuplicatesChatScenario(DuplicatesScenario):
+    """The duplicates game for text agents: same data, protocols and rules as ``duplicates``, as chat.
+
+    The agents are text models (:class:`~nip_like.text.models.TextModelConfig`),
+    grouped by ``scenario.agent_groups`` (agents in one group share a model
+    and its fine-tune jobs). It is played by the text trainers
+    (``trainer=expert_iteration``, ``trainer=malt``); the tensor trainers use
+    ``scenario=duplicates``, on the same lists when ``num_lists``,
+    ``dataset_seed`` and the split fractions agree.
+    """
+
+    def __init__(self, config, protocol) -> None:
+        super().__init__(config, protocol)
+        unknown = sorted(set(config.agent_groups) - set(self.agent_names))
+        if unknown:
+            raise ConfigError(f"scenario.agent_groups names {unknown}, not agents of this protocol {list(self.agent_names)}")
+        unknown = sorted(set(config.models) - set(self.groups()))
+        if unknown:
+            raise ConfigError(f"scenario.models names {unknown}, not model groups {sorted(set(self.groups().values()))}")
+        unknown = sorted(set(config.system_prompts) - set(SYSTEM_PROMPTS))
+        if unknown:
+            raise ConfigError(f"scenario.system_prompts names {unknown}; allowed roles: {', '.join(SYSTEM_PROMPTS)}")
+
+    # ------------------------------------------------------------------ agents
+    @property
+    def message_tokens(self) -> int:
+        return ACTION_TOKENS
+
+    def make_agents(self):
+        raise ConfigError(
+            "scenario duplicates_chat has text agents: train it with a text trainer (trainer=expert_iteration or "
+            "trainer=malt), or use scenario=duplicates for the tensor trainers"
+        )
+
+    def groups(self) -> dict[str, str]:
+        """Each agent's model group (``scenario.agent_groups``, else the agent's own name)."""
+        return {name: str(self.config.agent_groups.get(name, name)) for name in self.agent_names}
+
+    def group_names(self) -> list[str]:
+        """The model groups, in the order of their first agent."""
+        return list(dict.fromkeys(self.groups().values()))
+
+    def model_config(self, group: str) -> TextModelConfig:
+        """The text model of ``group`` (``scenario.models.<group>``, else ``scenario.default_model``;
+        a group of provers is scripted with ``scenario.scripted_provers``)."""
+        agents = [agent for agent, owner in self.groups().items() if owner == group]
+        if self.config.scripted_provers and all(self.role(agent) != "verifier" for agent in agents):
+            return TextModelConfig(backend="scripted")
+        if group in self.config.models:
+            return typed_entry(TextModelConfig, self.config.models[group], f"scenario.models.{group}")
+        return self.config.default_model
+
+    def role(self, agent: str) -> str:
+        """``"verifier"``, or the side a prover argues (``"accept"`` or ``"reject"``)."""
+        if self.agent_names.index(agent) == self.protocol.verifier_index:
+            return "verifier"
+        return ACCEPT if self.protocol.prover_sides.get(agent, True) else REJECT
+
+    def system_prompt(self, agent: str) -> str:
+        """The system prompt of ``agent``'s role."""
+        role = self.role(agent)
+        return str(self.config.system_prompts.get(role, SYSTEM_PROMPTS[role]))
+
+    def scripted_model(self, group: str) -> "ScriptedDuplicatesModel":
+        """The honest scripted player of ``group`` (``backend: scripted``); its agents must share one role."""
+        roles = {self.role(agent) for agent, owner in self.groups().items() if owner == group}
+        if len(roles) != 1:
+            raise ConfigError(f"model group {group!r} is scripted but its agents play different roles {sorted(roles)}")
+        return ScriptedDuplicatesModel(roles.pop())
+
+    # -------------------------------------------------------------------- chat
+    def render_chat(
+        self, env: DuplicatesEnv, state, visible_cells: torch.Tensor, episode: int, agent: int, replies: list[list[str | None]]
+    ) -> Chat:
+        """The chat agent ``agent`` reads in ``episode`` of ``state``.
+
+        Parameters
+        ----------
+        env : DuplicatesEnv
+            The environment being played (its visibility of channels).
+        state : TensorDict
+            The environment's ``"state"``.
+        visible_cells : torch.Tensor
+            ``env.visible_cells(state)``, ``(B, N, L)``.
+        episode, agent : int
+            Which episode and agent.
+        replies : list of list of str or None
+            The episode's replies so far, ``[round][agent]`` (``None``: no turn).
+        """
+        name = self.agent_names[agent]
+        lines = [list_line(state["values"][episode].tolist(), visible_cells[episode, agent].tolist())]
+        for round_replies in replies:
+            for sender, reply in enumerate(round_replies):
+                if reply is not None and bool(env.visibility[agent, sender]):
+                    lines.append(f"{self.agent_names[sender]}: {reply}")
+        return [{"role": "system", "content": self.system_prompt(name)}, {"role": "user", "content": "\n".join(lines)}]
+
+    def reply_action(self, reply: str, agent: int) -> tuple[list[str], str]:
+        """The token move a reply makes (see the module docstring) and what it is, in words.
+
+        Returns
+        -------
+        tokens : list of str
+            At most :data:`ACTION_TOKENS` symbols of the token game, ``<eos>`` last;
+            ``[]`` for a message with no effect.
+        meaning : str
+            ``"cells i j"``, ``"accept"``, ``"reject"`` or ``"none"``.
+        """
+        eos = self.tokenizer.eos_token
+        if agent == self.protocol.verifier_index:
+            decision = parse_decision(reply)
+            if decision is not None:
+                return [decision, eos], decision
+        cells = parse_cells(reply, self.symbols.length)
+        if cells is not None:
+            return [f"c{cells[0]}", f"c{cells[1]}", eos], f"cells {cells[0]} {cells[1]}"
+        return [], "none"
+
+    def encode_actions(self, moves: list[list[str]]) -> torch.Tensor:
+        """``(len(moves), ACTION_TOKENS)`` token ids of the moves, ``<pad>`` after each."""
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(moves), ACTION_TOKENS), pad, dtype=torch.long)
+        for row, move in enumerate(moves):
+            if move:
+                ids[row, : len(move)] = torch.tensor(self.tokenizer.convert_tokens_to_ids(move))
+        return ids
+
+
+class ScriptedDuplicatesModel(TextModel):
+    """Honest play read from the chat text alone: a reference player and the warm start's teacher.
+
+    A prover arguing for *accept* names the duplicate pair of the list it
+    sees (the later cell first); otherwise, and for a prover arguing for
+    *reject*, it names a random pair (later cell first), one cell, or one
+    cell twice (as the token game's demonstrations do). The verifier accepts
+    exactly when two cells it sees hold equal values, at its first turn.
+
+    Parameters
+    ----------
+    role : str
+        ``"verifier"``, ``"accept"`` or ``"reject"``.
+    """
+
+    def __init__(self, role: str) -> None:
+        if role not in SYSTEM_PROMPTS:
+            raise ConfigError(f"unknown role {role!r}; allowed: {', '.join(SYSTEM_PROMPTS)}")
+        self.role = role
+
+    def reply(self, chats: Sequence[Chat], sampling: Sampling, seed: int) -> list[str]:
+        rng = random.Random(seed)
+        return [self._reply(chat[-1]["content"], rng) for chat in chats]
+
+    def _reply(self, text: str, rng: random.Random) -> str:
+        cells = read_list_line(text)
+        seen: dict[int, int] = {}
+        pair = None
+        for index, value in enumerate(cells):
+            if value is None:
+                continue
+            if value in seen and pair is None:
+                pair = (index, seen[value])
+            seen.setdefault(value, index)
+        if self.role == "verifier":
+            return ACCEPT if pair is not None else REJECT
+        if self.role == ACCEPT and pair is not None:
+            return f"{pair[0]} {pair[1]}"
+        first, second = sorted(rng.sample(range(len(cells)), 2), reverse=True)
+        kind = rng.randrange(3)
+        return f"{first} {second}" if kind == 0 else f"{first}" if kind == 1 else f"{first} {first}"

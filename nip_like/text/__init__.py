@@ -1,0 +1,1 @@
+"""Text agents: text models behind one interface, rollouts of chat games, fine-tune jobs."""

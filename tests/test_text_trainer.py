@@ -1,0 +1,151 @@
+"""PureTextRlTrainer and expert iteration: stages, state, resume at every stage boundary, failed jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from nip_like.cli import compose_config
+from nip_like.config import run_id
+from nip_like.errors import FineTuneError
+from nip_like.experiment import run_experiment
+from nip_like.errors import RunInterrupted
+from nip_like.text.jobs import LocalFineTuneBackend
+from nip_like.trainers.pure_text import STAGES, PureTextRlTrainer
+
+TINY = (
+    "preset=text_quick",
+    "logger=csv",
+    "run.progress_bar=false",
+    "run.num_threads=1",
+    "scenario.num_lists=600",
+    "scenario.scripted_provers=false",  # both agents are local models (the preset scripts the prover)
+    "scenario.default_model.hidden_size=16",
+    "scenario.default_model.num_layers=1",
+    "scenario.default_model.num_heads=2",
+    "scenario.default_model.intermediate_size=32",
+    "trainer.num_iterations=2",
+    "trainer.objective.episodes=16",
+    "trainer.objective.test_episodes=16",
+    "trainer.objective.warm_start_episodes=24",
+    "trainer.objective.warm_start_epochs=1",
+    "trainer.objective.reward_threshold=0.0",
+    "trainer.objective.test_scheme=first_and_last",
+)
+
+
+def config(*overrides: str):
+    return compose_config([*TINY, *overrides])
+
+
+def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = run_experiment(config(), run_dir)
+    assert set(metrics) >= {"test/accuracy", "test/agents/verifier/reward", "test/decided"}
+    state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
+    assert state["iteration"] == 2 and state["stage"] == "final_test"
+    # The warm start and the first iteration's job changed both groups' models; the last iteration has no job.
+    for group in ("prover", "verifier"):
+        assert state["groups"][group]["model"].endswith(f"models/{group}/it0000-{group}")
+        assert (run_dir / "fine_tune" / f"{run_id(config())}-warm-{group}" / "status.json").is_file()
+    assert not list((run_dir / "fine_tune").glob("*-it0001-*"))
+    # Every iteration's rollouts and tests are readable JSONL; the tests ran at the first and last iteration.
+    for iteration in (0, 1):
+        lines = (run_dir / "rollouts" / f"iteration_{iteration:04d}.jsonl").read_text().splitlines()
+        assert len(lines) == 17 and json.loads(lines[1])["turns"][0]["agent"] == "prover"
+    assert sorted(path.name for path in (run_dir / "tests").glob("*.json")) == ["iteration_0000.json", "iteration_0001.json"]
+    steps = [int(row.split(",")[0]) for row in (run_dir / "metrics" / "scalars" / "eval" / "accuracy.csv").read_text().split()]
+    assert steps == [0, 1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["test_metrics"] == metrics and summary["iterations"] == 2
+
+
+def stop_after_stages(monkeypatch, count: int) -> None:
+    """Make the run stop (as on SIGTERM) after ``count`` more stages have completed and been saved."""
+    done = {"stages": 0}
+    original = PureTextRlTrainer.stop_if_requested
+
+    def stop(self, iteration, checkpointed=False):
+        done["stages"] += 1
+        if done["stages"] >= count:
+            from nip_like.interrupts import StopRequested
+
+            raise StopRequested(iteration)
+        return original(self, iteration, checkpointed)
+
+    monkeypatch.setattr(PureTextRlTrainer, "stop_if_requested", stop)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, monkeypatch):
+    reference = run_experiment(config(), tmp_path / "reference")
+    run_dir = tmp_path / "run"
+    stages_seen = []
+    # The warm start, the five stages of the first iteration, then sampling, statistics and the test of the
+    # last one (it has no jobs); the final test ends the run.
+    total = 1 + len(STAGES) + 3
+    for stop in range(total):
+        stop_after_stages(monkeypatch, 1)
+        with pytest.raises(RunInterrupted):
+            run_experiment(config(), run_dir, resume=stop > 0)
+        monkeypatch.undo()
+        state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
+        stages_seen.append((state["iteration"], state["stage"]))
+    assert len(set(stages_seen)) == len(stages_seen), "each resume went one stage further"
+    assert run_experiment(config(), run_dir, resume=True) == reference
+    # Nothing was done twice: one log start per job, one rollouts file per iteration.
+    for log in (run_dir / "fine_tune").glob("*/log.txt"):
+        assert log.read_text().count("--- started") == 1
+    assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == (
+        tmp_path / "reference" / "rollouts" / "iteration_0000.jsonl"
+    ).read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollouts(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    original = LocalFineTuneBackend.submit
+
+    def submit_and_kill(self, spec):
+        status = original(self, spec)
+        if "-it0000-" in spec.job_id:
+            # The worker dies (killed, out of memory) before it finishes.
+            os.killpg(int((self.folder(spec.job_id) / "pid").read_text()), signal.SIGKILL)
+        return status
+
+    monkeypatch.setattr(LocalFineTuneBackend, "submit", submit_and_kill)
+    with pytest.raises(FineTuneError) as error:
+        run_experiment(config(), run_dir)
+    message = str(error.value)
+    assert "\n" not in message and "ended without finishing" in message
+    log = Path(message.split("log: ")[1])
+    assert log.name == "log.txt" and log.is_file()
+    state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
+    assert state["iteration"] == 0 and state["stage"] == "create_fine_tune_jobs"
+    rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text()
+    monkeypatch.undo()
+    metrics = run_experiment(config(), run_dir, resume=True)
+    assert metrics == run_experiment(config(), tmp_path / "reference")
+    assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == rollouts
+    assert log.read_text().count("--- started") == 2  # the retry ran the job again
+
+
+def test_scripted_provers_are_never_fine_tuned_and_the_verifier_learns_its_decisions(tmp_path):
+    run_dir = tmp_path / "run"
+    run_experiment(config("scenario.scripted_provers=true", "trainer.objective.test_scheme=none"), run_dir)
+    state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
+    assert state["groups"]["prover"]["model"] == "scripted"
+    assert not list((run_dir / "fine_tune").glob("*prover*")) and not (run_dir / "models" / "prover").exists()
+    assert sorted(path.name for path in (run_dir / "tests").glob("*.json")) == ["iteration_0001.json"]
+
+
+def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "docs" / "examples"))
+    overrides = ("trainer.trainer_type=label_distillation_trainer.LabelDistillationTrainer", "trainer.objective.warm_start_episodes=0")
+    metrics = run_experiment(config(*overrides), tmp_path / "run")
+    assert "test/accuracy" in metrics
+    assert [path.name for path in (tmp_path / "run" / "fine_tune").iterdir()] == [f"{run_id(config(*overrides))}-it0000-verifier"]
