@@ -264,6 +264,16 @@ def test_report_files(sweep, tmp_path):
             assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_runs_without_a_kl_metric_get_a_report_without_that_plot(sweep, tmp_path):
+    # The text trainers measure no KL: the report leaves that plot out and says so.
+    for path in sweep.rglob("objective/kl.csv"):
+        path.unlink()
+    report = build_report(find_runs([sweep]), options())
+    written = write_report(report, tmp_path / "report")
+    assert "reward_vs_kl.png" not in {path.name for path in written} and "curves_frames.png" in {p.name for p in written}
+    assert "not every run logs objective/kl" in (tmp_path / "report" / "report.md").read_text()
+
+
 @pytest.mark.slow  # a subprocess: seconds of start-up
 def test_command_line_refuses_mixed_budgets_in_one_line_and_writes_nothing(sweep, tmp_path):
     write_run(sweep / "seed=4,trainer=dpo", "dpo", 4, 0.9, [1] * 6, iterations=6)

@@ -342,11 +342,11 @@ def test_a_bad_cache_file_is_reported_and_rebuilt(tmp_path, monkeypatch, corrupt
 # ---------------------------------------------------------------- package and script
 
 
-def test_the_package_registers_the_duplicates_scenario_once():
+def test_the_package_registers_the_duplicates_scenarios_once():
     SCENARIOS.load_builtins()
     assert "nip_like.scenarios.duplicates.data" in sys.modules  # the registry imported it
     found = [e.name for e in SCENARIOS.entries() if e.cls.__module__.startswith("nip_like.scenarios.duplicates")]
-    assert found == ["duplicates"]
+    assert sorted(found) == ["duplicates", "duplicates_chat"]  # the token game and its chat rendering
 
 
 def load_script():

@@ -252,3 +252,19 @@ def test_a_killed_worker_is_reported_failed_not_running(tmp_path, model_folder):
     assert status.state == "failed" and "ended without finishing" in status.error
     # A fresh backend (a resumed run) sees the same.
     assert LocalFineTuneBackend(tmp_path / "jobs").status("slow").state == "failed"
+
+
+def test_a_tree_of_replies_shares_each_node_among_its_leaves():
+    scenario = chat_scenario("protocol=nip", *TURNS)
+    players = {agent: ScriptedDuplicatesModel(scenario.role(agent)) for agent in scenario.agent_names}
+    trees = play_episodes(scenario, players, {a: Sampling(8) for a in scenario.agent_names}, "train", 6, 2, by_agent=True, branching=3)
+    assert trees.batch_size[0] == 6 * 9
+    records = rollout_records(trees, scenario.agent_names)
+    for tree in range(6):
+        leaves = records[tree * 9 : (tree + 1) * 9]
+        assert len({record["list_index"] for record in leaves}) == 1
+        # Round 0 (the prover): one reply per block of 3 leaves; round 1 (the verifier): one per leaf.
+        provers = [leaf["turns"][0]["reply"] for leaf in leaves]
+        assert all(provers[i] == provers[i - i % 3] for i in range(9))
+    # Decoys are random, so the prover's 3 siblings differ somewhere.
+    assert any(len({records[t * 9 + 3 * b]["turns"][0]["reply"] for b in range(3)}) > 1 for t in range(6))

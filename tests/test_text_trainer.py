@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -12,7 +13,10 @@ import pytest
 from nip_like.cli import compose_config
 from nip_like.config import run_id
 from nip_like.errors import FineTuneError
-from nip_like.experiment import run_experiment
+from nip_like.experiment import build_trainer, run_experiment
+from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, read_list_line
+from nip_like.text.models import Sampling, TextModel
+from nip_like.text.rollouts import play_episodes
 from nip_like.errors import RunInterrupted
 from nip_like.text.jobs import LocalFineTuneBackend
 from nip_like.trainers.pure_text import STAGES, PureTextRlTrainer
@@ -33,9 +37,12 @@ TINY = (
     "trainer.objective.test_episodes=16",
     "trainer.objective.warm_start_episodes=24",
     "trainer.objective.warm_start_epochs=1",
-    "trainer.objective.reward_threshold=0.0",
     "trainer.objective.test_scheme=first_and_last",
 )
+
+
+#: Expert iteration keeping every turn, so that every group has a job each iteration.
+KEEP_ALL = "trainer.objective.reward_threshold=0.0"
 
 
 def config(*overrides: str):
@@ -44,14 +51,14 @@ def config(*overrides: str):
 
 def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(tmp_path):
     run_dir = tmp_path / "run"
-    metrics = run_experiment(config(), run_dir)
+    metrics = run_experiment(config(KEEP_ALL), run_dir)
     assert set(metrics) >= {"test/accuracy", "test/agents/verifier/reward", "test/decided"}
     state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
     assert state["iteration"] == 2 and state["stage"] == "final_test"
     # The warm start and the first iteration's job changed both groups' models; the last iteration has no job.
     for group in ("prover", "verifier"):
         assert state["groups"][group]["model"].endswith(f"models/{group}/it0000-{group}")
-        assert (run_dir / "fine_tune" / f"{run_id(config())}-warm-{group}" / "status.json").is_file()
+        assert (run_dir / "fine_tune" / f"{run_id(config(KEEP_ALL))}-warm-{group}" / "status.json").is_file()
     assert not list((run_dir / "fine_tune").glob("*-it0001-*"))
     # Every iteration's rollouts and tests are readable JSONL; the tests ran at the first and last iteration.
     for iteration in (0, 1):
@@ -82,7 +89,7 @@ def stop_after_stages(monkeypatch, count: int) -> None:
 
 @pytest.mark.slow
 def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, monkeypatch):
-    reference = run_experiment(config(), tmp_path / "reference")
+    reference = run_experiment(config(KEEP_ALL), tmp_path / "reference")
     run_dir = tmp_path / "run"
     stages_seen = []
     # The warm start, the five stages of the first iteration, then sampling, statistics and the test of the
@@ -91,12 +98,12 @@ def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, m
     for stop in range(total):
         stop_after_stages(monkeypatch, 1)
         with pytest.raises(RunInterrupted):
-            run_experiment(config(), run_dir, resume=stop > 0)
+            run_experiment(config(KEEP_ALL), run_dir, resume=stop > 0)
         monkeypatch.undo()
         state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
         stages_seen.append((state["iteration"], state["stage"]))
     assert len(set(stages_seen)) == len(stages_seen), "each resume went one stage further"
-    assert run_experiment(config(), run_dir, resume=True) == reference
+    assert run_experiment(config(KEEP_ALL), run_dir, resume=True) == reference
     # Nothing was done twice: one log start per job, one rollouts file per iteration.
     for log in (run_dir / "fine_tune").glob("*/log.txt"):
         assert log.read_text().count("--- started") == 1
@@ -119,7 +126,7 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
 
     monkeypatch.setattr(LocalFineTuneBackend, "submit", submit_and_kill)
     with pytest.raises(FineTuneError) as error:
-        run_experiment(config(), run_dir)
+        run_experiment(config(KEEP_ALL), run_dir)
     message = str(error.value)
     assert "\n" not in message and "ended without finishing" in message
     log = Path(message.split("log: ")[1])
@@ -128,8 +135,8 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
     assert state["iteration"] == 0 and state["stage"] == "create_fine_tune_jobs"
     rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text()
     monkeypatch.undo()
-    metrics = run_experiment(config(), run_dir, resume=True)
-    assert metrics == run_experiment(config(), tmp_path / "reference")
+    metrics = run_experiment(config(KEEP_ALL), run_dir, resume=True)
+    assert metrics == run_experiment(config(KEEP_ALL), tmp_path / "reference")
     assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == rollouts
     assert log.read_text().count("--- started") == 2  # the retry ran the job again
 
@@ -149,3 +156,36 @@ def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeyp
     metrics = run_experiment(config(*overrides), tmp_path / "run")
     assert "test/accuracy" in metrics
     assert [path.name for path in (tmp_path / "run" / "fine_tune").iterdir()] == [f"{run_id(config(*overrides))}-it0000-verifier"]
+
+
+def test_malt_runs_on_trees_of_replies(tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = run_experiment(config("trainer=malt", "trainer.objective.branching=2", "trainer.objective.episodes=6"), run_dir)
+    assert "test/accuracy" in metrics
+    rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text().splitlines()
+    assert len(rollouts) == 1 + 6 * 2**2  # a header, then the 4 leaves of each of the 6 trees
+    tests = (run_dir / "tests" / "iteration_0001.jsonl").read_text().splitlines()
+    assert len(tests) == 1 + 16  # tests play plain episodes
+
+
+class CoinVerifier(TextModel):
+    """Accepts or rejects at random (seeded): its siblings differ, and the right one is worth more."""
+
+    def reply(self, chats, sampling, seed):
+        rng = random.Random(seed)
+        return [rng.choice(["accept", "reject"]) for _ in chats]
+
+
+def test_malt_pairs_the_better_sibling_over_the_worse_for_dpo(tmp_path):
+    trainer = build_trainer(config("trainer=malt", "trainer.objective.branching=3"), tmp_path / "run")
+    scenario = trainer.scenario
+    players = {"prover": ScriptedDuplicatesModel("accept"), "verifier": CoinVerifier()}
+    trees = play_episodes(scenario, players, {a: Sampling(8) for a in players}, "train", 20, 1, by_agent=True, branching=3)
+    specs = trainer._stage_create_fine_tune_jobs(trees)
+    assert specs["verifier"].method == "dpo"
+    pairs = [json.loads(line) for line in Path(specs["verifier"].dataset).read_text().splitlines()]
+    assert pairs
+    for pair in pairs:
+        cells = [value for value in read_list_line(pair["prompt"][1]["content"]) if value is not None]
+        sound = "accept" if len(cells) != len(set(cells)) else "reject"
+        assert pair["chosen"][0]["content"] == sound != pair["rejected"][0]["content"]

@@ -155,6 +155,7 @@ class Report:
     options: ReportOptions
     unfinished: list[Path]
     roots: list[Path]
+    kl_plot: bool = True  # every run logs the KL metric, so the reward-against-KL plot is drawn
 
     @property
     def groups(self) -> dict[str, list[Group]]:
@@ -279,12 +280,17 @@ def build_report(found: FoundRuns, options: ReportOptions, roots: Sequence[Path]
     check_seeds_only(tasks, ("trainer.num_iterations",) if options.allow_mixed_budgets else ())
     # Read every curve the report needs now, so that a missing one stops it before it writes a file.
     needed = [options.crossing_metric, FRAMES_METRIC, ITERATION_SECONDS_METRIC]
+    runs = [run for groups in tasks.values() for group in groups for run in group.runs]
+    # The reward-against-KL plot needs both curves in every run; trainers that measure no KL (the
+    # text trainers) leave it out of the report rather than stop it.
+    kl_plot = options.plots and all(run.has_metric(options.kl_metric) for run in runs)
     if options.plots:
-        needed += [options.curve_metric, options.reward_metric, options.kl_metric]
-    for groups in tasks.values():
-        for run in (run for group in groups for run in group.runs):
-            for metric in needed:
-                run.curve(metric)
+        needed += [options.curve_metric]
+    if kl_plot:
+        needed += [options.reward_metric, options.kl_metric]
+    for run in runs:
+        for metric in needed:
+            run.curve(metric)
     reports = []
     for task, groups in tasks.items():
         names = _task_metrics(groups, options)
@@ -298,7 +304,9 @@ def build_report(found: FoundRuns, options: ReportOptions, roots: Sequence[Path]
                 improvement=_improvement_rows(task, groups, options),
             )
         )
-    return Report(tasks=reports, options=options, unfinished=found.unfinished, roots=[Path(root) for root in roots])
+    return Report(
+        tasks=reports, options=options, unfinished=found.unfinished, roots=[Path(root) for root in roots], kl_plot=kl_plot
+    )
 
 
 # ------------------------------------------------------------------ formatting
@@ -440,6 +448,8 @@ def format_markdown(report: Report, plot_files: dict[str, str] | None = None) ->
         }
         for key, name in plot_files.items():
             lines += [f"![{titles[key]}]({name})", ""]
+        if not report.kl_plot:
+            lines += [f"No plot of {options.reward_metric} against {options.kl_metric}: not every run logs {options.kl_metric}.", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -466,9 +476,10 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
             plot_learning_curves(groups, options.curve_metric, axis, path, options.confidence, options.seed)
             written.append(path)
             plot_files[axis] = PLOT_FILES[axis]
-        path = out_dir / PLOT_FILES["kl"]
-        written.append(plot_reward_against_kl(groups, options.reward_metric, options.kl_metric, path))
-        plot_files["kl"] = PLOT_FILES["kl"]
+        if report.kl_plot:
+            path = out_dir / PLOT_FILES["kl"]
+            written.append(plot_reward_against_kl(groups, options.reward_metric, options.kl_metric, path))
+            plot_files["kl"] = PLOT_FILES["kl"]
     tables = {
         SUMMARY_CSV: [row for task in report.tasks for row in task.summary],
         METRICS_CSV: [row for task in report.tasks for row in task.metrics],

@@ -119,6 +119,10 @@ class Run:
         return node
 
     # --------------------------------------------------------------- curves
+    def has_metric(self, metric: str) -> bool:
+        """Whether the run logged ``metric`` to CSV."""
+        return metric in self._curves or (self.folder / "metrics" / "scalars" / f"{metric}.csv").is_file()
+
     def curve(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """Return a metric's ``(steps, values)`` from the CSV files, in step order.
 

@@ -11,7 +11,8 @@ The dataset files use TRL's conversational formats, one JSON object per line:
   the chosen and rejected replies (TRL's convention) against the starting
   model as the reference (IPO: log-probs per token, as TRL defines it), and the logged metrics have TRL's names
   (``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``,
-  ``rewards/margins``, ``logps/chosen``, ``logps/rejected``).
+  ``rewards/margins``, ``logps/chosen``, ``logps/rejected``); ``rpo_alpha``
+  adds the chosen replies' token NLL, as TRL's option of that name does.
 
 :func:`fine_tune` runs a :class:`FineTuneSpec`; the local job backend
 (:mod:`nip_like.text.jobs`) calls it in a worker process.
@@ -54,6 +55,7 @@ class FineTuneSpec:
     seed: int = 0
     beta: float = 0.1  # dpo: inverse temperature (sigmoid) or regularisation (ipo)
     loss_type: str = "sigmoid"  # dpo: sigmoid (DPO) | ipo | hinge
+    rpo_alpha: Optional[float] = None  # dpo: weight of the chosen replies' mean token NLL added to the loss (TRL's rpo_alpha)
     device: str = "cpu"
     num_threads: Optional[int] = None  # torch CPU threads of the worker; null leaves torch's default
 
@@ -63,6 +65,8 @@ class FineTuneSpec:
             raise ConfigError(f"fine-tune method {self.method!r} is unknown; allowed: {', '.join(METHODS)}")
         if self.loss_type not in LOSS_TYPES:
             raise ConfigError(f"fine-tune loss_type {self.loss_type!r} is unknown; allowed: {', '.join(LOSS_TYPES)}")
+        if self.rpo_alpha is not None and self.rpo_alpha < 0:
+            raise ConfigError(f"fine-tune job {self.job_id}: rpo_alpha must be >= 0 or null, got {self.rpo_alpha}")
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
             raise ConfigError(f"fine-tune job {self.job_id}: epochs and batch_size must be >= 1 and lr > 0")
 
@@ -198,11 +202,16 @@ def fine_tune(spec: FineTuneSpec, log: Callable[[dict], None] = lambda metrics: 
             else:
                 # Chosen and rejected replies in one forward pass.
                 replies = [data[index][1] for index in batch] + [data[index][2] for index in batch]
-                both = _scores(spec, *reply_log_probs(model, tokenizer, prompts + prompts, replies, device))
+                summed, counts = reply_log_probs(model, tokenizer, prompts + prompts, replies, device)
+                both = _scores(spec, summed, counts)
                 chosen, rejected = both[: len(batch)], both[len(batch) :]
                 ref = torch.tensor([reference[index] for index in batch], device=device)
                 logits = (chosen - rejected) - (ref[:, 0] - ref[:, 1])
                 loss = preference_loss(logits, spec.beta, spec.loss_type).mean()
+                if spec.rpo_alpha:
+                    # RPO: the chosen replies' likelihood is kept up, so that DPO cannot push both down.
+                    nll = -summed[: len(batch)].sum() / counts[: len(batch)].sum()
+                    loss = loss + spec.rpo_alpha * nll
                 reward_chosen = spec.beta * (chosen - ref[:, 0]).detach()
                 reward_rejected = spec.beta * (rejected - ref[:, 1]).detach()
                 metrics = {

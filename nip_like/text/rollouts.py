@@ -49,6 +49,7 @@ def play_episodes(
     num_episodes: int,
     seed: int,
     by_agent: bool = False,
+    branching: int = 1,
 ) -> TensorDict:
     """Play ``num_episodes`` episodes on ``split``; the TensorDict of the module docstring.
 
@@ -67,10 +68,22 @@ def play_episodes(
     seed : int
         Seed of the list draws and of every reply (each round and agent gets
         its own seed derived from it), so that a replay is identical.
+    by_agent : bool
+        ``models`` and ``sampling`` are keyed by agent, not by group (scripted
+        players, one per role).
+    branching : int
+        ``k``: play each list as a tree whose every round branches ``k`` ways
+        (MALT). The result then has ``num_episodes * k**R`` episodes (``R``
+        rounds), the ``k**R`` leaves of one list consecutive; at round ``r``
+        the leaves in each block of ``k**(R - r - 1)`` share one sampled
+        reply per agent (one node of the tree), so the ``k`` blocks under one
+        node of the previous round are its sampled children.
     """
-    env = scenario.make_env(num_episodes, split, derive_seed(seed, "lists"), "cpu")
     protocol, names, groups = scenario.protocol, scenario.agent_names, scenario.groups()
     rounds, agents = protocol.num_rounds, len(names)
+    leaves = branching**rounds
+    num_episodes *= leaves
+    env = scenario.make_env(num_episodes, split, derive_seed(seed, "lists"), "cpu", group_size=leaves)
     acted = torch.zeros(num_episodes, rounds, agents, dtype=torch.bool)
     rewards = torch.zeros(num_episodes, rounds, agents)
     chats = [[[""] * agents for _ in range(rounds)] for _ in range(num_episodes)]
@@ -86,8 +99,11 @@ def play_episodes(
             break
         visible = env.visible_cells(state).cpu()
         action = torch.full((num_episodes, agents, env.message_tokens), scenario.tokenizer.pad_token_id, dtype=torch.long)
+        # Each block of leaves under one node of this round samples once, on its first row.
+        block = branching ** (rounds - round_index - 1)
         for agent, name in enumerate(names):
-            rows = active[:, agent].nonzero().flatten().tolist()
+            acting = active[:, agent].nonzero().flatten().tolist()
+            rows = [row for row in acting if row % block == 0]
             if not rows:
                 continue
             rendered = [
@@ -103,6 +119,14 @@ def play_episodes(
                 chats[row][round_index][agent] = json.dumps(chat)
                 replies[row][round_index][agent] = answer
                 moves[row][round_index][agent] = meaning
+            if block > 1:
+                for row in acting:
+                    leader = row - row % block
+                    if row != leader:
+                        action[row, agent] = action[leader, agent]
+                        chats[row][round_index][agent] = chats[leader][round_index][agent]
+                        replies[row][round_index][agent] = replies[leader][round_index][agent]
+                        moves[row][round_index][agent] = moves[leader][round_index][agent]
         acted[:, round_index] = active
         tensordict["agents", "action"] = action.to(env.device)
         tensordict = env.step(tensordict)

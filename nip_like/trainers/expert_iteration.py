@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensordict import TensorDict
 
@@ -12,18 +12,25 @@ from nip_like.checkpoint import derive_seed
 from nip_like.registry import register_trainer
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT
 from nip_like.text.fine_tune import FineTuneSpec
-from nip_like.trainers.pure_text import PureTextRlTrainer, TextTrainingConfig, sft_record
+from nip_like.trainers.pure_text import FineTuneOptions, PureTextRlTrainer, TextTrainingConfig, sft_record
 
 SELECTIONS = ("threshold", "sample")
+
+
+def _expert_iteration_jobs() -> FineTuneOptions:
+    return FineTuneOptions(epochs=4, lr=1e-3)
 
 
 @dataclass
 class ExpertIterationConfig(TextTrainingConfig):
     """Options of expert iteration (``trainer.objective``)."""
 
+    episodes: int = checked(1024, ge=1)  # episodes sampled per iteration (train split)
+    fine_tune: FineTuneOptions = field(default_factory=_expert_iteration_jobs)  # the SFT jobs' settings
+
     selection: str = checked("threshold", choices=SELECTIONS)  # threshold: keep turns whose episode return >= reward_threshold | sample: keep each with probability rising linearly with its return
     reward_threshold: float = checked(0.5)  # threshold: the least episode return (the agent's own) a kept turn has
-    label_replacement: float = checked(0.0, ge=0, le=1)  # share of the verifier's decisions replaced by the true label (kept as correct)
+    label_replacement: float = checked(1.0, ge=0, le=1)  # share of the verifier's decisions replaced by the true label (kept as correct)
     anneal_replacement: bool = True  # the share falls linearly to 0 over the iterations
 
 

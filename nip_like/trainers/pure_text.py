@@ -63,6 +63,7 @@ class FineTuneOptions:
     max_grad_norm: Optional[float] = checked(1.0, gt=0)  # gradient clipping; null = none
     beta: float = checked(0.1, gt=0)  # DPO: inverse temperature (IPO: regularisation)
     loss_type: str = checked("sigmoid", choices=("sigmoid", "ipo", "hinge"))  # DPO loss
+    rpo_alpha: Optional[float] = checked(None, ge=0)  # DPO: weight of the chosen replies' token NLL added to the loss (TRL's rpo_alpha); null = none
     timeout: Optional[float] = checked(None, gt=0)  # seconds to wait for a job; null = no limit
 
 
@@ -76,6 +77,7 @@ class TextTrainingConfig:
     test_greedy: bool = True  # tests decode greedily (temperature 0)
     warm_start_episodes: int = checked(0, ge=0)  # honest-play demonstrations for an SFT job before the first iteration; 0 = none
     warm_start_epochs: int = checked(2, ge=1)  # passes of the warm start's SFT
+    warm_start_lr: float = checked(1e-3, gt=0)  # learning rate of the warm start's SFT
     fine_tune: FineTuneOptions = field(default_factory=FineTuneOptions)  # the jobs' training settings
 
 
@@ -95,6 +97,8 @@ class TextTrainState:
     iteration: int = 0  # the iteration in progress
     stage: str = "warm_start"  # the next stage to run: warm_start, one of STAGES, or final_test
     groups: dict[str, GroupState] = field(default_factory=dict)
+    frames: int = 0  # environment steps sampled by the iterations so far (each round of each train episode)
+    iteration_seconds: float = 0.0  # wall time of the current iteration's stages so far
     train_seconds: float = 0.0  # wall time in the stages, over all sessions
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,6 +112,8 @@ class TextTrainState:
 
 class PureTextRlTrainer(Trainer):
     """Staged training of text agents through fine-tune jobs (see the module docstring).
+
+    A subclass that samples trees instead of episodes sets :attr:`branching`.
 
     Parameters
     ----------
@@ -135,6 +141,10 @@ class PureTextRlTrainer(Trainer):
         self._models: dict[str, tuple[str, TextModel]] = {}
         self.final_metrics: dict[str, float] = {}
 
+    #: Each iteration plays every list as a tree branching this many ways per round (see
+    #: :func:`~nip_like.text.rollouts.play_episodes`); 1 plays plain episodes.
+    branching: int = 1
+
     # ------------------------------------------------------------- the hook
     @abstractmethod
     def _stage_create_fine_tune_jobs(self, rollouts: TensorDict) -> dict[str, FineTuneSpec]:
@@ -150,8 +160,13 @@ class PureTextRlTrainer(Trainer):
         iteration = self.state.iteration if iteration is None else iteration
         return f"{self.run_id}-it{iteration:04d}-{group}"
 
-    def job_spec(self, group: str, method: str, dataset: Path, epochs: int | None = None) -> FineTuneSpec:
-        """A job that fine-tunes ``group``'s current model on ``dataset`` with ``method`` (sft or dpo)."""
+    def job_spec(
+        self, group: str, method: str, dataset: Path, epochs: int | None = None, lr: float | None = None
+    ) -> FineTuneSpec:
+        """A job that fine-tunes ``group``'s current model on ``dataset`` with ``method`` (sft or dpo).
+
+        ``epochs`` and ``lr`` default to ``trainer.objective.fine_tune``'s.
+        """
         options = self.options.fine_tune
         job_id = self.job_id(group) if self.state.stage != "warm_start" else f"{self.run_id}-warm-{group}"
         return FineTuneSpec(
@@ -161,12 +176,13 @@ class PureTextRlTrainer(Trainer):
             dataset=str(dataset),
             output=str(self.run_dir / "models" / group / job_id.removeprefix(f"{self.run_id}-")),
             epochs=int(epochs if epochs is not None else options.epochs),
-            lr=float(options.lr),
+            lr=float(lr if lr is not None else options.lr),
             batch_size=int(options.batch_size),
             max_grad_norm=None if options.max_grad_norm is None else float(options.max_grad_norm),
             seed=derive_seed(self.seed, job_id),
             beta=float(options.beta),
             loss_type=str(options.loss_type),
+            rpo_alpha=None if options.rpo_alpha is None else float(options.rpo_alpha),
             device=self.device,
             num_threads=self._job_threads(),
         )
@@ -289,6 +305,12 @@ class PureTextRlTrainer(Trainer):
                 return
             else:
                 next_stage = getattr(self, f"_stage_{stage}_run")()
+                seconds = time.perf_counter() - started
+                self.state.iteration_seconds += seconds
+                if next_stage == "next_iteration":
+                    # The comparison report reads each iteration's wall time from timers/iteration.
+                    self.logger.log({"timers/iteration": self.state.iteration_seconds}, step=self.state.iteration)
+                    self.state.iteration_seconds = 0.0
                 self._advance(next_stage)
             self.state.train_seconds += time.perf_counter() - started
             self.save_checkpoint("last")
@@ -312,7 +334,8 @@ class PureTextRlTrainer(Trainer):
             models = {group: self.model(group) for group in self.scenario.group_names()}
             seed = derive_seed(self.seed, f"rollouts:{self.state.iteration}")
             rollouts = play_episodes(
-                self.scenario, models, self.sampling(), "train", int(self.options.episodes), seed
+                self.scenario, models, self.sampling(), "train", int(self.options.episodes), seed,
+                branching=self.branching,
             )
             save_rollouts(rollouts, self.scenario.agent_names, self.scenario.protocol.num_rounds, path)
         return "log_stats"
@@ -322,7 +345,10 @@ class PureTextRlTrainer(Trainer):
         return load_rollouts(self._rollouts_path())
 
     def _stage_log_stats_run(self) -> str:
-        metrics = self.rollout_metrics(self.rollouts())
+        rollouts = self.rollouts()
+        metrics = self.rollout_metrics(rollouts)
+        self.state.frames += int(rollouts["turns", "acted"].any(-1).sum())
+        metrics["frames"] = self.state.frames
         self.logger.log({f"train/{name}": value for name, value in metrics.items()}, step=self.state.iteration)
         return "test"
 
@@ -442,7 +468,13 @@ class PureTextRlTrainer(Trainer):
         for turn in self.turns_by_agent(demonstrations):
             records[turn["group"]].append(sft_record(turn))
         specs = {
-            group: self.job_spec(group, "sft", self.write_dataset(f"warm_start_{group}", rows), int(self.options.warm_start_epochs))
+            group: self.job_spec(
+                group,
+                "sft",
+                self.write_dataset(f"warm_start_{group}", rows),
+                epochs=int(self.options.warm_start_epochs),
+                lr=float(self.options.warm_start_lr),
+            )
             for group, rows in records.items()
             if rows
         }
