@@ -33,6 +33,8 @@ from nip_like.config import run_id
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import build_trainer, format_metrics
 from nip_like.resume import load_run_config
+from nip_like.text.rollouts import rollout_records
+from nip_like.trainers.pure_text import PureTextRlTrainer
 
 #: Checkpoints a run writes; "tested" is the one its test loop used.
 CHECKPOINTS = ("tested", "best", "last")
@@ -106,11 +108,19 @@ def evaluate_run(
         trainer.load_state_dict(state["trainer"])
         examples = trainer.scenario.use_dataset_file(data, split) if data is not None else None
         trainer.test_split = split  # the test loop refuses an unknown split in one line
-        with ExitStack() as stack:
-            trainer._build_test_context(stack)
-            metrics = trainer._run_test_loop()
-        transcripts_file = Path(scratch) / "transcripts" / "test.jsonl"
-        transcripts = transcripts_file.read_text() if transcripts_file.is_file() else ""
+        if isinstance(trainer, PureTextRlTrainer):
+            # Text agents: the state names each group's model; play the split as the run's tests did.
+            trainer.scenario.split(split)
+            rollouts = trainer.play_test(split, episodes)
+            metrics = {f"test/{key}": value for key, value in trainer.rollout_metrics(rollouts).items()}
+            records = rollout_records(rollouts, trainer.scenario.agent_names)
+            transcripts = "".join(json.dumps(record) + "\n" for record in records)
+        else:
+            with ExitStack() as stack:
+                trainer._build_test_context(stack)
+                metrics = trainer._run_test_loop()
+            transcripts_file = Path(scratch) / "transcripts" / "test.jsonl"
+            transcripts = transcripts_file.read_text() if transcripts_file.is_file() else ""
     label = "data" if data is not None else split
     if label != "test":
         metrics = {f"{label}/{key.split('/', 1)[1]}": value for key, value in metrics.items()}
@@ -120,10 +130,16 @@ def evaluate_run(
         "split": split,
         "data": str(data) if data is not None else None,
         "data_examples": examples,
-        "episodes": int(config.trainer.num_test_episodes),
+        "episodes": int(episodes if episodes is not None else _test_episodes(config)),
         "metrics": metrics,
         "transcripts": transcripts,
     }
+
+
+def _test_episodes(config) -> int:
+    """The episodes of a run's test: ``trainer.objective.test_episodes`` for text trainers."""
+    objective = config.trainer.get("objective") or {}
+    return int(objective.get("test_episodes", config.trainer.num_test_episodes))
 
 
 def write_evaluation(result: dict[str, Any], out: Path) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from nip_like.cli import compose_config
 from nip_like.config import run_id
-from nip_like.errors import FineTuneError
+from nip_like.errors import ConfigError, FineTuneError
+from nip_like.evaluate import evaluate_run
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, read_list_line
 from nip_like.text.models import Sampling, TextModel
@@ -69,6 +70,13 @@ def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(tmp_path):
     assert steps == [0, 1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test_metrics"] == metrics and summary["iterations"] == 2
+    # python -m nip_like.evaluate plays the saved models again: the same metrics on the test split.
+    again = evaluate_run(run_dir)
+    assert again["metrics"] == metrics and again["episodes"] == 16
+    assert json.loads(again["transcripts"].splitlines()[0])["turns"][0]["agent"] == "prover"
+    assert "val/accuracy" in evaluate_run(run_dir, split="val", episodes=8)["metrics"]
+    with pytest.raises(ConfigError, match="split"):
+        evaluate_run(run_dir, split="dev")
 
 
 def stop_after_stages(monkeypatch, count: int) -> None:

@@ -381,6 +381,24 @@ class PureTextRlTrainer(Trainer):
             self._test(self._test_path(self.state.iteration))
         return "create_fine_tune_jobs" if self.state.iteration < self.num_iterations - 1 else "next_iteration"
 
+    def play_test(self, split: str | None = None, episodes: int | None = None) -> TensorDict:
+        """Play ``split`` (the test split by default) with the current models, as every test does.
+
+        ``test_episodes`` episodes (or ``episodes``), decoded greedily with
+        ``test_greedy``, with the same seed every time: the same lists, and
+        with local models the same replies. ``python -m nip_like.evaluate``
+        calls it on a run's saved state.
+        """
+        models = {group: self.model(group) for group in self.scenario.group_names()}
+        return play_episodes(
+            self.scenario,
+            models,
+            self.sampling(greedy=bool(self.options.test_greedy)),
+            self.test_split if split is None else split,
+            int(self.options.test_episodes if episodes is None else episodes),
+            derive_seed(self.seed, "test"),
+        )
+
     def _test(self, path: Path) -> dict[str, float]:
         """Play the test split with the current models (same lists every time); save the metrics.
 
@@ -388,15 +406,7 @@ class PureTextRlTrainer(Trainer):
         """
         if path.is_file():
             return json.loads(path.read_text())
-        models = {group: self.model(group) for group in self.scenario.group_names()}
-        rollouts = play_episodes(
-            self.scenario,
-            models,
-            self.sampling(greedy=bool(self.options.test_greedy)),
-            self.test_split,
-            int(self.options.test_episodes),
-            derive_seed(self.seed, "test"),
-        )
+        rollouts = self.play_test()
         metrics = self.rollout_metrics(rollouts)
         save_rollouts(rollouts, self.scenario.agent_names, self.scenario.protocol.num_rounds, path.with_suffix(".jsonl"))
         self.logger.log({f"eval/{name}": value for name, value in metrics.items()}, step=self.state.iteration)
