@@ -161,7 +161,7 @@ class LocalFineTuneBackend(FineTuneBackend):
                 return JobStatus(job_id, "running", log=log)  # started, not yet at its first status write
         else:
             return JobStatus(job_id, "pending")
-        if process is not None and process.returncode is not None or not _alive(pid):
+        if (process is not None and process.returncode is not None) or not _alive(pid):
             # Read again: the worker may have finished between the two reads.
             if status_file.is_file() and json.loads(status_file.read_text())["status"] != "running":
                 return self.status(job_id)

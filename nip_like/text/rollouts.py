@@ -164,35 +164,22 @@ def play_episodes(
     )
 
 
-def _strings(stack, shape: tuple[int, ...]) -> list:
-    """A non-tensor stack's strings as nested lists of ``shape``."""
-    flat = list(_flatten(stack.tolist() if hasattr(stack, "tolist") else list(stack)))
-    for size in reversed(shape[1:]):
-        flat = [flat[i : i + size] for i in range(0, len(flat), size)]
-    return flat
-
-
-def _flatten(items):
-    for item in items:
-        if isinstance(item, (list, tuple)) or (hasattr(item, "__iter__") and not isinstance(item, str)):
-            yield from _flatten(item)
-        else:
-            yield item
-
-
 def rollout_records(rollouts: TensorDict, agent_names: tuple[str, ...]) -> list[dict]:
     """One readable record per episode: the list, label, every turn (chat, reply, move, reward), decision,
     returns, and each agent's reward in every round (``round_rewards``: a prover is rewarded in the round
     the verifier decides, without a turn of its own)."""
     turns = rollouts["turns"]
-    shape = tuple(turns.batch_size)
-    chats, replies, moves = (_strings(turns[key], shape) for key in ("chat", "reply", "move"))
+    # Everything as Python lists once: indexing tensors element by element is slow on big rollouts.
+    chats, replies, moves = (turns.get(key).tolist() for key in ("chat", "reply", "move"))
+    acted, rewards = turns["acted"].tolist(), turns["reward"].tolist()
+    returns, values = rollouts["return"].tolist(), rollouts["values"].tolist()
+    decisions, labels, indices = (rollouts[key].tolist() for key in ("decision", "label", "list_index"))
     records = []
-    for episode in range(shape[0]):
+    for episode, episode_acted in enumerate(acted):
         dialogue = []
-        for round_index in range(shape[1]):
+        for round_index, round_acted in enumerate(episode_acted):
             for agent, name in enumerate(agent_names):
-                if bool(turns["acted"][episode, round_index, agent]):
+                if round_acted[agent]:
                     dialogue.append(
                         {
                             "round": round_index,
@@ -200,22 +187,21 @@ def rollout_records(rollouts: TensorDict, agent_names: tuple[str, ...]) -> list[
                             "chat": json.loads(chats[episode][round_index][agent]),
                             "reply": replies[episode][round_index][agent],
                             "move": moves[episode][round_index][agent],
-                            "reward": float(turns["reward"][episode, round_index, agent]),
+                            "reward": rewards[episode][round_index][agent],
                         }
                     )
-        decision = int(rollouts["decision"][episode])
-        label = bool(rollouts["label"][episode])
+        decision, label = int(decisions[episode]), bool(labels[episode])
         records.append(
             {
-                "list_index": int(rollouts["list_index"][episode]),
-                "values": rollouts["values"][episode].tolist(),
+                "list_index": int(indices[episode]),
+                "values": values[episode],
                 "label": label,
                 "turns": dialogue,
                 "decision": {1: "accept", 0: "reject"}.get(decision, "none"),
                 "correct": decision >= 0 and bool(decision) == label,
-                "returns": {name: float(rollouts["return"][episode, agent]) for agent, name in enumerate(agent_names)},
+                "returns": {name: returns[episode][agent] for agent, name in enumerate(agent_names)},
                 "round_rewards": {
-                    name: turns["reward"][episode, :, agent].tolist() for agent, name in enumerate(agent_names)
+                    name: [step[agent] for step in rewards[episode]] for agent, name in enumerate(agent_names)
                 },
             }
         )

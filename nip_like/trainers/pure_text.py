@@ -356,13 +356,21 @@ class PureTextRlTrainer(Trainer):
         """Decision metrics, each agent's mean episode return (``reward``), reply length and share of replies that did something."""
         metrics = decision_metrics(rollouts["decision"], rollouts["label"], rollouts["list_index"])
         metrics["decided"] = (rollouts["decision"] >= 0).float().mean().item()
-        turns = self.turns_by_agent(rollouts)
+        # The reply and move strings as nested lists, (E, R, N): no chat needs reading here.
+        turns = rollouts["turns"]
+        acted = turns["acted"].tolist()
+        replies, moves = turns.get("reply").tolist(), turns.get("move").tolist()
         for index, name in enumerate(self.scenario.agent_names):
             metrics[f"agents/{name}/reward"] = rollouts["return"][:, index].mean().item()
-            own = [turn for turn in turns if turn["agent"] == name]
+            own = [
+                (replies[episode][step][index], moves[episode][step][index])
+                for episode, rounds in enumerate(acted)
+                for step, agents in enumerate(rounds)
+                if agents[index]
+            ]
             if own:
-                metrics[f"agents/{name}/reply_chars"] = sum(len(turn["reply"]) for turn in own) / len(own)
-                metrics[f"agents/{name}/effective_replies"] = sum(turn["move"] != "none" for turn in own) / len(own)
+                metrics[f"agents/{name}/reply_chars"] = sum(len(reply) for reply, _ in own) / len(own)
+                metrics[f"agents/{name}/effective_replies"] = sum(move != "none" for _, move in own) / len(own)
         return metrics
 
     def _tests_now(self) -> bool:
@@ -462,12 +470,10 @@ class PureTextRlTrainer(Trainer):
 
     def _warm_start(self) -> None:
         """SFT every group on honest play (``warm_start_episodes`` demonstrations), before the first iteration."""
-        from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel
-
         names = self.scenario.agent_names
         demonstrations = play_episodes(
             self.scenario,
-            {agent: ScriptedDuplicatesModel(self.scenario.role(agent)) for agent in names},
+            {agent: self.scenario.scripted_player(agent) for agent in names},
             {agent: Sampling(1) for agent in names},
             "train",
             int(self.options.warm_start_episodes),

@@ -154,12 +154,17 @@ class DuplicatesChatScenario(DuplicatesScenario):
         role = self.role(agent)
         return str(self.config.system_prompts.get(role, SYSTEM_PROMPTS[role]))
 
+    def scripted_player(self, agent: str) -> "ScriptedDuplicatesModel":
+        """The honest scripted player of ``agent``'s role (the warm start's teacher)."""
+        return ScriptedDuplicatesModel(self.role(agent))
+
     def scripted_model(self, group: str) -> "ScriptedDuplicatesModel":
         """The honest scripted player of ``group`` (``backend: scripted``); its agents must share one role."""
-        roles = {self.role(agent) for agent, owner in self.groups().items() if owner == group}
+        agents = [agent for agent, owner in self.groups().items() if owner == group]
+        roles = {self.role(agent) for agent in agents}
         if len(roles) != 1:
             raise ConfigError(f"model group {group!r} is scripted but its agents play different roles {sorted(roles)}")
-        return ScriptedDuplicatesModel(roles.pop())
+        return self.scripted_player(agents[0])
 
     # -------------------------------------------------------------------- chat
     def render_chat(
