@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -74,8 +75,17 @@ def supervised_epoch(
 
 
 def speaks(scenario) -> bool:
-    """Whether the scenario's agents are fitted to demonstrated messages (agents that talk) rather than to labels."""
+    """Whether the scenario demonstrates each agent's play (``demonstrations``) rather than giving one set of labels."""
     return hasattr(scenario, "demonstrations")
+
+
+#: The entry that marks token demonstrations (a language model's prompt and message) rather than decisions.
+PROMPT_KEY = "prompt_ids"
+
+
+def is_token_data(data: TensorDictBase) -> bool:
+    """Whether ``data`` holds token demonstrations (prompts and messages) rather than decision datapoints."""
+    return PROMPT_KEY in data.keys()
 
 
 def split_data(scenario, split: str, seed: int, device: torch.device | str):
@@ -115,6 +125,9 @@ def fit_epoch(
 ) -> tuple[float, float, int]:
     """One shuffled pass of ``agent`` over its :func:`agent_data`: next-token or decision cross-entropy.
 
+    Token demonstrations (:func:`is_token_data`) are fitted token by token; decision datapoints
+    (``"target_action"`` among ``"target_mask"``) by the agent's log-probability of the target.
+
     Returns
     -------
     loss, accuracy, steps
@@ -123,7 +136,7 @@ def fit_epoch(
     """
     network = policy_network(agents, agent)
     network.train()
-    if speaks(scenario):
+    if is_token_data(data):
         return demonstration_epoch(network, data, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
     index = scenario.agent_names.index(agent)
     return supervised_epoch(agents, index, data, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
@@ -139,7 +152,7 @@ def held_out_accuracy(scenario, agents: AgentModules, agent: str, data: TensorDi
     """``agent``'s accuracy on held-out :func:`agent_data`: decisions right, or demonstrations reproduced greedily."""
     network = policy_network(agents, agent)
     network.eval()
-    if speaks(scenario):
+    if is_token_data(data):
         return held_out_scores(network, data)[1]
     predicted = predicted_decisions(agents, scenario.agent_names.index(agent), data)
     return (predicted == data.get(TARGET_KEY)).float().mean().item()
@@ -191,10 +204,11 @@ def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
 
 
 def _epochs(config: DictConfig, agent: str) -> tqdm:
-    """The pretraining epochs of ``agent``, with a progress bar when ``run.progress_bar`` is on."""
+    """The pretraining epochs of ``agent`` (one in a test run), with a progress bar when ``run.progress_bar`` is on."""
     options = config.trainer.pretrain
+    epochs = 1 if config.run.test_run else int(options.agent_epochs.get(agent, options.epochs))
     return tqdm(
-        range(int(options.agent_epochs.get(agent, options.epochs))),
+        range(epochs),
         desc=f"Warm start of {agent}",
         unit="epoch",
         disable=not bool(config.run.progress_bar),
@@ -241,8 +255,10 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     Returns
     -------
     dict
-        ``pretrain/<agent>/train_accuracy`` and ``pretrain/<agent>/from_cache`` per agent.
+        ``pretrain/<agent>/train_accuracy`` and ``pretrain/<agent>/from_cache`` per agent, and
+        ``timers/pretrain``: the seconds the warm start took (making the data, fitting, or loading).
     """
+    started = time.perf_counter()
     options = config.trainer.pretrain
     require_labelled_data(scenario, "trainer.pretrain.agents")
     names = pretrained_agent_names(scenario, list(options.agents))
@@ -296,7 +312,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             if best is not None:
                 network.load_state_dict(best[1])
                 accuracy = best[2]
-            if speaks(scenario):
+            if is_token_data(train):
                 sync_value_body(network)
             cached = {
                 "key": key,
@@ -304,7 +320,8 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 "train_accuracy": accuracy,
                 "val_accuracy": best[0] if best is not None else None,
             }
-            save_atomic({"run_id": digest, **cached}, path)
+            if not config.run.test_run:  # a test run's single epoch is not the agent its key names
+                save_atomic({"run_id": digest, **cached}, path)
             metrics[f"pretrain/{agent}/from_cache"] = 0.0
         else:
             network.load_state_dict(cached["state"])
@@ -313,4 +330,5 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         if cached.get("val_accuracy") is not None:
             metrics[f"pretrain/{agent}/val_accuracy"] = float(cached["val_accuracy"])
         _copy_body_to_value(agents, agent)
+    metrics["timers/pretrain"] = time.perf_counter() - started
     return metrics

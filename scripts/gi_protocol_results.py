@@ -14,9 +14,20 @@ paper reports.
 
 Run it from the repository root::
 
-    python scripts/gi_protocol_results.py                                  # quick preset, 3 seeds, every proof protocol
+    python scripts/gi_protocol_results.py                                  # quick preset, 5 seeds, every proof protocol
     python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 --jobs 2
     python scripts/gi_protocol_results.py --preset paper_fast --out outputs/gi_paper_fast trainer.num_iterations=1500
+
+``--target 0.9`` adds a column: the wall time until the validation accuracy
+first reached 0.9 (the warm start, ``timers/pretrain``, plus the iterations up
+to that evaluation, ``timers/iteration``), the mean and the slowest seed.
+``--require PROTOCOL=ACCURACY`` (repeatable) fails the call (exit status 1) unless
+every seed of that protocol reaches the test accuracy, and ``--require-gap
+PROTOCOL=GAP`` unless its mean test accuracy is at least that far above the
+solo verifier's: together they check a claim, such as the main job's::
+
+    python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 3 4 \
+        --require nip=0.85 --require-gap nip=0.10
 
 With ``--plots`` it also draws, from the runs' CSV metrics, the validation
 accuracy against frames (``<out>/curves_accuracy.png``, one colour per
@@ -88,27 +99,79 @@ def _mean_metric(runs: list[dict], names: tuple[str, ...]) -> str:
     return f"{statistics.mean(values):.2f}" if values else ""
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    """The Markdown results table."""
+def seconds_to_target(folder: Path, target: float) -> float | None:
+    """Wall seconds until a run's validation accuracy first reached ``target`` (warm start included); None if never."""
+    from nip_like.logging import read_csv_metric
+
+    scalars = folder / "metrics" / "scalars"
+    if not (scalars / "eval" / "accuracy.csv").is_file():
+        return None
+    reached = [step for step, value in read_csv_metric(folder, "eval/accuracy") if value >= target]
+    if not reached:
+        return None
+    pretrain = read_csv_metric(folder, "timers/pretrain") if (scalars / "timers" / "pretrain.csv").is_file() else []
+    iterations = read_csv_metric(folder, "timers/iteration")
+    return sum(value for _, value in pretrain) + sum(value for step, value in iterations if step <= reached[0])
+
+
+def _time_to_target(runs: list[dict], target: float) -> str:
+    """Mean and slowest :func:`seconds_to_target` of ``runs`` (minutes), or how many never reached it."""
+    times = [run.get("seconds_to_target") for run in runs]
+    reached = [value for value in times if value is not None]
+    if not reached:
+        return "never"
+    text = f"{statistics.mean(reached) / 60:.1f} (max {max(reached) / 60:.1f}) min"
+    return text if len(reached) == len(times) else f"{text}; {len(times) - len(reached)} never"
+
+
+def check_claims(results: dict[str, list[dict]], required: dict[str, float], gaps: dict[str, float]) -> list[str]:
+    """The claims of ``--require`` and ``--require-gap`` that the results do not bear out, one line each."""
+    failed = []
+
+    def accuracies(protocol: str) -> list[float]:
+        return [run["test_metrics"]["test/accuracy"] for run in results.get(protocol, []) if "error" not in run]
+
+    for protocol, bar in required.items():
+        runs = [run for run in results.get(protocol, [])]
+        below = [f"seed {run['seed']}: {run['test_metrics']['test/accuracy']:.3f}" for run in runs
+                 if "error" not in run and run["test_metrics"]["test/accuracy"] < bar]
+        broken = [f"seed {run['seed']}: failed" for run in runs if "error" in run]
+        if not runs or below or broken:
+            failed.append(f"{protocol}: every seed must reach {bar}; " + (", ".join(below + broken) or "no runs"))
+    for protocol, gap in gaps.items():
+        mine, solo = accuracies(protocol), accuracies("solo_verifier")
+        if not mine or not solo:
+            failed.append(f"{protocol}: the gap to solo_verifier needs runs of both")
+        elif statistics.mean(mine) - statistics.mean(solo) < gap:
+            failed.append(
+                f"{protocol}: mean {statistics.mean(mine):.3f} is not {gap} above solo_verifier's {statistics.mean(solo):.3f}"
+            )
+    return failed
+
+
+def table(results: dict[str, list[dict]], target: float | None = None) -> str:
+    """The Markdown results table (with a time-to-``target`` column when ``target`` is given)."""
+    extra = f" time to {target} val |" if target is not None else ""
     rows = [
         "| protocol | test accuracy, mean ± sd | min | max | faithful answers | episode length | seeds "
-        "| frames per run | wall time per run | NIP paper |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| frames per run | wall time per run |{extra} NIP paper |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if target is not None else "") + "---|",
     ]
     faithful = tuple(f"test/agents/{name}/faithful_answers" for name in ACCEPT_PROVERS)
     for protocol, runs in results.items():
         done = [run for run in runs if "error" not in run]
         if not done:
-            rows.append(f"| {protocol} | failed | | | | | 0 | | | {PAPER.get(protocol, '')} |")
+            rows.append(f"| {protocol} | failed | | | | | 0 | | |{' |' if target is not None else ''} {PAPER.get(protocol, '')} |")
             continue
         accuracy = [run["test_metrics"]["test/accuracy"] for run in done]
         spread = statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0
-        seconds = statistics.mean(run["train_seconds"] for run in done)
+        seconds = statistics.mean(run["train_seconds"] + run.get("pretrain_seconds", 0.0) for run in done)
+        reach = f" {_time_to_target(done, target)} |" if target is not None else ""
         rows.append(
             f"| {protocol} | {statistics.mean(accuracy):.3f} ± {spread:.3f} | {min(accuracy):.3f} | "
             f"{max(accuracy):.3f} | {_mean_metric(done, faithful)} | "
             f"{_mean_metric(done, ('test/episode_length',))} | {len(done)} | {done[0]['frames']:,} | "
-            f"{seconds / 60:.1f} min | {PAPER.get(protocol, '')} |"
+            f"{seconds / 60:.1f} min |{reach} {PAPER.get(protocol, '')} |"
         )
     return "\n".join(rows)
 
@@ -147,15 +210,21 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     """Run the grid, print and write the table, return the summaries."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--protocols", nargs="+", default=PROTOCOLS, choices=PROTOCOLS)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--preset", default="quick", help="config preset of every run (quick, paper_fast or paper)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--out", default="outputs/gi_protocol_results", help="folder of the runs and the table")
     parser.add_argument("--plots", action="store_true", help="also draw the learning curves")
+    parser.add_argument("--target", type=float, help="add the wall time until the validation accuracy reached this")
+    parser.add_argument("--require", action="append", default=[], metavar="PROTOCOL=ACCURACY",
+                        help="fail unless every seed of PROTOCOL reaches this test accuracy")
+    parser.add_argument("--require-gap", action="append", default=[], metavar="PROTOCOL=GAP",
+                        help="fail unless PROTOCOL's mean test accuracy is this far above solo_verifier's")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    required, gaps = _claims(parser, args.require, "--require"), _claims(parser, args.require_gap, "--require-gap")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     grid = [(protocol, seed) for protocol in args.protocols for seed in args.seeds]
     started = time.perf_counter()
@@ -163,10 +232,13 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
         outcomes = list(pool.map(lambda job: run_one(args, *job), grid))
     results: dict[str, list[dict]] = {protocol: [] for protocol in args.protocols}
     for (protocol, seed), outcome in zip(grid, outcomes):
+        folder = Path(args.out) / f"{protocol}_seed{seed}"
+        if "error" not in outcome:
+            outcome = {**outcome, **_timings(folder, args.target)}
         results[protocol].append({"seed": seed, **outcome})
         if "error" in outcome:
             print(f"failed: {protocol} seed {seed}: {outcome['error']}", file=sys.stderr)
-    text = table(results)
+    text = table(results, args.target)
     print(text)
     print(f"\n{len(grid)} runs, {(time.perf_counter() - started) / 60:.1f} min in this call")
     (Path(args.out) / "results.md").write_text(text + "\n")
@@ -174,7 +246,39 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     if args.plots:
         for path in plot(Path(args.out), args.protocols, args.seeds):
             print(f"wrote {path}")
+    failed = check_claims(results, required, gaps)
+    for line in failed:
+        print(f"claim not met: {line}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
     return results
+
+
+def _claims(parser: argparse.ArgumentParser, values: list[str], option: str) -> dict[str, float]:
+    """``PROTOCOL=NUMBER`` arguments of ``option`` as a dict (a parser error names a bad one)."""
+    claims = {}
+    for value in values:
+        protocol, _, number = value.partition("=")
+        try:
+            claims[protocol] = float(number)
+        except ValueError:
+            parser.error(f"{option} takes PROTOCOL=NUMBER, got {value!r}")
+        if protocol not in PROTOCOLS:
+            parser.error(f"{option} names {protocol!r}; the protocols are {PROTOCOLS}")
+    return claims
+
+
+def _timings(folder: Path, target: float | None) -> dict[str, float | None]:
+    """A finished run's warm-start seconds and, with ``target``, its :func:`seconds_to_target`."""
+    from nip_like.logging import read_csv_metric
+
+    pretrain = folder / "metrics" / "scalars" / "timers" / "pretrain.csv"
+    timings: dict[str, float | None] = {
+        "pretrain_seconds": sum(value for _, value in read_csv_metric(folder, "timers/pretrain")) if pretrain.is_file() else 0.0
+    }
+    if target is not None:
+        timings["seconds_to_target"] = seconds_to_target(folder, target)
+    return timings
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def test_main_job_default_is_the_graph_isomorphism_quick_preset():
 
     config = compose_config([])  # what `python -m nip_like` runs with no overrides
     assert (config.scenario.name, config.protocol.name, config.trainer.trainer_type) == ("graph_isomorphism", "nip", "ppo")
-    assert config.trainer.num_iterations == 150 and config.protocol.min_rounds == 3
+    assert config.trainer.num_iterations == 100 and config.protocol.min_rounds == 3
+    assert list(config.trainer.pretrain.agents) == ["*"] and config.trainer.eval.test_checkpoint == "best"
     paper = make_config("preset=paper")
     assert (paper.trainer.frames_per_batch, paper.trainer.num_epochs, paper.trainer.optimizer.lr) == (2048, 10, 0.0003)
     assert (paper.trainer.objective.gamma, paper.trainer.objective.lmbda, paper.protocol.max_rounds) == (0.95, 0.95, 8)

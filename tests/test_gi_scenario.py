@@ -316,6 +316,36 @@ def test_protocol_results_table_from_run_summaries():
     assert rows[4] == "| adp | failed | | | | | 0 | | | 0.61 |"
 
 
+def test_protocol_results_time_to_target_and_claims(tmp_path):
+    script = load_results_script()
+    folder = tmp_path / "nip_seed0"
+    for name, rows in {
+        "eval/accuracy": [(10, 0.8), (20, 0.91), (30, 0.95)],
+        "timers/iteration": [(step, 2.0) for step in range(1, 31)],
+        "timers/pretrain": [(1, 30.0)],
+    }.items():
+        path = folder / "metrics" / "scalars" / f"{name}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{step},{value}\n" for step, value in rows))
+    assert script.seconds_to_target(folder, 0.9) == 30.0 + 20 * 2.0  # warm start, then 20 iterations
+    assert script.seconds_to_target(folder, 0.99) is None
+
+    def run(seed, accuracy):
+        return {"seed": seed, "test_metrics": {"test/accuracy": accuracy}, "train_seconds": 60.0, "frames": 1,
+                "pretrain_seconds": 30.0, "seconds_to_target": 90.0 if accuracy >= 0.9 else None}
+
+    results = {"nip": [run(0, 0.95), run(1, 0.84)], "solo_verifier": [run(0, 0.7), run(1, 0.72)]}
+    assert script.check_claims(results, {"nip": 0.85}, {"nip": 0.10}) == ["nip: every seed must reach 0.85; seed 1: 0.840"]
+    assert script.check_claims(results, {"nip": 0.80}, {"nip": 0.20}) == [
+        "nip: mean 0.895 is not 0.2 above solo_verifier's 0.710"
+    ]
+    assert script.check_claims(results, {"nip": 0.80}, {"nip": 0.10}) == []
+    row = script.table(results, target=0.9).splitlines()[2]
+    assert row.endswith("| 1.5 min | 1.5 (max 1.5) min; 1 never | 0.945 |")  # 60 s of training + 30 s warm start
+    with pytest.raises(SystemExit):
+        script.main(["--require", "nip:0.85", "--out", str(tmp_path / "none")])
+
+
 def test_protocol_results_plots_the_curves_each_protocol_logs(tmp_path):
     import json
 

@@ -17,10 +17,10 @@ from nip_like.pretrain import (
     TARGET_KEY,
     agent_data,
     fit_epoch,
+    is_token_data,
     policy_network,
     predicted_decisions,
     require_labelled_data,
-    speaks,
     split_data,
 )
 from nip_like.registry import register_trainer
@@ -99,7 +99,7 @@ class SoloAgentTrainer(TensorDictTrainer):
 
     def _evaluate(self, split: str, prefix: str) -> dict[str, float]:
         data = self.data(split)
-        if speaks(self.scenario):
+        if is_token_data(data):
             # The share of held-out demonstrations that greedy decoding says exactly: for a verifier
             # that speaks once, its decision accuracy.
             loss, reproduced = held_out_scores(policy_network(self.agents, self.agent), data)

@@ -19,6 +19,7 @@ from nip_like.scenarios.base import Scenario, ScenarioConfig
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
+from nip_like.scenarios.graph_isomorphism.demonstrations import play_demonstrations
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
 from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
 
@@ -40,6 +41,7 @@ class GraphIsomorphismConfig(ScenarioConfig):
     test_fraction: float = checked(0.2, gt=0, lt=1)  # share of pairs in the held-out test split
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     prover_answers_other_graph: bool = True  # a prover's node must lie in the graph the verifier's last node is not in
+    demonstration_episodes: int = checked(2, ge=1)  # honest-play episodes per pair in the warm start's demonstrations (trainer.pretrain)
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent GraphAgentConfig entries; others use default_agent
     default_agent: GraphAgentConfig = field(default_factory=GraphAgentConfig)  # network size of agents not in agents
 
@@ -58,6 +60,8 @@ class GraphIsomorphismScenario(Scenario):
     split_names = SPLITS
 
     eval_split = "val"
+    #: Version of :meth:`demonstrations` (part of the warm-start cache key).
+    pretrain_data_version = 1
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
@@ -180,6 +184,48 @@ class GraphIsomorphismScenario(Scenario):
             {"agents": agents, "target_mask": target_mask, "target_action": target, "label": pairs.label},
             batch_size=[count],
         )
+
+    # ------------------------------------------------------ demonstrations
+    def demonstration_agents(self) -> list[str]:
+        """The agents :meth:`demonstrations` has datapoints for: the verifier, and accept-side provers that answer queries.
+
+        A prover answers a query when the verifier speaks before it; in the protocols where a prover
+        opens and the verifier then decides (``adp``, ``merlin_arthur``) there is no query to answer.
+        """
+        verifier = self.protocol.verifier_index
+        rounds = torch.arange(self.protocol.num_rounds)
+        active = self.protocol.active_agents(rounds)
+        queried = active[:, verifier].long().cumsum(0) > 0  # a verifier turn has come before or at this step
+        answers = active & torch.cat([torch.tensor([False]), queried[:-1]]).unsqueeze(-1)
+        return [
+            name
+            for index, name in enumerate(self.agent_names)
+            if index == verifier or (self.protocol.prover_sides.get(name, True) and bool(answers[:, index].any()))
+        ]
+
+    def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
+        """Honest play on every pair of ``split``, as decision datapoints per agent, for a warm start.
+
+        Each pair is played ``scenario.demonstration_episodes`` times through the environment's
+        rules (:func:`~nip_like.scenarios.graph_isomorphism.demonstrations.play_demonstrations`):
+        the verifier queries uniformly drawn nodes and is shown the right decision at every step
+        where it may decide; a prover arguing for *accept* answers each query with its image under
+        an isomorphism consistent with its earlier answers (found by the exact search), or, on a
+        pair that is not isomorphic, with the node that keeps colour refinement from telling the
+        graphs apart the longest. With no prover (``solo_verifier``) this is the first-step
+        decision of :meth:`supervised_data`.
+
+        Returns
+        -------
+        dict of str to TensorDict
+            Per agent of :meth:`demonstration_agents`: ``"agents"``, ``"target_action"``,
+            ``"target_mask"`` and ``"label"``, as :meth:`supervised_data` lays them out.
+        """
+        generator = torch.Generator().manual_seed(seed)
+        env = self.make_env(1, split, 0, "cpu")
+        # A verifier that decides at once, with no prover, has nothing random to vary between episodes.
+        episodes = int(self.config.demonstration_episodes) if self.protocol.num_rounds > 1 else 1
+        return play_demonstrations(env, self.protocol, self.split(split), episodes, generator)
 
     def supervised_metrics(self, predicted: torch.Tensor, data: TensorDictBase) -> dict[str, float]:
         """Precision and recall (accept = positive) of supervised predictions."""
