@@ -22,7 +22,8 @@ def graph_config(tmp_path, *overrides):
     return smoke_config("preset=quick", f"scenario.cache_dir={tmp_path / 'data'}", "scenario.num_pairs=300",
                         "trainer.num_iterations=2", "trainer.num_envs=16", "trainer.frames_per_batch=96",
                         "trainer.minibatch_size=32", "trainer.num_test_episodes=64", "trainer.test_batch_episodes=32",
-                        "trainer.eval.num_episodes=32", "trainer.pretrain.agents=[]", *overrides)
+                        "trainer.eval.num_episodes=32", "trainer.pretrain.agents=[]", "trainer.eval.test_checkpoint=final",
+                        *overrides)
 
 
 @pytest.mark.parametrize(
