@@ -132,7 +132,7 @@ def check_claims(results: dict[str, list[dict]], required: dict[str, float], gap
         return [run["test_metrics"]["test/accuracy"] for run in results.get(protocol, []) if "error" not in run]
 
     for protocol, bar in required.items():
-        runs = [run for run in results.get(protocol, [])]
+        runs = results.get(protocol, [])
         below = [f"seed {run['seed']}: {run['test_metrics']['test/accuracy']:.3f}" for run in runs
                  if "error" not in run and run["test_metrics"]["test/accuracy"] < bar]
         broken = [f"seed {run['seed']}: failed" for run in runs if "error" in run]

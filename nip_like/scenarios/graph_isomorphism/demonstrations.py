@@ -6,7 +6,7 @@ of ``q`` (a node of the other graph) under an isomorphism that also maps its
 earlier answers onto their queries. On a pair that is not isomorphic there is
 no such image; the prover's most convincing answer is then the node that keeps
 joint colour refinement from telling the graphs apart the longest (with its
-query-answer pairs individualised). :func:`honest_answer` finds both with the
+query-answer pairs individualised). :func:`best_answers` finds both with the
 exact search of :mod:`~nip_like.scenarios.graph_isomorphism.isomorphism`.
 
 :func:`play_demonstrations` plays every pair of a split through the
