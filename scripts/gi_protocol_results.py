@@ -99,19 +99,22 @@ def _mean_metric(runs: list[dict], names: tuple[str, ...]) -> str:
     return f"{statistics.mean(values):.2f}" if values else ""
 
 
-def seconds_to_target(folder: Path, target: float) -> float | None:
-    """Wall seconds until a run's validation accuracy first reached ``target`` (warm start included); None if never."""
+def _logged(folder: Path, metric: str) -> list[tuple[int, float]]:
+    """A run's ``(step, value)`` rows of ``metric``; none if the run did not log it."""
     from nip_like.logging import read_csv_metric
 
-    scalars = folder / "metrics" / "scalars"
-    if not (scalars / "eval" / "accuracy.csv").is_file():
-        return None
-    reached = [step for step, value in read_csv_metric(folder, "eval/accuracy") if value >= target]
+    if not (folder / "metrics" / "scalars" / f"{metric}.csv").is_file():
+        return []
+    return read_csv_metric(folder, metric)
+
+
+def seconds_to_target(folder: Path, target: float) -> float | None:
+    """Wall seconds until a run's validation accuracy first reached ``target`` (warm start included); None if never."""
+    reached = [step for step, value in _logged(folder, "eval/accuracy") if value >= target]
     if not reached:
         return None
-    pretrain = read_csv_metric(folder, "timers/pretrain") if (scalars / "timers" / "pretrain.csv").is_file() else []
-    iterations = read_csv_metric(folder, "timers/iteration")
-    return sum(value for _, value in pretrain) + sum(value for step, value in iterations if step <= reached[0])
+    pretrain = sum(value for _, value in _logged(folder, "timers/pretrain"))
+    return pretrain + sum(value for step, value in _logged(folder, "timers/iteration") if step <= reached[0])
 
 
 def _time_to_target(runs: list[dict], target: float) -> str:
@@ -270,12 +273,7 @@ def _claims(parser: argparse.ArgumentParser, values: list[str], option: str) -> 
 
 def _timings(folder: Path, target: float | None) -> dict[str, float | None]:
     """A finished run's warm-start seconds and, with ``target``, its :func:`seconds_to_target`."""
-    from nip_like.logging import read_csv_metric
-
-    pretrain = folder / "metrics" / "scalars" / "timers" / "pretrain.csv"
-    timings: dict[str, float | None] = {
-        "pretrain_seconds": sum(value for _, value in read_csv_metric(folder, "timers/pretrain")) if pretrain.is_file() else 0.0
-    }
+    timings: dict[str, float | None] = {"pretrain_seconds": sum(value for _, value in _logged(folder, "timers/pretrain"))}
     if target is not None:
         timings["seconds_to_target"] = seconds_to_target(folder, target)
     return timings

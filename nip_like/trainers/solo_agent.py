@@ -55,10 +55,12 @@ class SoloAgentTrainer(TensorDictTrainer):
     demonstrations that greedy decoding reproduces exactly: for the verifier,
     which speaks once, its decision accuracy.
 
-    The scenario supplies labelled data (``scenario.supervised_data(split)``):
-    each agent's first observation of every datapoint, the correct action
-    (``"target_action"``) and the actions to choose among (``"target_mask"``,
-    e.g. accept and reject). The agent named ``trainer.objective.agent`` is
+    Otherwise the scenario supplies labelled data: the agent's decision
+    demonstrations (``scenario.demonstrations``, as :doc:`graph_isomorphism`
+    gives them: with ``solo_verifier``, the first observation of every pair)
+    or ``scenario.supervised_data(split)`` (each agent's first observation of
+    every datapoint), each with the correct action (``"target_action"``) and
+    the actions to choose among (``"target_mask"``, e.g. accept and reject). The agent named ``trainer.objective.agent`` is
     fitted by cross-entropy for ``trainer.num_iterations`` epochs of
     minibatches of ``trainer.minibatch_size`` datapoints, evaluated on the
     validation split every ``trainer.eval.every`` epochs, and tested on the

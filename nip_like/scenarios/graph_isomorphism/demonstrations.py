@@ -150,7 +150,7 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
         if position != verifier and protocol.prover_sides.get(name, True)
     ]
     marks = {position: [[] for _ in range(count)] for position in answering}
-    last_query = [-1] * count
+    last_query = torch.full((count,), -1)  # each episode's latest verifier node, -1 before the first
     decision = torch.where(state["label"], env.accept_action, env.reject_action)
     collected: dict[int, list[TensorDict]] = {position: [] for position in range(agents)}
 
@@ -188,10 +188,11 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
         must = acting & ~mask[:, verifier, : 2 * n].any(-1)
         action[:, verifier] = torch.where(must, decision, action[:, verifier])
         # Accept-side provers: the honest answer to the verifier's latest query.
+        queries = last_query.tolist()
         for position in answering:
-            rows = (active[:, position] & (torch.tensor(last_query) >= 0)).nonzero().flatten()
+            rows = (active[:, position] & (last_query >= 0)).nonzero().flatten()
             for row in rows.tolist():
-                query = last_query[row]
+                query = queries[row]
                 query_in_a = query < n
                 own = query if query_in_a else query - n
                 graph_a, graph_b = graphs[row]
@@ -201,7 +202,7 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
             if len(rows):
                 record(position, rows, action[rows, position], mask[rows, position])
         sent_query = acting & (action[:, verifier] < 2 * n)
-        last_query = torch.where(sent_query, action[:, verifier], torch.tensor(last_query)).tolist()
+        last_query = torch.where(sent_query, action[:, verifier], last_query)
         state, _, _ = env._advance(state.clone(), action, active)
         state["round"] = state["round"] + 1
     return {
