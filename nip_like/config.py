@@ -76,6 +76,7 @@ class PretrainConfig:
     warmup_steps: int = checked(0, ge=0)  # linear learning-rate warm-up over this many optimiser steps; 0 = none
     max_grad_norm: Optional[float] = checked(None, gt=0)  # clip each step's gradient norm to this; null = no clipping
     keep_best: bool = False  # after each epoch score the agent on the validation split; keep the best epoch's weights
+    restarts: int = checked(1, ge=1)  # fit each agent this many times from fresh weights; keep the best fit (held-out accuracy with keep_best, else train accuracy)
     cache_dir: str = "~/.cache/nip_like/pretrained"  # where pretrained agents are cached, keyed by what determines them
 
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.keys import LOGITS_KEY
-from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.checkpoint import derive_seed, load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.lm.pretrain import demonstration_epoch, held_out_scores, sync_value_body
@@ -216,13 +217,58 @@ def _epochs(config: DictConfig, agent: str) -> tqdm:
     )
 
 
-def _better(
-    best: tuple[float, dict, float] | None, score: float, network: torch.nn.Module, accuracy: float
-) -> tuple[float, dict, float]:
-    """Keep ``network``'s weights if ``score`` (held-out accuracy) beats the best so far."""
-    if best is not None and score <= best[0]:
+@dataclass
+class Fit:
+    """One fit of an agent: its weights and how good they are.
+
+    ``score`` picks among restarts: the held-out accuracy with ``keep_best``,
+    else the last epoch's train accuracy.
+    """
+
+    score: float
+    state: dict
+    train_accuracy: float
+    val_accuracy: Optional[float]
+
+
+def _fit(
+    config: DictConfig,
+    scenario,
+    agents: AgentModules,
+    agent: str,
+    train: TensorDictBase,
+    held_out: Optional[TensorDictBase],
+    restart: int,
+) -> Fit:
+    """Fit ``agent`` from its current weights for the configured epochs; with ``held_out``, keep its best epoch."""
+    options = config.trainer.pretrain
+    network = policy_network(agents, agent)
+    optimizer = torch.optim.Adam(network.parameters(), lr=float(options.agent_lr.get(agent, options.lr)))
+    scheduler = warmup_schedule(optimizer, int(options.warmup_steps))
+    # The first fit keeps the data order it always had; a restart draws its own.
+    seed = int(config.seed) if restart == 0 else derive_seed(int(config.seed), f"pretrain/{agent}/order/{restart}")
+    generator = torch.Generator().manual_seed(seed)
+    best: Optional[Fit] = None
+    accuracy = 0.0
+    for _ in _epochs(config, agent):
+        _, accuracy, _ = fit_epoch(
+            scenario, agents, agent, train, optimizer, options.minibatch_size, generator,
+            options.max_grad_norm, scheduler,
+        )
+        if held_out is not None:
+            score = held_out_accuracy(scenario, agents, agent, held_out)
+            if best is None or score > best.score:
+                best = Fit(score, copy.deepcopy(network.state_dict()), accuracy, score)
+    if best is not None:
         return best
-    return score, copy.deepcopy(network.state_dict()), accuracy
+    return Fit(accuracy, copy.deepcopy(network.state_dict()), accuracy, None)
+
+
+def fresh_weights(scenario, agent: str, seed: int) -> dict:
+    """The policy weights of ``agent`` as the scenario initialises them under ``seed`` (global generators untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return policy_network(scenario.make_agents(), agent).state_dict()
 
 
 #: In ``trainer.pretrain.agents``: every agent the scenario has demonstrations or labels for.
@@ -292,33 +338,30 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 warnings.warn(f"rebuilding the pretrained {agent}: {error}", stacklevel=2)
                 cached = None
         if cached is None:
-            optimizer = torch.optim.Adam(network.parameters(), lr=float(options.agent_lr.get(agent, options.lr)))
-            scheduler = warmup_schedule(optimizer, int(options.warmup_steps))
-            clip = options.max_grad_norm
-            generator = torch.Generator().manual_seed(int(config.seed))
-            best: tuple[float, dict, float] | None = None
             if loaded["train"] is None:
                 loaded["train"] = split_data(scenario, "train", int(config.seed), device)
             train = agent_data(scenario, loaded["train"], agent, "trainer.pretrain.agents")
             if options.keep_best and loaded["val"] is None:
                 loaded["val"] = split_data(scenario, "val", int(config.seed), device)
             held_out = agent_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
-            for _ in _epochs(config, agent):
-                _, accuracy, _ = fit_epoch(
-                    scenario, agents, agent, train, optimizer, options.minibatch_size, generator, clip, scheduler
-                )
-                if held_out is not None:
-                    best = _better(best, held_out_accuracy(scenario, agents, agent, held_out), network, accuracy)
-            if best is not None:
-                network.load_state_dict(best[1])
-                accuracy = best[2]
+            fits = []
+            for restart in range(int(options.restarts)):
+                if restart > 0:
+                    seed = derive_seed(int(config.seed), f"pretrain/{agent}/{restart}")
+                    network.load_state_dict(fresh_weights(scenario, agent, seed))
+                fits.append(_fit(config, scenario, agents, agent, train, held_out, restart))
+            chosen = max(range(len(fits)), key=lambda index: fits[index].score)
+            network.load_state_dict(fits[chosen].state)
+            accuracy, best = fits[chosen].train_accuracy, fits[chosen].val_accuracy
             if is_token_data(train):
                 sync_value_body(network)
             cached = {
                 "key": key,
                 "state": network.state_dict(),
                 "train_accuracy": accuracy,
-                "val_accuracy": best[0] if best is not None else None,
+                "val_accuracy": best,
+                "restart": chosen,
+                "restart_scores": [fit.score for fit in fits],
             }
             if not config.run.test_run:  # a test run's single epoch is not the agent its key names
                 save_atomic({"run_id": digest, **cached}, path)
@@ -327,6 +370,9 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             network.load_state_dict(cached["state"])
             metrics[f"pretrain/{agent}/from_cache"] = 1.0
         metrics[f"pretrain/{agent}/train_accuracy"] = float(cached["train_accuracy"])
+        if len(cached.get("restart_scores", ())) > 1:
+            metrics[f"pretrain/{agent}/restart"] = float(cached["restart"])
+            metrics[f"pretrain/{agent}/worst_restart_score"] = float(min(cached["restart_scores"]))
         if cached.get("val_accuracy") is not None:
             metrics[f"pretrain/{agent}/val_accuracy"] = float(cached["val_accuracy"])
         _copy_body_to_value(agents, agent)

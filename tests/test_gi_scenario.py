@@ -215,6 +215,33 @@ def test_keep_best_pretraining_keeps_the_weights_of_its_reported_validation_accu
     assert held_out_accuracy(trainer.scenario, trainer.agent_modules, "verifier", val) == pytest.approx(kept)
 
 
+def test_pretraining_restarts_keep_the_best_fit_and_leave_the_global_generators_alone(tmp_path, cache_dir):
+    from nip_like.checkpoint import load_checked
+
+    base = (
+        "protocol=nip", "protocol.max_rounds=4", "trainer.pretrain.agents=[verifier]", "trainer.pretrain.epochs=1",
+        f"trainer.pretrain.cache_dir={tmp_path / 'p'}",
+    )
+    single = build_trainer(gi_config(cache_dir, *base), tmp_path / "one")
+    state_after_one = torch.get_rng_state()
+    assert "pretrain/verifier/restart" not in single.pretrain_metrics
+    several = build_trainer(gi_config(cache_dir, *base, "trainer.pretrain.restarts=3"), tmp_path / "three")
+    # The restarts draw their weights and data order from their own generators.
+    assert torch.equal(torch.get_rng_state(), state_after_one)
+    entries = [load_checked(path) for path in (tmp_path / "p").glob("verifier_*.pt")]
+    entry = next(entry for entry in entries if entry["key"]["pretrain"]["restarts"] == 3)
+    scores = entry["restart_scores"]
+    assert len(scores) == 3 and len(set(scores)) > 1  # fresh weights and data order: different fits
+    # The first fit is the single fit; the kept one is the best.
+    assert scores[0] == pytest.approx(single.pretrain_metrics["pretrain/verifier/train_accuracy"])
+    metrics = several.pretrain_metrics
+    assert metrics["pretrain/verifier/train_accuracy"] == pytest.approx(max(scores))
+    assert metrics["pretrain/verifier/worst_restart_score"] == pytest.approx(min(scores))
+    assert scores[int(metrics["pretrain/verifier/restart"])] == max(scores)
+    with pytest.raises(ConfigError, match="restarts"):
+        build_trainer(gi_config(cache_dir, *base, "trainer.pretrain.restarts=0"), tmp_path / "zero")
+
+
 def test_pretraining_errors(tmp_path, cache_dir):
     with pytest.raises(ConfigError, match="pretrain.agents names \\['judge'\\]"):
         build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.pretrain.agents=[judge]"), tmp_path / "a")
