@@ -222,11 +222,13 @@ class Fit:
     """One fit of an agent: its weights and how good they are.
 
     ``score`` picks among restarts: the held-out accuracy with ``keep_best``,
-    else the last epoch's train accuracy.
+    else the last epoch's train accuracy. ``state`` holds the fit's weights
+    when the network no longer does (the best epoch with ``keep_best``, or an
+    earlier restart); None while the network's own weights are the fit.
     """
 
     score: float
-    state: dict
+    state: Optional[dict]
     train_accuracy: float
     val_accuracy: Optional[float]
 
@@ -261,7 +263,7 @@ def _fit(
                 best = Fit(score, copy.deepcopy(network.state_dict()), accuracy, score)
     if best is not None:
         return best
-    return Fit(accuracy, copy.deepcopy(network.state_dict()), accuracy, None)
+    return Fit(accuracy, None, accuracy, None)
 
 
 def fresh_weights(scenario, agent: str, seed: int) -> dict:
@@ -344,24 +346,29 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             if options.keep_best and loaded["val"] is None:
                 loaded["val"] = split_data(scenario, "val", int(config.seed), device)
             held_out = agent_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
-            fits = []
-            for restart in range(int(options.restarts)):
+            restarts = int(options.restarts)
+            kept, chosen, scores = None, 0, []
+            for restart in range(restarts):
                 if restart > 0:
                     seed = derive_seed(int(config.seed), f"pretrain/{agent}/{restart}")
                     network.load_state_dict(fresh_weights(scenario, agent, seed))
-                fits.append(_fit(config, scenario, agents, agent, train, held_out, restart))
-            chosen = max(range(len(fits)), key=lambda index: fits[index].score)
-            network.load_state_dict(fits[chosen].state)
-            accuracy, best = fits[chosen].train_accuracy, fits[chosen].val_accuracy
+                fit = _fit(config, scenario, agents, agent, train, held_out, restart)
+                scores.append(fit.score)
+                if kept is None or fit.score > kept.score:
+                    if fit.state is None and restart < restarts - 1:  # the next restart overwrites the network
+                        fit.state = copy.deepcopy(network.state_dict())
+                    kept, chosen = fit, restart
+            if kept.state is not None:
+                network.load_state_dict(kept.state)
             if is_token_data(train):
                 sync_value_body(network)
             cached = {
                 "key": key,
                 "state": network.state_dict(),
-                "train_accuracy": accuracy,
-                "val_accuracy": best,
+                "train_accuracy": kept.train_accuracy,
+                "val_accuracy": kept.val_accuracy,
                 "restart": chosen,
-                "restart_scores": [fit.score for fit in fits],
+                "restart_scores": scores,
             }
             if not config.run.test_run:  # a test run's single epoch is not the agent its key names
                 save_atomic({"run_id": digest, **cached}, path)
