@@ -35,6 +35,11 @@ from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS
 #: Top-level keys whose values change results and so identify a run.
 HYPER_PARAMETER_KEYS = ("seed", "trainer", "scenario", "protocol")
 
+#: Field names, at any depth of the hyper-parameter sections, that say where
+#: things are kept, not what they are: caches are keyed by their contents, so
+#: moving one changes no result (``scenario.cache_dir``, ``trainer.pretrain.cache_dir``).
+LOCATION_KEYS = ("cache_dir",)
+
 
 @dataclass
 class OptimizerConfig:
@@ -233,15 +238,30 @@ def register_configs() -> None:
 
 
 def hyper_parameters(config: DictConfig) -> dict[str, Any]:
-    """Return the part of ``config`` that changes results, as plain containers."""
-    return {key: OmegaConf.to_container(config, resolve=True)[key] for key in HYPER_PARAMETER_KEYS}
+    """Return the part of ``config`` that changes results, as plain containers.
+
+    That is the sections of :data:`HYPER_PARAMETER_KEYS` without the fields of
+    :data:`LOCATION_KEYS`, at any depth.
+    """
+    resolved = OmegaConf.to_container(config, resolve=True)
+    return {key: _without_locations(resolved[key]) for key in HYPER_PARAMETER_KEYS}
+
+
+def _without_locations(value: Any) -> Any:
+    """``value`` with every mapping's :data:`LOCATION_KEYS` entries left out, recursively."""
+    if isinstance(value, dict):
+        return {key: _without_locations(item) for key, item in value.items() if key not in LOCATION_KEYS}
+    if isinstance(value, list):
+        return [_without_locations(item) for item in value]
+    return value
 
 
 def run_id(config: DictConfig) -> str:
     """Return a short stable hash of the hyper-parameters of ``config``.
 
     Two configs that differ only in run settings (device, loggers, output
-    folder, test-run mode) share a run id.
+    folder, test-run mode) or in where caches live (:data:`LOCATION_KEYS`)
+    share a run id.
     """
     text = json.dumps(hyper_parameters(config), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

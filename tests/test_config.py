@@ -44,6 +44,10 @@ def test_run_settings_do_not_change_the_run_id():
     base = run_id(smoke_config())
     assert run_id(smoke_config("run.device=cuda", "run.test_run=true", "logger=tensorboard",
                                "run.checkpoint_every=3", "run.progress_bar=true")) == base
+    # Where caches live is not a hyper-parameter either (the text trainer's job seeds once hung on it).
+    assert run_id(smoke_config("trainer.pretrain.cache_dir=/elsewhere")) == base
+    gi = make_config("preset=quick")
+    assert run_id(make_config("preset=quick", "scenario.cache_dir=/elsewhere")) == run_id(gi)
     assert run_id(smoke_config("seed=1")) != base
     assert run_id(smoke_config("trainer.objective.clip_epsilon=0.1")) != base
     assert run_id(smoke_config("protocol.message_rounds=3")) != base

@@ -197,3 +197,13 @@ def test_malt_pairs_the_better_sibling_over_the_worse_for_dpo(tmp_path):
         cells = [value for value in read_list_line(pair["prompt"][1]["content"]) if value is not None]
         sound = "accept" if len(cells) != len(set(cells)) else "reject"
         assert pair["chosen"][0]["content"] == sound != pair["rejected"][0]["content"]
+
+
+def test_a_jobs_seed_hangs_on_the_seed_and_its_place_in_the_run_not_on_the_run_id(tmp_path):
+    # Runs whose ids differ (another length, a scenario cache elsewhere) train their shared jobs the same way.
+    specs = {}
+    for name, overrides in {"base": (), "longer": ("trainer.num_iterations=5",), "reseeded": ("seed=1",)}.items():
+        trainer = build_trainer(config(f"scenario.cache_dir={tmp_path / 'data'}", *overrides), tmp_path / name)
+        specs[name] = trainer.job_spec("verifier", "sft", tmp_path / "data.jsonl")
+    assert specs["base"].job_id != specs["longer"].job_id
+    assert specs["base"].seed == specs["longer"].seed != specs["reseeded"].seed

@@ -179,7 +179,9 @@ class PureTextRlTrainer(Trainer):
             lr=float(lr if lr is not None else options.lr),
             batch_size=int(options.batch_size),
             max_grad_norm=None if options.max_grad_norm is None else float(options.max_grad_norm),
-            seed=derive_seed(self.seed, job_id),
+            # From the seed and the job's place in the run only, like the rollouts': the same job of two runs
+            # whose ids differ (another num_iterations, say) trains the same way.
+            seed=derive_seed(self.seed, job_id.removeprefix(f"{self.run_id}-")),
             beta=float(options.beta),
             loss_type=str(options.loss_type),
             rpo_alpha=None if options.rpo_alpha is None else float(options.rpo_alpha),
