@@ -244,15 +244,19 @@ def hyper_parameters(config: DictConfig) -> dict[str, Any]:
     :data:`LOCATION_KEYS`, at any depth.
     """
     resolved = OmegaConf.to_container(config, resolve=True)
-    return {key: _without_locations(resolved[key]) for key in HYPER_PARAMETER_KEYS}
+    return {key: without_locations(resolved[key]) for key in HYPER_PARAMETER_KEYS}
 
 
-def _without_locations(value: Any) -> Any:
-    """``value`` with every mapping's :data:`LOCATION_KEYS` entries left out, recursively."""
+def without_locations(value: Any) -> Any:
+    """``value`` (plain containers) with every mapping's :data:`LOCATION_KEYS` entries left out, recursively.
+
+    For anything keyed by what determines results: the run id, the cache key
+    of a pretrained agent.
+    """
     if isinstance(value, dict):
-        return {key: _without_locations(item) for key, item in value.items() if key not in LOCATION_KEYS}
+        return {key: without_locations(item) for key, item in value.items() if key not in LOCATION_KEYS}
     if isinstance(value, list):
-        return [_without_locations(item) for item in value]
+        return [without_locations(item) for item in value]
     return value
 
 

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import derive_seed, load_checked, save_atomic
+from nip_like.config import without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.lm.pretrain import demonstration_epoch, held_out_scores, sync_value_body
@@ -168,13 +169,13 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
     """
     return {
         "data_version": getattr(scenario, "pretrain_data_version", None),
-        "scenario": OmegaConf.to_container(config.scenario, resolve=True),
-        "protocol": OmegaConf.to_container(config.protocol, resolve=True),
+        "scenario": without_locations(OmegaConf.to_container(config.scenario, resolve=True)),
+        "protocol": without_locations(OmegaConf.to_container(config.protocol, resolve=True)),
         "pretrain": {
             **{
                 name: value
-                for name, value in OmegaConf.to_container(config.trainer.pretrain, resolve=True).items()
-                if name not in ("agents", "cache_dir", "agent_epochs", "agent_lr")
+                for name, value in without_locations(OmegaConf.to_container(config.trainer.pretrain, resolve=True)).items()
+                if name not in ("agents", "agent_epochs", "agent_lr")
             },
             # This agent's own number of epochs and learning rate, not the others'.
             "epochs": int(config.trainer.pretrain.agent_epochs.get(agent, config.trainer.pretrain.epochs)),

@@ -10,6 +10,7 @@ import pytest
 import nip_like.config as config_module
 from nip_like.cli import CONFIG_DIR
 from nip_like.config import run_id
+from nip_like.pretrain import pretrain_key
 from nip_like.registry import REGISTRIES
 from tests.conftest import make_config, smoke_config
 
@@ -47,7 +48,11 @@ def test_run_settings_do_not_change_the_run_id():
     # Where caches live is not a hyper-parameter either (the text trainer's job seeds once hung on it).
     assert run_id(smoke_config("trainer.pretrain.cache_dir=/elsewhere")) == base
     gi = make_config("preset=quick")
-    assert run_id(make_config("preset=quick", "scenario.cache_dir=/elsewhere")) == run_id(gi)
+    moved = make_config("preset=quick", "scenario.cache_dir=/elsewhere", "trainer.pretrain.cache_dir=/elsewhere")
+    assert run_id(moved) == run_id(gi)
+    # Nor of a pretrained agent's cache key: moving the dataset cache must not refit the agents.
+    assert pretrain_key(moved, "prover") == pretrain_key(gi, "prover")
+    assert pretrain_key(make_config("preset=quick", "seed=1"), "prover") != pretrain_key(gi, "prover")
     assert run_id(smoke_config("seed=1")) != base
     assert run_id(smoke_config("trainer.objective.clip_epsilon=0.1")) != base
     assert run_id(smoke_config("protocol.message_rounds=3")) != base

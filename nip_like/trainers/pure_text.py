@@ -155,10 +155,20 @@ class PureTextRlTrainer(Trainer):
         """
 
     # ------------------------------------------------------------- helpers
-    def job_id(self, group: str, iteration: int | None = None) -> str:
-        """The stable id of ``group``'s job at ``iteration`` (the current one by default)."""
+    def job_name(self, group: str, iteration: int | None = None) -> str:
+        """``group``'s job at ``iteration`` (the current one by default) within the run: ``it0003-verifier``.
+
+        The warm start's job is ``warm-<group>``. The name places the job's
+        model folder and derives its seed.
+        """
+        if self.state.stage == "warm_start":
+            return f"warm-{group}"
         iteration = self.state.iteration if iteration is None else iteration
-        return f"{self.run_id}-it{iteration:04d}-{group}"
+        return f"it{iteration:04d}-{group}"
+
+    def job_id(self, group: str, iteration: int | None = None) -> str:
+        """The stable id of ``group``'s job at ``iteration``: the run id, then :meth:`job_name`."""
+        return f"{self.run_id}-{self.job_name(group, iteration)}"
 
     def job_spec(
         self, group: str, method: str, dataset: Path, epochs: int | None = None, lr: float | None = None
@@ -168,20 +178,20 @@ class PureTextRlTrainer(Trainer):
         ``epochs`` and ``lr`` default to ``trainer.objective.fine_tune``'s.
         """
         options = self.options.fine_tune
-        job_id = self.job_id(group) if self.state.stage != "warm_start" else f"{self.run_id}-warm-{group}"
+        name = self.job_name(group)
         return FineTuneSpec(
-            job_id=job_id,
+            job_id=self.job_id(group),
             method=method,
             base_model=self.state.groups[group].model,
             dataset=str(dataset),
-            output=str(self.run_dir / "models" / group / job_id.removeprefix(f"{self.run_id}-")),
+            output=str(self.run_dir / "models" / group / name),
             epochs=int(epochs if epochs is not None else options.epochs),
             lr=float(lr if lr is not None else options.lr),
             batch_size=int(options.batch_size),
             max_grad_norm=None if options.max_grad_norm is None else float(options.max_grad_norm),
             # From the seed and the job's place in the run only, like the rollouts': the same job of two runs
             # whose ids differ (another num_iterations, say) trains the same way.
-            seed=derive_seed(self.seed, job_id.removeprefix(f"{self.run_id}-")),
+            seed=derive_seed(self.seed, name),
             beta=float(options.beta),
             loss_type=str(options.loss_type),
             rpo_alpha=None if options.rpo_alpha is None else float(options.rpo_alpha),
