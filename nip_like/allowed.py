@@ -130,8 +130,12 @@ def allowed_of(field: dataclasses.Field) -> Allowed | None:
 
 
 def _nested_schema(schema: type, name: str) -> type | None:
+    """The dataclass schema of field ``name`` (also an optional one, ``Optional[Schema]``), or ``None``."""
     hint = typing.get_type_hints(schema).get(name)
-    return hint if dataclasses.is_dataclass(hint) else None
+    if dataclasses.is_dataclass(hint):
+        return hint
+    inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return inner[0] if len(inner) == 1 and dataclasses.is_dataclass(inner[0]) else None
 
 
 def check_values(node: DictConfig | dict, schema: type, where: str) -> None:
@@ -171,8 +175,9 @@ def numeric_fields_without_range(schema: type) -> Iterator[str]:
     hints = typing.get_type_hints(schema)
     for field in dataclasses.fields(schema):
         hint = hints[field.name]
-        if dataclasses.is_dataclass(hint):
-            yield from (f"{field.name}.{inner}" for inner in numeric_fields_without_range(hint))
+        nested = _nested_schema(schema, field.name)
+        if nested is not None:
+            yield from (f"{field.name}.{inner}" for inner in numeric_fields_without_range(nested))
             continue
         numeric = {int, float} & {hint, *typing.get_args(hint)}
         if numeric and bool not in typing.get_args(hint) and hint is not bool and allowed_of(field) is None:

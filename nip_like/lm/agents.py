@@ -16,10 +16,12 @@ group, as for the other agent kinds.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Mapping
 
 import torch
+from torch import nn
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import ExplorationType, exploration_type
@@ -27,6 +29,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from nip_like import keys
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.lm.checkpoints import save_agent
+from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.policy import LMPolicy
 from nip_like.objectives.scoring import ActionScores
 
@@ -82,6 +85,18 @@ class LMActor(TensorDictModuleBase):
         """Agent ``name``'s policy."""
         return self.agents.networks[name]
 
+    def frozen_reference(self) -> "LMReference":
+        """The initial policy, frozen, for KL penalties and DPO (see :class:`LMReference`)."""
+        return LMReference(self)
+
+    def pop_padding_fraction(self) -> float | None:
+        """Share of padding in the scoring passes since the last call (None if nothing was scored)."""
+        real = total = 0
+        for name in self.agent_names:
+            counted = self.policy(name).pop_padding_counts()
+            real, total = real + counted[0], total + counted[1]
+        return 1.0 - real / total if total else None
+
     def save_pretrained(self, folder: Path) -> list[Path]:
         """Write each agent to ``folder/<agent>`` as a Hugging Face folder (model, tokenizer, value head).
 
@@ -104,8 +119,9 @@ class LMActor(TensorDictModuleBase):
         acting = _flat(active, dims)
         rows, agents, length = acting.shape[0], acting.shape[1], self.message_tokens
         device = prompt_ids.device
-        first = self.policy(self.agent_names[0])
-        tokens = torch.full((rows, agents, length), first.pad_token_id, dtype=torch.long, device=device)
+        pads = torch.tensor([self.policy(name).pad_token_id for name in self.agent_names], device=device)
+        # Each agent's rows are padded with its own tokenizer's pad token (agents may differ in vocabulary).
+        tokens = pads.view(1, -1, 1).expand(rows, agents, length).clone()
         token_mask = torch.zeros((rows, agents, length), dtype=torch.bool, device=device)
         token_log_probs = torch.zeros((rows, agents, length), dtype=torch.float32, device=device)
         token_entropy = torch.zeros((rows, agents, length), dtype=torch.float32, device=device)
@@ -165,6 +181,42 @@ class LMActor(TensorDictModuleBase):
             token_mask=token_mask.reshape(shape),
             token_entropy=torch.stack(per_agent_entropy, dim=1).reshape(shape),
         )
+
+
+class LMReference(nn.Module):
+    """The reference policy of language-model agents, without a second copy of LoRA models.
+
+    An agent with LoRA adapters is scored by its own model with the adapters
+    switched off (``peft``'s ``disable_adapter``): its reference is the model
+    it started from, and no weights are copied. Any other agent is a frozen
+    deep copy of its policy. Only the copies are this module's parameters
+    (and enter its state dict).
+
+    Parameters
+    ----------
+    actor : LMActor
+        The live actor.
+    """
+
+    def __init__(self, actor: LMActor) -> None:
+        super().__init__()
+        policies, copies = {}, {}
+        for name in actor.agent_names:
+            policy = actor.policy(name)
+            if has_lora(policy.model):
+                policies[name] = policy
+            else:
+                copies[name] = policies[name] = copy.deepcopy(policy).requires_grad_(False)
+        self.copies = nn.ModuleDict(copies)
+        self._shared_models = [policies[name].model for name in policies if name not in copies]
+        # Not a registered submodule: the shared models belong to the live actor.
+        object.__setattr__(self, "_scorer", LMActor(policies, actor.message_tokens))
+
+    @torch.no_grad()
+    def score_actions(self, tensordict: TensorDictBase) -> ActionScores:
+        """The reference's scores of the stored messages (see :meth:`LMActor.score_actions`)."""
+        with adapters_disabled(self._shared_models):
+            return self._scorer.score_actions(tensordict)
 
 
 class LMCritic(TensorDictModuleBase):

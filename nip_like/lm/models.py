@@ -8,8 +8,9 @@ or a local ``save_pretrained`` folder) and its tokenizer;
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import local_model_folder, load_value_head
+from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.value import LMValueHead
 
@@ -38,6 +40,68 @@ class LMAgentConfig:
     top_p: float = checked(1.0, gt=0, le=1)  # sample within the top-p probability nucleus only; 1 = off
     value_head: bool = True  # give the agent a linear value head (for PPO's critic)
     shared_body: bool = True  # the value head reads the policy's last hidden state; false: a separate copy of the body
+    stop_strings: list[str] = field(default_factory=list)  # a message also ends once its text contains one of these
+    lora: LoraOptions = field(default_factory=LoraOptions)  # LoRA adapters through peft (r, alpha, dropout, target_modules); r=0 = full fine-tuning
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
+    max_tokens_per_micro_batch: Optional[int] = checked(None, ge=1)  # token budget of one scoring pass with gradients; null = the whole minibatch at once
+    dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
+
+
+#: Files that hold a model's weights in a save_pretrained folder (one of them, or a sharded index).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+#: Files that hold a tokenizer (one of them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_folder(path: str | Path, field_name: str = "pretrained_path") -> Path:
+    """``path`` if it looks like a ``save_pretrained`` folder of a causal LM, else a one-line :class:`ConfigError`.
+
+    Checks that the folder exists, has a ``config.json`` of a model type
+    transformers knows, weights and a tokenizer. Corrupt weights are found
+    when they are loaded (:func:`build_lm`).
+
+    Parameters
+    ----------
+    path : str or Path
+        The folder.
+    field_name : str
+        The config field that named it, for the message.
+    """
+    folder = local_model_folder(path)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"{field_name}: {folder} has no config.json, so it is not a save_pretrained model folder")
+    try:
+        AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, OSError, KeyError) as error:
+        raise ConfigError(f"{field_name}: {folder}/config.json cannot be read: {_first_line(error)}") from error
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ConfigError(f"{field_name}: {folder} has a config.json but no weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{field_name}: {folder} has no tokenizer (one of {', '.join(TOKENIZER_FILES)})")
+    return folder
+
+
+def load_tokenizer(path: str | Path, field_name: str = "pretrained_path") -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder (checked by :func:`check_model_folder`), padding on the left."""
+    folder = check_model_folder(path, field_name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure is one line for the user
+        raise ConfigError(f"{field_name}: the tokenizer in {folder} cannot be loaded: {_first_line(error)}") from error
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def model_context(path: str | Path) -> Optional[int]:
+    """The context length of the model in folder ``path`` (``max_position_embeddings``), None if it names none."""
+    config = AutoConfig.from_pretrained(check_model_folder(path), local_files_only=True).get_text_config()
+    context = getattr(config, "max_position_embeddings", None)
+    return int(context) if context else None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def build_lm(
@@ -75,24 +139,48 @@ def build_lm(
         folder, an unknown architecture, sizes that do not fit, or a missing
         or mismatched tokenizer.
     """
+    dtype = getattr(torch, _option(config, "dtype", "float32"))
     if config.pretrained_path is not None:
-        folder = local_model_folder(config.pretrained_path)
-        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
-        folder_tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        folder = check_model_folder(config.pretrained_path)
+        folder_tokenizer = load_tokenizer(folder)
         if tokenizer is not None and tokenizer.get_vocab() != folder_tokenizer.get_vocab():
             raise ConfigError(f"the tokenizer given differs from the one in {folder}: leave it out to use the folder's")
         tokenizer = folder_tokenizer
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
+        except Exception as error:  # noqa: BLE001 - truncated or corrupt weights, an unknown class: one line
+            raise ConfigError(f"pretrained_path: the model in {folder} cannot be loaded: {_first_line(error)}") from error
+        vocab_size = model.config.get_text_config().vocab_size
+        if len(tokenizer) > vocab_size:
+            raise ConfigError(
+                f"pretrained_path: the tokenizer in {folder} has {len(tokenizer)} tokens but the model only {vocab_size}: "
+                f"they do not belong together"
+            )
     else:
         if tokenizer is None:
             raise ConfigError("build_lm needs a tokenizer when no pretrained_path is given")
-        model = AutoModelForCausalLM.from_config(_model_config(config, tokenizer), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(_model_config(config, tokenizer), dtype=dtype)
     for settings in (model.config, model.generation_config):
         if settings is not None:
-            settings.pad_token_id = tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None:
+                settings.pad_token_id = tokenizer.pad_token_id
             settings.bos_token_id = tokenizer.bos_token_id
             settings.eos_token_id = tokenizer.eos_token_id
+    if tokenizer.pad_token_id is None:
+        # Llama-style tokenizers without a pad token: pad with eos (masks never come from pad ids).
+        tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)
+    if _option(config, "gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = _option(config, "lora", None)
+    if lora_enabled(lora):
+        model = add_lora(model, lora)
     return model, tokenizer
+
+
+def _option(config: Any, name: str, default: Any) -> Any:
+    """A field of an agent config that older configs (or other schemas) may lack."""
+    return getattr(config, name, default) if not hasattr(config, "get") else config.get(name, default)
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -156,6 +244,8 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
         top_k=config.top_k,
         top_p=config.top_p,
         value_head=value_head,
+        stop_strings=tuple(_option(config, "stop_strings", ()) or ()),
+        max_tokens_per_micro_batch=_option(config, "max_tokens_per_micro_batch", None),
     )
 
 

@@ -17,10 +17,12 @@ left-padded row gets the same logits as the same row unpadded.
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nip_like.errors import ConfigError
@@ -45,6 +47,78 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def cache_argument(model: nn.Module) -> str:
+    """The name under which ``model.forward`` takes the KV cache: ``cache`` (transformers 5.2x) or ``past_key_values``."""
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+
+
+def _forward_parameters(model: nn.Module) -> set[str]:
+    """The keyword parameters of the transformers model's forward (under a peft wrapper, the base model's)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(base.forward).parameters)
+
+
+def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the leading columns of left-padded ``(B, P)`` prompts that are padding in every row.
+
+    Positions are counted over real tokens (:func:`position_ids`), so the
+    model's outputs at the real tokens do not change; the pass gets shorter.
+    """
+    real_columns = mask.any(0)
+    if not bool(real_columns.any()):
+        return ids, mask
+    first = int(real_columns.long().argmax())
+    return ids[:, first:], mask[:, first:]
+
+
+def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int]) -> list[torch.Tensor]:
+    """Rows in groups whose padded size stays within a token budget, sorted by length.
+
+    Parameters
+    ----------
+    lengths : torch.Tensor
+        ``(B,)`` real tokens (prompt plus message) of each row.
+    width : int
+        Padded width of a row; a group of rows costs ``rows x longest row`` tokens.
+    budget : int, optional
+        Largest ``rows x longest row`` of a group; None: one group of all rows.
+
+    Returns
+    -------
+    list of torch.Tensor
+        Row indices of each group, rows of similar length together (shortest
+        first), so that little of each pass is padding.
+
+    Raises
+    ------
+    ValueError
+        If one row alone is longer than the budget.
+    """
+    rows = lengths.shape[0]
+    if budget is None or rows == 0:
+        return [torch.arange(rows, device=lengths.device)]
+    longest = int(lengths.max())
+    if longest > budget:
+        raise ValueError(
+            f"max_tokens_per_micro_batch ({budget}) is below the longest sequence ({longest} tokens): "
+            f"it must hold at least one prompt plus message"
+        )
+    order = lengths.argsort(stable=True).tolist()
+    sorted_lengths = lengths[order].tolist()
+    groups, start = [], 0
+    for end in range(1, rows + 1):
+        # Rows are sorted, so the group's longest row is its last one.
+        if end == rows or (end + 1 - start) * sorted_lengths[end] > budget:
+            groups.append(torch.tensor(order[start:end], device=lengths.device))
+            start = end
+    return groups
+
+
+def _cache_of(output) -> object:
+    """The KV cache a forward pass returned, under either of its names."""
+    return output["cache"] if "cache" in output else output["past_key_values"]
+
+
 class LMPolicy(nn.Module):
     """Sample, score and value messages of a causal language model.
 
@@ -65,6 +139,13 @@ class LMPolicy(nn.Module):
         :class:`~nip_like.lm.sampling.SamplingSettings`).
     value_head : LMValueHead, optional
         The value head used by :meth:`value`; None: the policy has no value.
+    stop_strings : sequence of str
+        A message also ends at the first token after which its text contains
+        one of these (the token is kept, the rest is padding), as
+        ``generate``'s ``stop_strings`` do.
+    max_tokens_per_micro_batch : int, optional
+        Token budget of one scoring pass with gradients (see
+        :meth:`evaluate`); None scores every row in one pass.
 
     Notes
     -----
@@ -87,14 +168,14 @@ class LMPolicy(nn.Module):
         top_k: int = 0,
         top_p: float = 1.0,
         value_head: Optional[LMValueHead] = None,
+        stop_strings: Sequence[str] = (),
+        max_tokens_per_micro_batch: Optional[int] = None,
     ) -> None:
         super().__init__()
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ConfigError("the tokenizer needs a pad token and an eos token")
-        if tokenizer.pad_token_id == tokenizer.eos_token_id:
-            raise ConfigError("the tokenizer's pad and eos tokens must differ: padding is never sampled, eos is")
         vocab_size = model.config.get_text_config().vocab_size
         if len(tokenizer) > vocab_size:
             raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model only {vocab_size}")
@@ -105,6 +186,16 @@ class LMPolicy(nn.Module):
         self.settings = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p)
         self.pad_token_id: int = tokenizer.pad_token_id
         self.eos_token_id: int = tokenizer.eos_token_id
+        self.stop_strings = tuple(str(stop) for stop in stop_strings if stop)
+        # A stop string spans at most as many tokens as it has characters (every token decodes to one or more).
+        self._stop_window = max((len(stop) for stop in self.stop_strings), default=0) + 1
+        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
+            raise ConfigError(f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}")
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self._cache_argument = cache_argument(model)
+        self._keeps_logits = "logits_to_keep" in _forward_parameters(model)
+        #: Real and padded tokens of the scoring passes since :meth:`pop_padding_counts` was last called.
+        self._scored_tokens = [0, 0]
         banned = torch.zeros(vocab_size, dtype=torch.bool)
         for token_id in (self.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id):
             if token_id is not None and token_id != self.eos_token_id:
@@ -156,9 +247,10 @@ class LMPolicy(nn.Module):
             * ``"log_prob"`` ``(B,)``: their sum, the message's log-probability.
             * ``"num_tokens"`` ``(B,)`` long: the number of sampled tokens.
             * ``"finished"`` ``(B,)`` bool: the message ended with ``<eos>``
-              (False: cut at ``max_new_tokens``).
+              or a stop string (False: cut at ``max_new_tokens``).
         """
         self._check_prompts(prompt_ids, prompt_mask)
+        prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
         batch_size, device = prompt_ids.shape[0], prompt_ids.device
         length = self.max_new_tokens
         tokens = torch.full((batch_size, length), self.pad_token_id, dtype=torch.long, device=device)
@@ -166,6 +258,7 @@ class LMPolicy(nn.Module):
         token_log_probs = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
         token_entropy = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
         alive = torch.ones(batch_size, dtype=torch.bool, device=device)
+        ended = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
         attention_mask = prompt_mask.long()
         next_position = attention_mask.sum(-1, keepdim=True)
@@ -180,7 +273,11 @@ class LMPolicy(nn.Module):
             token_mask[:, step] = alive
             token_log_probs[:, step] = torch.where(alive, token_log_prob, 0.0)
             token_entropy[:, step] = torch.where(alive, entropy(log_probs), 0.0)
-            alive = alive & (token != self.eos_token_id)
+            stopped = alive & (token == self.eos_token_id)
+            if self.stop_strings:
+                stopped = stopped | self._hit_stop_string(tokens[:, : step + 1], alive & ~stopped)
+            ended = ended | stopped
+            alive = alive & ~stopped
             if step == length - 1 or not bool(alive.any()):
                 break
             attention_mask = torch.cat([attention_mask, token_mask[:, step : step + 1].long()], dim=-1)
@@ -188,8 +285,8 @@ class LMPolicy(nn.Module):
                 input_ids=tokens[:, step : step + 1],
                 attention_mask=attention_mask,
                 position_ids=next_position + step,
-                past_key_values=output.past_key_values,
                 use_cache=True,
+                **{self._cache_argument: _cache_of(output)},
             )
         num_tokens = token_mask.sum(-1)
         return {
@@ -199,8 +296,20 @@ class LMPolicy(nn.Module):
             "token_entropy": token_entropy,
             "log_prob": token_log_probs.sum(-1),
             "num_tokens": num_tokens,
-            "finished": (tokens == self.eos_token_id).any(-1),
+            "finished": ended,
         }
+
+    def _hit_stop_string(self, tokens: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """``(B,)``: rows among ``candidates`` whose last tokens' text contains a stop string."""
+        hit = torch.zeros_like(candidates)
+        rows = candidates.nonzero().squeeze(-1).tolist()
+        if not rows:
+            return hit
+        tails = self.tokenizer.batch_decode(tokens[rows, -self._stop_window :].tolist())
+        for row, text in zip(rows, tails):
+            if any(stop in text for stop in self.stop_strings):
+                hit[row] = True
+        return hit
 
     def log_probs(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor
@@ -283,23 +392,82 @@ class LMPolicy(nn.Module):
         if with_value and self.value_head is None:
             raise RuntimeError("this policy has no value head (value_head=False)")
         self._check_prompts(prompt_ids, prompt_mask)
-        prompt_length = prompt_ids.shape[1]
+        prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
+        lengths = prompt_mask.sum(-1) + token_mask.sum(-1)
+        groups = micro_batches(lengths, prompt_ids.shape[1] + tokens.shape[1], self.max_tokens_per_micro_batch)
+        if len(groups) == 1:
+            self._scored_tokens[0] += int(lengths.sum())
+            self._scored_tokens[1] += lengths.numel() * (prompt_ids.shape[1] + tokens.shape[1])
+            return self._evaluate_rows(prompt_ids, prompt_mask, tokens, token_mask, with_log_probs, with_value)
+        # Micro-batches: each group's activations are freed after its forward pass and recomputed in the
+        # backward pass (activation checkpointing per group), so the graph holds one group's activations
+        # at a time, while the loss still sees every row: the gradient equals the one-pass gradient.
+        parts = []
+        for rows in groups:
+            group = trim_left_padding(prompt_ids[rows], prompt_mask[rows])
+            width = int(token_mask[rows].sum(-1).max())
+            inputs = (*group, tokens[rows, :width], token_mask[rows, :width])
+            self._scored_tokens[0] += int(lengths[rows].sum())
+            self._scored_tokens[1] += rows.numel() * (group[0].shape[1] + width)
+            if torch.is_grad_enabled():
+                part = checkpoint(self._evaluate_rows, *inputs, with_log_probs, with_value, use_reentrant=False)
+            else:
+                part = self._evaluate_rows(*inputs, with_log_probs, with_value)
+            parts.append((rows, part))
+        result = {}
+        for name in parts[0][1]:
+            shape = (tokens.shape[0], *(() if name == "value" else (tokens.shape[1],)))
+            merged = None
+            for rows, part in parts:
+                value = part[name]
+                if value.dim() == 2:
+                    value = nn.functional.pad(value, (0, tokens.shape[1] - value.shape[1]))
+                if merged is None:
+                    merged = value.new_zeros(shape)
+                # index_put keeps the gradient path into each group's pass.
+                merged = merged.index_put((rows,), value)
+            result[name] = merged
+        return result
+
+    def pop_padding_counts(self) -> tuple[int, int]:
+        """Real and padded-total tokens of the scoring passes since the last call, then reset."""
+        counts = tuple(self._scored_tokens)
+        self._scored_tokens = [0, 0]
+        return counts
+
+    def _evaluate_rows(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        tokens: torch.Tensor,
+        token_mask: torch.Tensor,
+        with_log_probs: bool,
+        with_value: bool,
+    ) -> dict[str, torch.Tensor]:
+        """One pass of :meth:`evaluate` over the given rows."""
+        prompt_length, message_length = prompt_ids.shape[1], tokens.shape[1]
         input_ids = torch.cat([prompt_ids, tokens], dim=-1)
         attention_mask = torch.cat([prompt_mask, token_mask], dim=-1).long()
         positions = position_ids(attention_mask)
         shared_hidden = with_value and self.value_head.shared_body
         result: dict[str, torch.Tensor] = {}
         if with_log_probs or shared_hidden:
+            extra = {}
+            if self._keeps_logits:
+                # Only the logits that predict the message: the last message_length + 1 positions.
+                extra["logits_to_keep"] = message_length + 1 if with_log_probs else 1
             output = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=positions,
                 use_cache=False,
                 output_hidden_states=shared_hidden,
+                **extra,
             )
         if with_log_probs:
             # The logits at position i predict token i + 1: the message's tokens are predicted from P - 1 on.
-            logits = output.logits[:, prompt_length - 1 : prompt_length - 1 + tokens.shape[1]]
+            first = 0 if self._keeps_logits else prompt_length - 1
+            logits = output.logits[:, first : first + message_length]
             log_probs = processed_log_probs(logits, self.banned, self.settings)
             token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             result["token_log_probs"] = torch.where(token_mask, token_log_probs, 0.0)

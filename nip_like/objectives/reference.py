@@ -21,11 +21,17 @@ class ReferencePolicy(nn.Module):
     policy : nn.Module
         The policy to copy: a probabilistic actor, or an actor that scores
         token sequences (see :func:`~nip_like.objectives.scoring.score_actions`).
+    moving : bool
+        Whether the reference will follow the policy (:meth:`refresh`). A
+        fixed reference lets a policy that offers ``frozen_reference()`` (LM
+        agents with LoRA: the same model with its adapters switched off) share
+        its weights instead of being copied; a moving one is always a copy.
     """
 
-    def __init__(self, policy: nn.Module) -> None:
+    def __init__(self, policy: nn.Module, moving: bool = False) -> None:
         super().__init__()
-        self.policy = copy.deepcopy(policy)
+        frozen_reference = None if moving else getattr(policy, "frozen_reference", None)
+        self.policy = frozen_reference() if frozen_reference is not None else copy.deepcopy(policy)
         self.policy.requires_grad_(False)
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ class DpoTrainer(TensorDictRlTrainer):
     def _preference_loss(self, **options) -> DPOLoss:
         # The options were checked against their declared ranges when the experiment was built.
         # A reference that moves gets its own copy: objective/kl stays measured from the initial policy.
-        reference = ReferencePolicy(self.policy) if options["ref_sync_every"] > 0 else self.reference_policy
+        reference = ReferencePolicy(self.policy, moving=True) if options["ref_sync_every"] > 0 else self.reference_policy
         return DPOLoss(self.policy, self.agent_names, reference, **options)
 
 

@@ -29,7 +29,7 @@ from torchrl.objectives import LossModule
 
 from nip_like import keys
 from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states, write_text_atomic
-from nip_like.errors import ConfigError, TrainingError
+from nip_like.errors import CheckpointError, ConfigError, TrainingError
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
@@ -242,7 +242,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 self._run_train_loop()
         if self.trainer_config.eval.test_checkpoint == "best" and self.state.best_iteration is not None:
             best = load_checked(self.checkpoint_dir / "best.pt", self.run_id)
-            self.loss_module.load_state_dict(best["trainer"]["loss_module"])
+            self._load_loss_module_state(best["trainer"]["loss_module"])
         with ExitStack() as stack:
             self._build_test_context(stack)
             self.final_metrics = self._run_test_loop()
@@ -374,6 +374,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
         window_of = [length for length in windows for _ in range(length)]
         records = []
         norms = []
+        # LM agents count the padding of their scoring passes: only the update's are reported.
+        padding_fraction = getattr(self.policy, "pop_padding_fraction", lambda: None)
+        padding_fraction()
         self.optimizer.zero_grad(set_to_none=True)
         for epoch in range(self.trainer_config.num_epochs):
             position = 0
@@ -400,6 +403,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
         }
         for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
             stats[f"train/grad_norm/{name}"] = values
+        padding = padding_fraction()
+        if padding is not None:
+            stats["train/padding_fraction"] = padding
         self._check_parameters(trained)
         return stats
 
@@ -458,10 +464,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
         )
 
     def _episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
-        if episodes.numel() == 0:
+        count = episodes.batch_size.numel()  # TensorDict.numel() is 1 for an empty batch
+        if count == 0:
             return {}
         metrics = self.scenario.episode_metrics(episodes)
-        metrics["episodes"] = episodes.numel()
+        metrics["episodes"] = count
         return metrics
 
     # -------------------------------------------------------------- evaluation
@@ -569,9 +576,30 @@ class TensorDictRlTrainer(TensorDictTrainer):
             save_pretrained(self.checkpoint_dir / name)
         return path
 
+    def _frozen_keys(self) -> set[str]:
+        """Keys of the loss module's state that hold frozen agent weights (a LoRA agent's base model)."""
+        frozen = {param.data_ptr() for param in self.agent_modules.modules().parameters() if not param.requires_grad}
+        if not frozen:
+            return set()
+        return {key for key, value in self.loss_module.state_dict(keep_vars=True).items() if value.data_ptr() in frozen}
+
+    def _loss_module_state(self) -> dict[str, Any]:
+        """The loss module's state without frozen agent weights, which the model folders hold already."""
+        frozen = self._frozen_keys()
+        return {key: value for key, value in self.loss_module.state_dict().items() if key not in frozen}
+
+    def _load_loss_module_state(self, state: dict[str, Any]) -> None:
+        frozen = self._frozen_keys()
+        missing, unexpected = self.loss_module.load_state_dict(state, strict=not frozen)
+        if set(missing) - frozen or unexpected:
+            raise CheckpointError(
+                f"the checkpoint does not fit this run's agents: missing {sorted(set(missing) - frozen)[:3]}, "
+                f"unexpected {sorted(unexpected)[:3]}"
+            )
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "loss_module": self.loss_module.state_dict(),
+            "loss_module": self._loss_module_state(),
             "reference_policy": self.reference_policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -586,7 +614,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loss_module.load_state_dict(state["loss_module"])
+        self._load_loss_module_state(state["loss_module"])
         self.reference_policy.load_state_dict(state["reference_policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

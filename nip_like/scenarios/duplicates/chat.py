@@ -25,28 +25,28 @@ warm start's demonstrations and a reference in tests).
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from nip_like.errors import ConfigError
 from nip_like.registry import register_scenario, typed_entry
+from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text rules, shared with the chat view
+    HIDDEN_TEXT,
+    SYSTEM_PROMPTS,
+    list_line,
+    parse_cells,
+    parse_decision,
+    parse_reply,
+    read_list_line,
+)
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
 from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesScenario
 from nip_like.text.models import Chat, Sampling, TextModel, TextModelConfig
 
 #: Width of the token action the chat replies are translated into: two cells and ``<eos>``.
 ACTION_TOKENS = 3
-HIDDEN_TEXT = "?"
-
-#: System prompts by role: the verifier, a prover arguing that a pair exists, one arguing that none does.
-SYSTEM_PROMPTS = {
-    "verifier": "Does the list hold two equal values? Answer accept or reject.",
-    "accept": "Name two cells of the list that hold equal values: i j",
-    "reject": "Name two cells of the list: i j",
-}
 
 
 @dataclass
@@ -57,37 +57,7 @@ class DuplicatesChatConfig(DuplicatesDataConfig):
     default_model: TextModelConfig = field(default_factory=TextModelConfig)  # the text model of groups not in models
     models: dict[str, Any] = field(default_factory=dict)  # per-group TextModelConfig entries: {verifier: {hidden_size: 96}}
     agent_groups: dict[str, str] = field(default_factory=dict)  # agent -> model group; agents not named form a group of their own
-    system_prompts: dict[str, str] = field(default_factory=dict)  # per-role overrides of the system prompt: verifier, accept, reject
     scripted_provers: bool = False  # every prover is the honest scripted player (backend scripted), whatever the protocol
-
-
-def parse_cells(text: str, length: int) -> Optional[tuple[int, int]]:
-    """The first two whole numbers of ``text`` if they are different cells in ``0 .. length-1``."""
-    numbers = [int(number) for number in re.findall(r"\d+", text)[:2]]
-    if len(numbers) == 2 and numbers[0] != numbers[1] and all(number < length for number in numbers):
-        return numbers[0], numbers[1]
-    return None
-
-
-def parse_decision(text: str) -> Optional[str]:
-    """``"accept"`` or ``"reject"`` if that is the reply's first word (any case, punctuation ignored)."""
-    words = re.findall(r"[a-z]+", text.lower())
-    if words and words[0] in (ACCEPT, REJECT):
-        return words[0]
-    return None
-
-
-def list_line(values: Sequence[int], visible: Sequence[bool]) -> str:
-    """``"list: 3 ? 7 ..."``: each cell's value, ``?`` where hidden."""
-    return "list: " + " ".join(str(value) if seen else HIDDEN_TEXT for value, seen in zip(values, visible))
-
-
-def read_list_line(text: str) -> list[Optional[int]]:
-    """The cells of the ``list:`` line of a chat message (``None`` where hidden); empty if there is none."""
-    for line in text.splitlines():
-        if line.startswith("list:"):
-            return [None if cell == HIDDEN_TEXT else int(cell) for cell in line[len("list:") :].split()]
-    return []
 
 
 @register_scenario("duplicates_chat", DuplicatesChatConfig)
@@ -110,9 +80,6 @@ class DuplicatesChatScenario(DuplicatesScenario):
         unknown = sorted(set(config.models) - set(self.groups()))
         if unknown:
             raise ConfigError(f"scenario.models names {unknown}, not model groups {sorted(set(self.groups().values()))}")
-        unknown = sorted(set(config.system_prompts) - set(SYSTEM_PROMPTS))
-        if unknown:
-            raise ConfigError(f"scenario.system_prompts names {unknown}; allowed roles: {', '.join(SYSTEM_PROMPTS)}")
 
     # ------------------------------------------------------------------ agents
     @property
@@ -142,17 +109,6 @@ class DuplicatesChatScenario(DuplicatesScenario):
         if group in self.config.models:
             return typed_entry(TextModelConfig, self.config.models[group], f"scenario.models.{group}")
         return self.config.default_model
-
-    def role(self, agent: str) -> str:
-        """``"verifier"``, or the side a prover argues (``"accept"`` or ``"reject"``)."""
-        if self.agent_names.index(agent) == self.protocol.verifier_index:
-            return "verifier"
-        return ACCEPT if self.protocol.prover_sides.get(agent, True) else REJECT
-
-    def system_prompt(self, agent: str) -> str:
-        """The system prompt of ``agent``'s role."""
-        role = self.role(agent)
-        return str(self.config.system_prompts.get(role, SYSTEM_PROMPTS[role]))
 
     def scripted_player(self, agent: str) -> "ScriptedDuplicatesModel":
         """The honest scripted player of ``agent``'s role (the warm start's teacher)."""
@@ -204,15 +160,8 @@ class DuplicatesChatScenario(DuplicatesScenario):
         meaning : str
             ``"cells i j"``, ``"accept"``, ``"reject"`` or ``"none"``.
         """
-        eos = self.tokenizer.eos_token
-        if agent == self.protocol.verifier_index:
-            decision = parse_decision(reply)
-            if decision is not None:
-                return [decision, eos], decision
-        cells = parse_cells(reply, self.symbols.length)
-        if cells is not None:
-            return [f"c{cells[0]}", f"c{cells[1]}", eos], f"cells {cells[0]} {cells[1]}"
-        return [], "none"
+        symbols, meaning = parse_reply(reply, agent == self.protocol.verifier_index, self.symbols.length)
+        return ([*symbols, self.tokenizer.eos_token] if symbols else []), meaning
 
     def encode_actions(self, moves: list[list[str]]) -> torch.Tensor:
         """``(len(moves), ACTION_TOKENS)`` token ids of the moves, ``<pad>`` after each."""

@@ -307,6 +307,29 @@ class DuplicatesEnv(InteractionEnv):
             "prompt_mask": torch.cat([header_mask, block_mask.reshape(batch, agents, -1)], dim=-1),
         }
 
+    def scripted_replies(self, moves: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The messages that make ``(B, N, T)`` moves, and their masks: in the token view, the moves themselves.
+
+        A scripted player (the warm start's demonstrations) writes its moves in
+        game symbols; a view whose agents write otherwise (the chat view)
+        translates them into what its agents would send.
+        """
+        return moves, moves != self.ids["pad"]
+
+    def new_state(self, num_episodes: int) -> TensorDictBase:
+        """Fresh episodes on random lists of the split (the game's state before any turn)."""
+        return self._new_state(num_episodes)
+
+    def policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        """Each agent's prompt in ``state`` (``prompt_ids``, ``prompt_mask``, ``(B, N, P)``)."""
+        return self._policy_inputs(state)
+
+    def advance(
+        self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor
+    ) -> tuple[TensorDictBase, torch.Tensor, torch.Tensor]:
+        """Play one round's ``action`` of the ``active`` agents: the new state, the rewards and which episodes ended."""
+        return self._advance(state, action, active)
+
     def named_cells(self, messages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Parse ``(..., T)`` messages (see :func:`named_cells`)."""
         return named_cells(messages, self.ids["cell0"], self.length)

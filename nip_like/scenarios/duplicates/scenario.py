@@ -16,7 +16,7 @@ from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.folders import check_writable_folder
 from nip_like.lm.agents import lm_agent_modules
-from nip_like.lm.models import LMAgentConfig, build_lm_policy
+from nip_like.lm.models import LMAgentConfig, build_lm_policy, load_tokenizer, model_context
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
@@ -28,9 +28,19 @@ from nip_like.scenarios.duplicates.data import (
     load_or_generate,
     split_lists,
 )
-from nip_like.scenarios.duplicates.environment import VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols, named_cells
+from nip_like.scenarios.duplicates.chat_view import SYSTEM_PROMPTS, ChatSpeaker, DuplicatesChatViewEnv, parse_reply
+from nip_like.scenarios.duplicates.environment import (
+    ACCEPT,
+    REJECT,
+    VERIFIER_VIEWS,
+    DuplicatesEnv,
+    DuplicateSymbols,
+    named_cells,
+)
 
 SPLITS = ("train", "val", "test")
+#: How language-model agents play: over the game's own symbols, or in chat through their tokenizer's template.
+VIEWS = ("token", "chat")
 
 
 @dataclass
@@ -47,6 +57,7 @@ class DuplicatesDataConfig(ScenarioConfig):
     test_fraction: float = checked(0.2, gt=0, lt=1)  # share of lists in the held-out test split
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     verifier_view: str = checked("cells", choices=VERIFIER_VIEWS)  # cells (only revealed cells) | full (the whole list)
+    system_prompts: dict[str, str] = field(default_factory=dict)  # chat: per-role overrides of the system prompt (verifier, accept, reject)
 
 
 @dataclass
@@ -55,6 +66,9 @@ class DuplicatesConfig(DuplicatesDataConfig):
 
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent LMAgentConfig entries; others use default_agent
     default_agent: LMAgentConfig = field(default_factory=LMAgentConfig)  # the language model of agents not in agents
+    view: str = checked("token", choices=VIEWS)  # token (the game's symbols, tiny models) | chat (any chat model folder: its template, free-text replies)
+    quote_tokens: int = checked(32, ge=1)  # chat: tokens of a reply shown to the agents that read it
+    max_prompt_tokens: int = checked(0, ge=0)  # chat: prompt width; 0 = the longest prompt the game can produce
 
 
 def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
@@ -112,6 +126,26 @@ class DuplicatesScenario(Scenario):
         )
         self.symbols = DuplicateSymbols(int(config.length), int(config.num_values), tuple(protocol.agent_names))
         check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
+        unknown = sorted(set(config.system_prompts) - set(SYSTEM_PROMPTS))
+        if unknown:
+            raise ConfigError(f"scenario.system_prompts names {unknown}; allowed roles: {', '.join(SYSTEM_PROMPTS)}")
+
+    # ------------------------------------------------------------------- roles
+    def role(self, agent: str) -> str:
+        """``"verifier"``, or the side a prover argues (``"accept"`` or ``"reject"``)."""
+        if self.agent_names.index(agent) == self.protocol.verifier_index:
+            return "verifier"
+        return ACCEPT if self.protocol.prover_sides.get(agent, True) else REJECT
+
+    def system_prompt(self, agent: str) -> str:
+        """The system prompt of ``agent``'s role in chat (``scenario.system_prompts`` overrides the default)."""
+        role = self.role(agent)
+        return str(self.config.system_prompts.get(role, SYSTEM_PROMPTS[role]))
+
+    @property
+    def chat_view(self) -> bool:
+        """Whether the agents play in chat (``scenario.view=chat``) rather than over the game's symbols."""
+        return self.config.get("view", "token") == "chat"
 
     # -------------------------------------------------------------------- data
     def splits(self) -> dict[str, DuplicateLists]:
@@ -149,10 +183,42 @@ class DuplicatesScenario(Scenario):
         """``T``: the longest message an agent can send (its ``max_new_tokens``)."""
         return max(int(agent.max_new_tokens) for agent in self.agent_configs().values())
 
+    @cached_property
+    def chat_speakers(self) -> list[ChatSpeaker]:
+        """Each agent's tokenizer (from its model folder) and system prompt, for the chat view."""
+        speakers = []
+        for name, agent in self.agent_configs().items():
+            if agent.pretrained_path is None:
+                where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+                raise ConfigError(
+                    f"scenario.view=chat needs a chat model folder for agent {name}: set {where}.pretrained_path "
+                    f"(a local folder with a tokenizer and a chat template)"
+                )
+            speakers.append(ChatSpeaker(name, load_tokenizer(agent.pretrained_path), self.system_prompt(name)))
+        return speakers
+
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
     ) -> DuplicatesEnv:
-        return DuplicatesEnv(
+        if self.chat_view:
+            env = DuplicatesChatViewEnv(
+                self.protocol,
+                self.split(split),
+                self.symbols.ids(self.tokenizer),
+                self.chat_speakers,
+                num_values=self.symbols.num_values,
+                reply_tokens=self.message_tokens,
+                quote_tokens=int(self.config.quote_tokens),
+                prompt_tokens=int(self.config.max_prompt_tokens),
+                verifier_view=str(self.config.verifier_view),
+                num_envs=num_envs,
+                device=device,
+                seed=seed,
+                group_size=group_size,
+            )
+            self.check_lengths(env.prompt_length)
+            return env
+        env = DuplicatesEnv(
             self.protocol,
             self.split(split),
             self.symbols.ids(self.tokenizer),
@@ -164,10 +230,42 @@ class DuplicatesScenario(Scenario):
             seed=seed,
             group_size=group_size,
         )
+        self.check_lengths(env.prompt_length)
+        return env
+
+    def check_lengths(self, prompt_length: int) -> None:
+        """Refuse, in one line, agents whose prompt plus message cannot fit their model or token budget.
+
+        Parameters
+        ----------
+        prompt_length : int
+            ``P``, the prompt width of the game's environment.
+        """
+        for name, agent in self.agent_configs().items():
+            where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+            longest = prompt_length + int(agent.max_new_tokens)
+            budget = agent.max_tokens_per_micro_batch
+            if budget is not None and budget < longest:
+                raise ConfigError(
+                    f"{where}.max_tokens_per_micro_batch ({budget}) is below one sequence of agent {name} "
+                    f"({prompt_length} prompt + {agent.max_new_tokens} message tokens = {longest}): it must be at least {longest}"
+                )
+            if agent.pretrained_path is not None:
+                context = model_context(agent.pretrained_path)
+                if context is not None and longest > context:
+                    raise ConfigError(
+                        f"{where}.max_new_tokens ({agent.max_new_tokens}) plus the {prompt_length}-token prompt exceeds "
+                        f"the context of the model in {agent.pretrained_path} ({context} tokens): at most "
+                        f"{max(context - prompt_length, 0)}"
+                    )
 
     # ------------------------------------------------------------------ agents
     def make_agents(self) -> AgentModules:
         policies = {}
+        if self.chat_view:
+            for speaker, agent in zip(self.chat_speakers, self.agent_configs().values()):
+                policies[speaker.name] = build_lm_policy(agent, speaker.tokenizer)
+            return lm_agent_modules(policies, self.message_tokens)
         for name, agent in self.agent_configs().items():
             if agent.pretrained_path is None:
                 policies[name] = build_lm_policy(agent, self.tokenizer)
@@ -181,13 +279,21 @@ class DuplicatesScenario(Scenario):
             policies[name] = policy
         return lm_agent_modules(policies, self.message_tokens)
 
+    def end_token_ids(self) -> list[int]:
+        """Each agent's end-of-message token: its chat tokenizer's eos, or the game's ``<eos>``."""
+        if self.chat_view:
+            return [speaker.eos_id for speaker in self.chat_speakers]
+        return [self.tokenizer.eos_token_id] * len(self.agent_names)
+
     # ----------------------------------------------------------------- metrics
     def policy_metrics(self, batch: TensorDictBase) -> dict[str, float]:
         """Each agent's mean message length (tokens, ``<eos>`` included) and share of messages cut at the limit."""
         active = batch.get(keys.ACTIVE_KEY)
         mask = batch.get(keys.TOKEN_MASK_KEY)
-        eos = self.tokenizer.eos_token_id
-        finished = (batch.get(keys.ACTION_KEY) == eos).any(-1)
+        action = batch.get(keys.ACTION_KEY)
+        # A message ended (was not cut) if it holds its agent's eos token or stops before the limit.
+        eos = torch.tensor(self.end_token_ids(), device=action.device).view(-1, 1)
+        finished = ((action == eos) & mask).any(-1) | ~mask.all(-1)
         metrics = {}
         for index, name in enumerate(self.agent_names):
             acted = active[..., index]
@@ -239,13 +345,20 @@ class DuplicatesScenario(Scenario):
             for round_index in range(state["messages"].shape[1]):
                 for agent, name in enumerate(self.agent_names):
                     message = state["messages"][episode, round_index, agent]
-                    if bool((message == pad).all()):
+                    if self.chat_view:
+                        length = int(state["reply_length"][episode, round_index, agent])
+                        if length < 0:
+                            continue
+                        reply = state["replies"][episode, round_index, agent, :length].tolist()
+                        text = self.chat_speakers[agent].tokenizer.decode(reply, skip_special_tokens=True)
+                    elif bool((message == pad).all()):
                         continue
+                    else:
+                        text = " ".join(self.tokenizer.convert_ids_to_tokens(message[message != pad].tolist()))
                     revealed = []
                     if bool(names[episode, round_index, agent]):
                         cells = (int(first[episode, round_index, agent]), int(second[episode, round_index, agent]))
                         revealed = [[cell, int(values[cell])] for cell in cells]
-                    text = " ".join(self.tokenizer.convert_ids_to_tokens(message[message != pad].tolist()))
                     turns.append({"round": round_index, "agent": name, "message": text, "revealed": revealed})
             decision = int(state["decision"][episode])
             label = bool(state["label"][episode])
@@ -308,7 +421,7 @@ class DuplicatesScenario(Scenario):
         lists = self.split(split)
         count, ids = len(lists), env.ids
         generator = torch.Generator().manual_seed(seed)
-        state = env._new_state(count)
+        state = env.new_state(count)
         state["list_index"] = torch.arange(count)
         state["values"], state["label"], state["certificate"] = lists.values, lists.label, lists.certificate
         state.update(self.protocol.initial_state(count, generator))
@@ -319,8 +432,9 @@ class DuplicatesScenario(Scenario):
         playing = torch.ones(count, dtype=torch.bool)
         for _ in range(self.protocol.num_rounds):
             active = self.protocol.active_agents_in(state) & playing.unsqueeze(-1)
-            inputs = env._policy_inputs(state)
+            inputs = env.policy_inputs(state)
             action = torch.full((count, self.protocol.num_agents, tokens), pad, dtype=torch.int64)
+            shown_by = {}
             for index, name in enumerate(self.agent_names):
                 if index == self.protocol.verifier_index:
                     deciding = self.protocol.decision_round(state["round"])
@@ -342,17 +456,21 @@ class DuplicatesScenario(Scenario):
                     action[:, index, :2] = torch.where(message >= 0, ids["cell0"] + message, eos)
                     action[:, index, 2] = torch.where(message[:, 1] >= 0, eos, pad)
                     shown = active[:, index] & proves
+                shown_by[name] = shown
+            # The moves as the agents would send them (in the chat view: text in their own tokens).
+            replies, reply_mask = env.scripted_replies(torch.where(active.unsqueeze(-1), action, pad))
+            for index, name in enumerate(self.agent_names):
+                shown = shown_by[name]
                 if bool(shown.any()):
                     collected[name].append(
                         {
                             "prompt_ids": inputs["prompt_ids"][shown, index],
                             "prompt_mask": inputs["prompt_mask"][shown, index],
-                            "tokens": action[shown, index],
-                            "token_mask": action[shown, index] != pad,
+                            "tokens": replies[shown, index],
+                            "token_mask": reply_mask[shown, index],
                         }
                     )
-            action = torch.where(active.unsqueeze(-1), action, pad)
-            state, _, ended = env._advance(state, action, active)
+            state, _, ended = env.advance(state, replies, active)
             state["round"] = state["round"] + 1
             playing = playing & ~ended
             if not bool(playing.any()):

@@ -1,0 +1,96 @@
+"""``python -m nip_like.export RUN_DIR``: each language-model agent of a run as a standalone Hugging Face folder.
+
+A run saves every LM agent beside each checkpoint, under
+``checkpoints/<best|last>/<agent>/``: the whole model for an agent trained in
+full, the adapters only (``adapter_config.json``, ``adapter_model.safetensors``)
+for an agent trained with LoRA. This command writes, for each agent, a folder
+that needs nothing else: the LoRA adapters merged into a copy of the base
+model's weights (the base folder named in ``adapter_config.json``), or a copy
+of a full agent, with the tokenizer and the value head. Load it with
+``AutoModelForCausalLM.from_pretrained``, or start a run from it
+(``scenario.agents.<name>.pretrained_path``). Bad input is one line ``error:
+...`` with exit status 2; nothing of the run is changed.
+
+Examples
+--------
+``python -m nip_like.export outputs/2026-11-24/10-00-00_duplicates_nip``
+``python -m nip_like.export RUN_DIR --checkpoint last --out exported/``
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from nip_like.cli import OneLineArgumentParser, report_errors
+from nip_like.errors import ConfigError
+from nip_like.lm.checkpoints import VALUE_HEAD_FILE, save_agent
+
+#: The file that marks an agent folder holding LoRA adapters only.
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def agent_folders(run_dir: Path, checkpoint: str) -> list[Path]:
+    """The agent folders saved beside checkpoint ``checkpoint`` of ``run_dir``; a one-line error if none."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is not a run folder")
+    folder = run_dir / "checkpoints" / checkpoint
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{run_dir} has no checkpoints/{checkpoint}/ folder of language-model agents "
+            f"(only runs of LM agents save them; checkpoints: best, last)"
+        )
+    agents = sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith("."))
+    if not agents:
+        raise ConfigError(f"{folder} holds no agent folders")
+    return agents
+
+
+def export_agent(folder: Path, out: Path) -> Path:
+    """Write agent ``folder`` to ``out`` as a standalone model folder (see the module docstring)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nip_like.lm.checkpoints import load_value_head
+
+    if not (folder / ADAPTER_CONFIG).is_file():
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(folder, out)
+        return out
+    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+    merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    value_head = load_value_head(folder, merged) if (folder / VALUE_HEAD_FILE).is_file() else None
+    return save_agent(out, merged, tokenizer, value_head)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = OneLineArgumentParser(
+        prog="python -m nip_like.export",
+        usage="%(prog)s RUN_DIR [--checkpoint best|last] [--out DIR]",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("run_dir", type=Path, help="the run folder")
+    parser.add_argument("--checkpoint", default="last", help="best or last (default: last)")
+    parser.add_argument("--out", type=Path, help="where to write one folder per agent (default: RUN_DIR/exported/<checkpoint>)")
+    args = parser.parse_args(argv)
+    with report_errors():
+        if args.checkpoint not in ("best", "last"):
+            raise ConfigError(f"--checkpoint must be best or last, got {args.checkpoint!r}")
+        folders = agent_folders(args.run_dir, args.checkpoint)
+        out = args.out or args.run_dir / "exported" / args.checkpoint
+        written = [export_agent(folder, out / folder.name) for folder in folders]
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""The duplicates game in natural-language turns: the chat view of language-model agents.
+
+The token view (:mod:`nip_like.scenarios.duplicates.environment`) gives tiny
+models a prompt over the game's own symbols. The chat view is for the models
+users bring: any local chat model folder with its own tokenizer and chat
+template. Lists, splits, protocols, rules and rewards are the token game's;
+:class:`DuplicatesChatViewEnv` only changes what an agent reads and writes.
+
+What an agent reads
+    Its tokenizer's own ``apply_chat_template`` (with the generation prompt)
+    applied to two messages: a system message for its role
+    (:data:`SYSTEM_PROMPTS`, overridable per role) and a user message with the
+    list as the agent sees it and the replies it can read so far::
+
+        list: ? ? 7 ? 7 ? ? ?
+        prover: 4 2
+
+    A quoted reply is spliced in as the tokens its sender sampled (its first
+    ``quote_tokens`` of them, without the end token), not decoded and
+    re-encoded, so a prompt's length is bounded before the game starts.
+
+What an agent writes
+    Free text of up to ``max_new_tokens`` tokens, ended by its tokenizer's eos
+    token or a configured stop string. The reply's text (the tokens before the
+    first eos or pad token, decoded without special tokens) becomes the game's
+    move by one rule, :func:`parse_reply`: a verifier's reply whose first word
+    is ``accept`` or ``reject`` (any case, punctuation ignored) is its
+    decision; otherwise, the first two whole numbers of a reply that are
+    different cells (``0 .. L-1``) name those cells (``"4 2"``, ``"cells 4 and
+    2"``); anything else is a message with no effect. A verifier whose reply
+    on its last turn is not a decision ends the episode undecided, which
+    counts as wrong.
+
+The same rule parses the text agents' replies
+(:mod:`nip_like.scenarios.duplicates.chat`).
+
+Keys (besides the token game's; ``T`` is the longest ``max_new_tokens``,
+``P`` the prompt width, ``V`` the largest vocabulary of the agents):
+
+========================================  ===============  ==============================================
+key                                       shape            meaning
+========================================  ===============  ==============================================
+``("state", "replies")``                  ``B, R, N, T``   every reply's sampled tokens (sender's pad after)
+``("state", "reply_length")``             ``B, R, N``      tokens of each reply before its end, ``-1`` unsent
+``("state", "messages")``                 ``B, R, N, 3``   the moves the replies made, in game symbols
+``("agents", "prompt_ids")``              ``B, N, P``      the rendered chat, left-padded (each agent's vocabulary)
+``("agents", "prompt_mask")``             ``B, N, P``      its real tokens
+``("agents", "action")``                  ``B, N, T``      each agent's reply tokens, ``< V``
+========================================  ===============  ==============================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import Binary, Bounded, Unbounded
+from transformers import PreTrainedTokenizerBase
+
+from nip_like.errors import ConfigError
+from nip_like.protocols.proof import ProofProtocol
+from nip_like.scenarios.duplicates.data import DuplicateLists
+from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
+
+#: What a hidden cell shows in the ``list:`` line.
+HIDDEN_TEXT = "?"
+#: Width of a move in game symbols: two cells and an end symbol.
+MOVE_TOKENS = 3
+
+#: System prompts by role: the verifier, a prover arguing that a pair exists, one arguing that none does.
+SYSTEM_PROMPTS = {
+    "verifier": "Does the list hold two equal values? Answer accept or reject.",
+    "accept": "Name two cells of the list that hold equal values: i j",
+    "reject": "Name two cells of the list: i j",
+}
+
+#: A quoted reply's place in the rendered chat text, replaced by its tokens (a private-use character
+#: around its index, which no tokenizer merges with the text beside it).
+_QUOTE = "\ue000{}\ue000"
+_QUOTE_PATTERN = re.compile("\ue000(\\d+)\ue000")
+
+
+def parse_cells(text: str, length: int) -> Optional[tuple[int, int]]:
+    """The first two whole numbers of ``text`` if they are different cells in ``0 .. length-1``."""
+    numbers = [int(number) for number in re.findall(r"\d+", text)[:2]]
+    if len(numbers) == 2 and numbers[0] != numbers[1] and all(number < length for number in numbers):
+        return numbers[0], numbers[1]
+    return None
+
+
+def parse_decision(text: str) -> Optional[str]:
+    """``"accept"`` or ``"reject"`` if that is the reply's first word (any case, punctuation ignored)."""
+    words = re.findall(r"[a-z]+", text.lower())
+    if words and words[0] in (ACCEPT, REJECT):
+        return words[0]
+    return None
+
+
+def parse_reply(text: str, is_verifier: bool, length: int) -> tuple[list[str], str]:
+    """The game move a reply makes, in game symbols, and what it is in words.
+
+    Parameters
+    ----------
+    text : str
+        The reply.
+    is_verifier : bool
+        Whether the verifier sent it (only the verifier decides).
+    length : int
+        ``L``, cells in the list.
+
+    Returns
+    -------
+    symbols : list of str
+        ``["accept"]``, ``["reject"]``, ``["c<i>", "c<j>"]`` or ``[]`` (no effect).
+    meaning : str
+        ``"accept"``, ``"reject"``, ``"cells i j"`` or ``"none"``.
+    """
+    if is_verifier:
+        decision = parse_decision(text)
+        if decision is not None:
+            return [decision], decision
+    cells = parse_cells(text, length)
+    if cells is not None:
+        return [f"c{cells[0]}", f"c{cells[1]}"], f"cells {cells[0]} {cells[1]}"
+    return [], "none"
+
+
+def list_line(values: Sequence[int], visible: Sequence[bool]) -> str:
+    """``"list: 3 ? 7 ..."``: each cell's value, ``?`` where hidden."""
+    return "list: " + " ".join(str(value) if seen else HIDDEN_TEXT for value, seen in zip(values, visible))
+
+
+def read_list_line(text: str) -> list[Optional[int]]:
+    """The cells of the ``list:`` line of a chat message (``None`` where hidden); empty if there is none."""
+    for line in text.splitlines():
+        if line.startswith("list:"):
+            return [None if cell == HIDDEN_TEXT else int(cell) for cell in line[len("list:") :].split()]
+    return []
+
+
+@dataclass
+class ChatSpeaker:
+    """How one agent reads and writes in the chat view.
+
+    Attributes
+    ----------
+    name : str
+        The agent's name, which labels its quoted replies.
+    tokenizer : PreTrainedTokenizerBase
+        Its model's tokenizer, with a chat template.
+    system_prompt : str
+        The system message of its role.
+    """
+
+    name: str
+    tokenizer: PreTrainedTokenizerBase
+    system_prompt: str
+
+    def __post_init__(self) -> None:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"agent {self.name}: its tokenizer has no chat_template, which the chat view needs")
+        if self.tokenizer.eos_token_id is None:
+            raise ConfigError(f"agent {self.name}: its tokenizer has no eos token to end a reply")
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.eos_id
+
+    def render(self, list_text: str, quotes: Sequence[tuple[str, Sequence[int]]]) -> list[int]:
+        """The prompt's token ids: the chat template over the system and user messages.
+
+        Parameters
+        ----------
+        list_text : str
+            The ``list:`` line.
+        quotes : sequence of (str, sequence of int)
+            Each readable reply's sender and its tokens, in the order sent.
+        """
+        lines = [list_text, *(f"{sender}: {_QUOTE.format(index)}" for index, (sender, _) in enumerate(quotes))]
+        chat = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": "\n".join(lines)}]
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        pieces = _QUOTE_PATTERN.split(text)  # text, index, text, index, ..., text
+        encoded = self.tokenizer(pieces[0::2], add_special_tokens=False)["input_ids"]
+        ids = list(encoded[0])
+        for position, index in enumerate(pieces[1::2]):
+            ids += list(quotes[int(index)][1]) + list(encoded[position + 1])
+        return ids
+
+
+class DuplicatesChatViewEnv(DuplicatesEnv):
+    """The duplicates game with chat prompts and free-text replies (see the module docstring).
+
+    Parameters
+    ----------
+    protocol : ProofProtocol
+        Turns, channels and rewards.
+    lists : DuplicateLists
+        The split's lists.
+    game_ids : dict
+        :meth:`~nip_like.scenarios.duplicates.environment.DuplicateSymbols.ids`
+        of the game's symbol table, in which moves are stored.
+    speakers : sequence of ChatSpeaker
+        One per agent, in the order of the agent dimension.
+    num_values : int
+        ``V``: the list's values are ``0 .. V-1``.
+    reply_tokens : int
+        ``T``, the longest reply (the agents' largest ``max_new_tokens``).
+    quote_tokens : int
+        Tokens of a reply shown to the agents who read it.
+    prompt_tokens : int
+        ``P``; 0 sizes it to the longest prompt the game can produce.
+    verifier_view, num_envs, device, seed, group_size
+        As for :class:`~nip_like.scenarios.duplicates.environment.DuplicatesEnv`.
+    """
+
+    def __init__(
+        self,
+        protocol: ProofProtocol,
+        lists: DuplicateLists,
+        game_ids: dict[str, int],
+        speakers: Sequence[ChatSpeaker],
+        num_values: int,
+        reply_tokens: int,
+        quote_tokens: int = 32,
+        prompt_tokens: int = 0,
+        verifier_view: str = "cells",
+        num_envs: int = 1,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        group_size: int = 1,
+    ) -> None:
+        if reply_tokens < 1:
+            raise ConfigError(f"a reply needs at least one token, got max_new_tokens={reply_tokens}")
+        self.chat_speakers = list(speakers)
+        self.reply_tokens = int(reply_tokens)
+        self.quote_tokens = int(quote_tokens)
+        self.reply_vocab = max(len(speaker.tokenizer) for speaker in self.chat_speakers)
+        self._num_values = int(num_values)
+        self._prompt_tokens = int(prompt_tokens)
+        super().__init__(
+            protocol, lists, game_ids, vocab_size=max(game_ids.values()) + 1, message_tokens=MOVE_TOKENS,
+            verifier_view=verifier_view, num_envs=num_envs, device=device, seed=seed, group_size=group_size,
+        )
+
+    # ---------------------------------------------------------------- sizes
+    @property
+    def prompt_length(self) -> int:
+        """``P``: the configured width, or the longest prompt any agent can be shown."""
+        if self._prompt_tokens:
+            return self._prompt_tokens
+        if not hasattr(self, "_longest_prompt"):
+            self._longest_prompt = max(self._longest_prompt_of(agent) for agent in range(len(self.chat_speakers)))
+        return self._longest_prompt
+
+    def _longest_prompt_of(self, agent: int) -> int:
+        speaker = self.chat_speakers[agent]
+        # The list line at its longest: every cell shows the value (or ?) that takes the most tokens.
+        cells = [HIDDEN_TEXT, *(str(value) for value in range(self._num_values))]
+        widest = max(cells, key=lambda cell: len(speaker.tokenizer(" " + cell, add_special_tokens=False)["input_ids"]))
+        # Every readable sender's reply in every round it can be read, each at the quoted length.
+        readable = int(self.visibility[agent].sum())
+        longest_name = max((other.name for other in self.chat_speakers), key=len)
+        quotes = [(longest_name, [0] * self.quote_tokens)] * (readable * self.seen_rounds)
+        # A margin for text that merges differently beside other values.
+        return len(speaker.render(list_line([widest] * self.length, [True] * self.length), quotes)) + 8
+
+    # ----------------------------------------------------------------- specs
+    def _state_spec(self) -> dict[str, object]:
+        b, device = self.batch_size, self.device
+        rounds, agents = self.protocol.num_rounds, self.num_agents
+        return {
+            **super()._state_spec(),
+            "replies": Unbounded(shape=(*b, rounds, agents, self.reply_tokens), dtype=torch.int64, device=device),
+            "reply_length": Unbounded(shape=(*b, rounds, agents), dtype=torch.int64, device=device),
+        }
+
+    def _policy_input_spec(self) -> dict[str, object]:
+        agents = (*self.batch_size, self.num_agents)
+        return {
+            "prompt_ids": Bounded(
+                low=0, high=self.reply_vocab - 1, shape=(*agents, self.prompt_length), dtype=torch.int64, device=self.device
+            ),
+            "prompt_mask": Binary(shape=(*agents, self.prompt_length), dtype=torch.bool, device=self.device),
+        }
+
+    def _agent_action_spec(self) -> object:
+        return Bounded(
+            low=0, high=self.reply_vocab - 1, shape=(*self.batch_size, self.num_agents, self.reply_tokens),
+            dtype=torch.int64, device=self.device,
+        )
+
+    # ------------------------------------------------------------ the game
+    def _new_state(self, num_episodes: int):
+        state = super()._new_state(num_episodes)
+        shape = (num_episodes, self.protocol.num_rounds, self.num_agents)
+        state["replies"] = torch.zeros(*shape, self.reply_tokens, dtype=torch.int64, device=self.device)
+        state["reply_length"] = torch.full(shape, -1, dtype=torch.int64, device=self.device)
+        return state
+
+    def reply_lengths(self, action: torch.Tensor) -> torch.Tensor:
+        """``(B, N)``: tokens of each reply before its first eos or pad token (of its sender's tokenizer)."""
+        lengths = []
+        for agent, speaker in enumerate(self.chat_speakers):
+            tokens = action[:, agent]
+            ends = (tokens == speaker.eos_id) | (tokens == speaker.pad_id)
+            first_end = torch.where(ends.any(-1), ends.long().argmax(-1), torch.full_like(ends[:, 0], tokens.shape[-1], dtype=torch.long))
+            lengths.append(first_end)
+        return torch.stack(lengths, dim=-1)
+
+    def reply_texts(self, action: torch.Tensor, active: torch.Tensor) -> dict[tuple[int, int], str]:
+        """The text of each active reply, by ``(episode, agent)``."""
+        lengths = self.reply_lengths(action).tolist()
+        texts = {}
+        for agent, speaker in enumerate(self.chat_speakers):
+            rows = active[:, agent].nonzero().squeeze(-1).tolist()
+            if not rows:
+                continue
+            replies = [action[row, agent, : lengths[row][agent]].tolist() for row in rows]
+            for row, text in zip(rows, speaker.tokenizer.batch_decode(replies, skip_special_tokens=True)):
+                texts[(row, agent)] = text
+        return texts
+
+    def moves(self, texts: dict[tuple[int, int], str], batch: int) -> torch.Tensor:
+        """``(batch, N, 3)`` game-symbol moves of the parsed replies (pad where a reply has no effect)."""
+        move = torch.full((batch, self.num_agents, MOVE_TOKENS), self.ids["pad"], dtype=torch.int64)
+        for (row, agent), text in texts.items():
+            symbols, _ = parse_reply(text, agent == self.verifier_index, self.length)
+            for position, symbol in enumerate(symbols):
+                move[row, agent, position] = self._symbol_id(symbol)
+        return move.to(self.device)
+
+    def scripted_replies(self, moves: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replies that make given moves: the text of each move, tokenized by its sender, then eos.
+
+        Parameters
+        ----------
+        moves : torch.Tensor
+            ``(B, N, M)`` moves in game symbols (cells, ``accept``, ``reject``,
+            then end or pad symbols), as the token game's scripted players send them.
+
+        Returns
+        -------
+        replies, reply_mask : torch.Tensor
+            ``(B, N, T)`` each sender's tokens (``"4 2"``, ``"4"``, ``"4 4"``,
+            ``"accept"``, or nothing before the eos token) and their mask.
+        """
+        batch = moves.shape[0]
+        replies = torch.zeros(batch, self.num_agents, self.reply_tokens, dtype=torch.int64)
+        mask = torch.zeros(batch, self.num_agents, self.reply_tokens, dtype=torch.bool)
+        words = {self.ids["accept"]: ACCEPT, self.ids["reject"]: REJECT}
+        words.update({self.ids["cell0"] + cell: str(cell) for cell in range(self.length)})
+        for agent, speaker in enumerate(self.chat_speakers):
+            texts = [" ".join(words[symbol] for symbol in row if symbol in words) for row in moves[:, agent].tolist()]
+            encoded = speaker.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            replies[:, agent] = speaker.pad_id
+            for row, ids in enumerate(encoded):
+                ids = [*ids, speaker.eos_id][: self.reply_tokens]
+                replies[row, agent, : len(ids)] = torch.tensor(ids)
+                mask[row, agent, : len(ids)] = True
+        return replies.to(self.device), mask.to(self.device)
+
+    def _symbol_id(self, symbol: str) -> int:
+        if symbol in (ACCEPT, REJECT):
+            return self.ids[symbol]
+        return self.ids["cell0"] + int(symbol[1:])
+
+    def _advance(self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor):
+        round_index = state["round"].clamp(max=self.protocol.num_rounds - 1)
+        texts = self.reply_texts(action, active)
+        state, reward, ended = super()._advance(state, self.moves(texts, action.shape[0]), active)
+        lengths = torch.where(active, self.reply_lengths(action), -1)
+        rows = torch.arange(action.shape[0], device=self.device)
+        replies = state["replies"].clone()
+        replies[rows, round_index] = torch.where(active.unsqueeze(-1), action, replies[rows, round_index])
+        reply_length = state["reply_length"].clone()
+        reply_length[rows, round_index] = torch.where(active, lengths, reply_length[rows, round_index])
+        state["replies"], state["reply_length"] = replies, reply_length
+        return state, reward, ended
+
+    def _policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        batch, width = state.batch_size[0], self.prompt_length
+        visible = self.visible_cells(state).tolist()
+        values = state["values"].tolist()
+        replies = state["replies"][:, : self.seen_rounds].tolist()
+        lengths = state["reply_length"][:, : self.seen_rounds].tolist()
+        ids = torch.zeros(batch, self.num_agents, width, dtype=torch.int64)
+        mask = torch.zeros(batch, self.num_agents, width, dtype=torch.bool)
+        for agent, speaker in enumerate(self.chat_speakers):
+            readable = self.visibility[agent].tolist()
+            ids[:, agent] = speaker.pad_id
+            for episode in range(batch):
+                quotes = [
+                    (self.chat_speakers[sender].name, replies[episode][round_][sender][: min(length, self.quote_tokens)])
+                    for round_ in range(self.seen_rounds)
+                    for sender, length in enumerate(lengths[episode][round_])
+                    if length >= 0 and readable[sender]
+                ]
+                prompt = speaker.render(list_line(values[episode], visible[episode][agent]), quotes)
+                if len(prompt) > width:
+                    raise RuntimeError(
+                        f"agent {speaker.name}'s prompt has {len(prompt)} tokens, more than the prompt width {width}: "
+                        f"raise scenario.max_prompt_tokens"
+                    )
+                ids[episode, agent, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
+                mask[episode, agent, width - len(prompt) :] = True
+        return {"prompt_ids": ids.to(self.device), "prompt_mask": mask.to(self.device)}

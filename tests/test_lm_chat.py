@@ -1,0 +1,344 @@
+"""Language-model agents at a realistic shape: chat model folders, the chat view, pad = eos, stop strings,
+micro-batches by a token budget, LoRA through peft, export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torchrl.envs.utils import check_env_specs
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import nip_like.experiment as experiment
+from nip_like import keys
+from nip_like.checkpoint import load_checked
+from nip_like.errors import ConfigError
+from nip_like.export import main as export_main
+from nip_like.lm.models import LMAgentConfig, build_lm_policy
+from nip_like.lm.policy import micro_batches
+from nip_like.scenarios.duplicates.chat_view import DuplicatesChatViewEnv, parse_reply
+from tests.conftest import make_config
+from tests.lm_folders import FAMILIES, chat_model  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def chat_config(folder: Path, tmp_path: Path, *overrides: str):
+    """A tiny duplicates game in the chat view, every agent from ``folder``."""
+    return make_config(
+        "scenario=duplicates",
+        "protocol=nip",
+        "protocol.first_speaker=prover",
+        "protocol.max_rounds=2",
+        "scenario.view=chat",
+        f"scenario.default_agent.pretrained_path={folder}",
+        "scenario.default_agent.max_new_tokens=12",
+        "scenario.num_lists=60",
+        "scenario.length=6",
+        "scenario.num_values=12",
+        f"scenario.cache_dir={tmp_path / 'cache'}",
+        "trainer.num_envs=4",
+        "trainer.frames_per_batch=16",
+        "trainer.minibatch_size=8",
+        "trainer.num_iterations=1",
+        "trainer.eval.every=0",
+        "trainer.num_test_episodes=4",
+        "trainer.test_batch_episodes=4",
+        "run.progress_bar=false",
+        "run.num_threads=1",
+        "logger=none",
+        *overrides,
+    )
+
+
+def policy_of(folder: Path, **options):
+    return build_lm_policy(LMAgentConfig(pretrained_path=str(folder), **options))
+
+
+# ------------------------------------------------------------------ the model folders
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_built_folder_looks_like_a_download_and_loads_through_the_user_path(chat_model, family):
+    folder = chat_model(family)
+    names = {path.name for path in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert len(tokenizer) == 1000  # a trained byte-level BPE vocabulary, not a word list
+    assert tokenizer.chat_template
+    assert (tokenizer.pad_token_id == tokenizer.eos_token_id) == (family in ("llama", "gpt2"))
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    assert model.config.model_type == family
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "list: 3 ? 7"}], tokenize=False, add_generation_prompt=True)
+    assert "list: 3 ? 7" in text and text != "list: 3 ? 7"
+
+
+# ------------------------------------------------------------------ sampling and scoring
+def test_with_pad_equal_to_eos_a_message_keeps_its_eos_and_masks_nothing_after_it(chat_model):
+    policy = policy_of(chat_model("llama"), max_new_tokens=24)
+    assert policy.pad_token_id == policy.eos_token_id
+    # Few tokens allowed besides eos, so that most messages end within 24 tokens and some do not.
+    policy.banned[:] = True
+    policy.banned[300:330] = False
+    policy.banned[policy.eos_token_id] = False
+    prompts = torch.randint(300, 900, (32, 7))
+    sample = policy.sample(prompts, torch.ones_like(prompts, dtype=torch.bool), torch.Generator().manual_seed(0))
+    mask, tokens = sample["token_mask"], sample["tokens"]
+    lengths = mask.sum(-1)
+    assert bool((mask == (torch.arange(24) < lengths.unsqueeze(-1))).all())  # a prefix of each row
+    ended = sample["finished"]
+    assert bool(ended.any()) and bool((~ended).any())
+    last = tokens.gather(-1, (lengths - 1).unsqueeze(-1)).squeeze(-1)
+    assert bool((last[ended] == policy.eos_token_id).all())  # the eos itself is a masked-in token
+    assert bool(((tokens == policy.eos_token_id) & mask).sum(-1).le(1).all())
+    scored, _ = policy.log_probs(prompts, torch.ones_like(prompts, dtype=torch.bool), tokens, mask)
+    torch.testing.assert_close(scored, sample["token_log_probs"], atol=1e-5, rtol=1e-5)
+
+
+def test_a_stop_string_ends_the_message_after_the_token_that_completes_it(chat_model):
+    folder = chat_model("qwen2")
+    prompts = torch.randint(300, 900, (4, 6))
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    free = policy_of(folder, max_new_tokens=10).sample(prompts, mask, greedy=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    stop = tokenizer.decode(free["tokens"][0, 3:5])
+    assert stop.strip()
+    stopped = policy_of(folder, max_new_tokens=10, stop_strings=[stop]).sample(prompts, mask, greedy=True)
+    length = int(stopped["token_mask"][0].sum())
+    assert length <= 5 and stop in tokenizer.decode(stopped["tokens"][0, :length])
+    assert bool(stopped["finished"][0])
+    torch.testing.assert_close(stopped["tokens"][0, :length], free["tokens"][0, :length])
+
+
+def test_extra_left_padding_changes_no_score(chat_model):
+    policy = policy_of(chat_model("gpt2"), max_new_tokens=6)
+    prompts = torch.randint(300, 900, (3, 5))
+    tokens = torch.randint(300, 900, (3, 6))
+    token_mask = torch.arange(6) < torch.tensor([[6], [2], [4]])
+    plain = policy.evaluate(prompts, torch.ones_like(prompts, dtype=torch.bool), tokens, token_mask)
+    padded_ids = torch.cat([torch.full((3, 9), policy.pad_token_id), prompts], -1)
+    padded_mask = torch.cat([torch.zeros(3, 9, dtype=torch.bool), torch.ones(3, 5, dtype=torch.bool)], -1)
+    padded = policy.evaluate(padded_ids, padded_mask, tokens, token_mask)
+    for name in ("token_log_probs", "entropy", "value"):
+        torch.testing.assert_close(plain[name], padded[name], atol=1e-5, rtol=1e-5)
+
+
+def test_micro_batches_by_a_token_budget_give_the_one_pass_gradient(chat_model):
+    folder = chat_model("qwen2")
+    torch.manual_seed(0)
+    rows = 12
+    prompt_lengths = torch.randint(3, 20, (rows,))
+    prompt_mask = torch.arange(20) >= 20 - prompt_lengths.unsqueeze(-1)
+    prompts = torch.where(prompt_mask, torch.randint(300, 900, (rows, 20)), 0)
+    tokens = torch.randint(300, 900, (rows, 16))
+    token_mask = torch.arange(16) < torch.randint(1, 17, (rows, 1))
+    weights = torch.randn(rows, 16)
+    results = {}
+    for budget in (None, 40):
+        torch.manual_seed(1)  # the same value head
+        policy = policy_of(folder, max_new_tokens=16, max_tokens_per_micro_batch=budget)
+        scored = policy.evaluate(prompts, prompt_mask, tokens, token_mask)
+        loss = (scored["token_log_probs"] * weights).sum() + scored["value"].square().sum() + scored["entropy"].mean()
+        loss.backward()
+        grads = {name: param.grad.clone() for name, param in policy.named_parameters() if param.grad is not None}
+        results[budget] = (scored, grads, policy.pop_padding_counts())
+    (one, grads_one, counts_one), (split, grads_split, counts_split) = results[None], results[40]
+    for name in ("token_log_probs", "entropy", "value"):
+        torch.testing.assert_close(one[name], split[name], atol=1e-5, rtol=1e-4)
+    assert grads_one.keys() == grads_split.keys() and grads_one
+    for name in grads_one:
+        torch.testing.assert_close(grads_one[name], grads_split[name], atol=1e-5, rtol=1e-4)
+    # Same real tokens, less padding when rows of similar length share a pass.
+    assert counts_one[0] == counts_split[0] == int(prompt_lengths.sum() + token_mask.sum())
+    assert counts_split[1] < counts_one[1]
+
+
+def test_micro_batches_group_sorted_rows_within_the_budget():
+    lengths = torch.tensor([5, 30, 7, 12, 30, 6])
+    groups = micro_batches(lengths, 30, budget=40)
+    assert sorted(torch.cat(groups).tolist()) == list(range(6))
+    for group in groups:
+        assert len(group) * int(lengths[group].max()) <= 40
+    assert [lengths[group].tolist() for group in groups][0] == [5, 6, 7, 12][: len(groups[0])]
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch"):
+        micro_batches(lengths, 30, budget=20)
+
+
+# ------------------------------------------------------------------ the chat view
+def test_the_chat_view_renders_prompts_through_each_agents_template(chat_model, tmp_path):
+    config = chat_config(chat_model("qwen2"), tmp_path)
+    scenario = experiment.build_scenario(config)
+    env = scenario.make_env(4, "train", 0, "cpu")
+    assert isinstance(env, DuplicatesChatViewEnv)
+    check_env_specs(env)
+    td = env.reset()
+    tokenizer = scenario.chat_speakers[0].tokenizer
+    for agent, name in enumerate(scenario.agent_names):
+        prompt = td["agents", "prompt_ids"][0, agent][td["agents", "prompt_mask"][0, agent]]
+        text = tokenizer.decode(prompt)
+        assert text.startswith("<|im_start|>system\n" + scenario.system_prompt(name))
+        assert text.endswith("<|im_start|>assistant\n")
+        assert "list: " in text
+
+
+def test_replies_are_parsed_by_one_rule():
+    assert parse_reply("Accept, the pair is there", True, 8) == (["accept"], "accept")
+    assert parse_reply("accept", False, 8) == ([], "none")  # only the verifier decides
+    assert parse_reply("cells 4 and 2", False, 8) == (["c4", "c2"], "cells 4 2")
+    assert parse_reply("4 4 2", False, 8) == ([], "none")
+    assert parse_reply("9 2", False, 8) == ([], "none")
+    assert parse_reply("no idea", True, 8) == ([], "none")
+
+
+def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat_model, tmp_path):
+    config = chat_config(chat_model("llama"), tmp_path, "scenario.positive_fraction=0.99")
+    scenario = experiment.build_scenario(config)
+    demonstrations = scenario.demonstrations("train")
+    prover, verifier = demonstrations["prover"], demonstrations["verifier"]
+    tokenizer = scenario.chat_speakers[0].tokenizer
+    eos = tokenizer.eos_token_id
+    for demo in (prover, verifier):
+        lengths = demo["token_mask"].sum(-1)
+        last = demo["tokens"].gather(-1, (lengths - 1).unsqueeze(-1)).squeeze(-1)
+        assert bool((last == eos).all())  # every scripted reply ends with the (pad = eos) token
+    texts = tokenizer.batch_decode(prover["tokens"], skip_special_tokens=True)
+    assert all(parse_reply(text, False, 6)[1].startswith("cells") for text in texts[:20])
+    decisions = tokenizer.batch_decode(verifier["tokens"], skip_special_tokens=True)
+    assert {"accept"} <= set(decisions)
+
+
+@pytest.mark.parametrize("family,trainer", [("qwen2", "ppo"), ("llama", "grpo")])
+def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model, tmp_path, family, trainer):
+    overrides = ["scenario.default_agent.lora.r=4", f"trainer={trainer}"]
+    if trainer == "grpo":
+        overrides.append("trainer.group_size=2")
+    config = chat_config(chat_model(family), tmp_path, *overrides)
+    trainer = experiment.build_trainer(config, tmp_path / "run")
+    policy = trainer.policy.policy("verifier")
+    before = {name: param.detach().clone() for name, param in policy.named_parameters()}
+    trainable = {name for name, param in policy.named_parameters() if param.requires_grad}
+    assert trainable and all("lora_" in name or name.startswith("value_head") for name in trainable)
+
+    batch = next(trainer._collector_iterator)
+    mask, action = batch[keys.TOKEN_MASK_KEY], batch[keys.ACTION_KEY]
+    active = batch[keys.ACTIVE_KEY]
+    lengths = trainer.train_env.reply_lengths(action.reshape(-1, 2, action.shape[-1])).reshape(active.shape)
+    speakers = trainer.scenario.chat_speakers
+    # The loss mask is each reply's span: its tokens up to and including the end token, only where the agent acted.
+    ended = torch.stack([((action[..., i, :] == s.eos_id) & mask[..., i, :]).any(-1) for i, s in enumerate(speakers)], -1)
+    expected = torch.arange(action.shape[-1]) < (lengths + ended.long()).unsqueeze(-1)
+    assert bool((mask == (expected & active.unsqueeze(-1))).all())
+
+    # The reference is the same model with its adapters off: no copy, and it equals the policy at the start.
+    reference = trainer.reference_policy
+    assert not any(True for _ in reference.parameters())
+    scores = reference.scores(batch)
+    torch.testing.assert_close(scores.token_log_probs, batch[keys.TOKEN_LOG_PROBS_KEY], atol=1e-5, rtol=1e-5)
+
+    trainer.train()
+    changed = {name for name, param in policy.named_parameters() if not torch.equal(param, before[name])}
+    assert changed and changed <= trainable
+    saved = trainer.checkpoint_dir / "last" / "verifier"
+    assert (saved / "adapter_config.json").is_file() and not (saved / "model.safetensors").exists()
+    state = load_checked(trainer.checkpoint_dir / "last.pt")["trainer"]["loss_module"]
+    assert all("lora_" in key or "value_head" in key for key in state if "verifier" in key)
+
+
+def test_a_lora_run_exports_merged_standalone_folders(chat_model, tmp_path):
+    config = chat_config(chat_model("qwen2"), tmp_path, "scenario.default_agent.lora.r=4", "trainer.num_iterations=2")
+    trainer = experiment.build_trainer(config, tmp_path / "run")
+    trainer.train()
+    trainer.save_checkpoint("last")
+    assert export_main([str(tmp_path / "run"), "--out", str(tmp_path / "exported")]) == 0
+    exported = tmp_path / "exported" / "verifier"
+    assert (exported / "model.safetensors").is_file() and not (exported / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True)
+    ids = torch.randint(300, 900, (2, 9))
+    live = trainer.policy.policy("verifier").model
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, live(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ bad input
+def _break(folder: Path, tmp_path: Path, how: str) -> Path:
+    import shutil
+
+    broken = tmp_path / how
+    shutil.copytree(folder, broken)
+    if how == "no_tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            (broken / name).unlink(missing_ok=True)
+    elif how == "no_template":
+        (broken / "chat_template.jinja").unlink(missing_ok=True)
+        config = json.loads((broken / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    elif how == "truncated":
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif how == "no_weights":
+        (broken / "model.safetensors").unlink()
+    elif how == "small_model_vocab":
+        config = json.loads((broken / "config.json").read_text())
+        config["vocab_size"] = 500
+        (broken / "config.json").write_text(json.dumps(config))
+        (broken / "model.safetensors").unlink()
+        AutoModelForCausalLM.from_config(AutoModelForCausalLM.from_pretrained(folder).config.__class__(**config)).save_pretrained(broken)
+    return broken
+
+
+@pytest.mark.parametrize(
+    "how,message",
+    [
+        ("no_tokenizer", "has no tokenizer"),
+        ("no_template", "no chat_template"),
+        ("truncated", "cannot be loaded"),
+        ("no_weights", "no weights"),
+        ("small_model_vocab", "do not belong together"),
+    ],
+)
+def test_a_bad_model_folder_is_one_line_naming_it(chat_model, tmp_path, how, message):
+    folder = _break(chat_model("qwen2"), tmp_path, how)
+    config = chat_config(folder, tmp_path)
+    with pytest.raises(ConfigError, match=message) as error:
+        experiment.build_trainer(config, tmp_path / "run")
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("scenario.default_agent.lora.target_modules=[no_such_layer]", "target_modules"),
+        ("scenario.default_agent.max_tokens_per_micro_batch=50", "below one sequence"),
+        ("scenario.default_agent.max_new_tokens=5000", "exceeds the context"),
+    ],
+)
+def test_sizes_and_adapters_that_cannot_fit_are_one_line(chat_model, tmp_path, override, message):
+    config = chat_config(chat_model("qwen2"), tmp_path, "scenario.default_agent.lora.r=4", override)
+    with pytest.raises(ConfigError, match=message) as error:
+        experiment.build_trainer(config, tmp_path / "run")
+    assert "\n" not in str(error.value)
+
+
+def test_the_chat_view_without_a_model_folder_says_which_field_to_set(tmp_path):
+    config = make_config(
+        "scenario=duplicates", "protocol=nip", "scenario.view=chat", f"scenario.cache_dir={tmp_path}"
+    )
+    with pytest.raises(ConfigError, match="scenario.default_agent.pretrained_path"):
+        experiment.build_trainer(config, tmp_path / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("trainer", ["ppo", "grpo", "reinforce", "dpo", "ipo"])
+def test_every_objective_trains_chat_agents_of_every_family_with_lora(chat_model, tmp_path, family, trainer):
+    overrides = ["scenario.default_agent.lora.r=4", f"trainer={trainer}"]
+    if trainer in ("grpo", "dpo", "ipo"):
+        overrides.append("trainer.group_size=2")
+    config = chat_config(chat_model(family), tmp_path, *overrides)
+    trainer_ = experiment.build_trainer(config, tmp_path / "run")
+    before = {name: p.detach().clone() for name, p in trainer_.policy.policy("verifier").named_parameters()}
+    metrics = trainer_.train()
+    assert "test/accuracy" in metrics
+    after = dict(trainer_.policy.policy("verifier").named_parameters())
+    assert any(not torch.equal(after[name], value) for name, value in before.items())
