@@ -50,6 +50,19 @@ class Protocol(ABC):
         return self.agent_names.index(name)
 
     @property
+    def leader_order(self) -> tuple[tuple[str, ...], ...] | None:
+        """Who leads whom, for trainers in which leaders account for how their followers learn.
+
+        Groups of agents, leaders first: every agent of a group leads the
+        agents of all later groups and follows those of earlier ones. ``None``
+        (the default) declares no leaders and followers; the interactive-proof
+        protocols let the verifier lead the provers, and a protocol may
+        declare its own order by overriding this property. The groups hold
+        every agent once (:func:`check_leader_order`).
+        """
+        return None
+
+    @property
     @abstractmethod
     def num_rounds(self) -> int:
         """Number of rounds (environment steps) in an episode."""
@@ -107,3 +120,25 @@ class Protocol(ABC):
             Float tensor of shape ``(*B, num_agents)``.
         """
         return verifier_correct.unsqueeze(-1).expand(*verifier_correct.shape, self.num_agents).clone()
+
+
+def check_leader_order(order: tuple[tuple[str, ...], ...], agent_names: tuple[str, ...]) -> None:
+    """Refuse a leader order that is not a split of ``agent_names`` into at least two non-empty groups.
+
+    Parameters
+    ----------
+    order : tuple of tuple of str
+        Groups of agents, leaders first (:attr:`Protocol.leader_order`).
+    agent_names : tuple of str
+        The protocol's agents.
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong.
+    """
+    listed = [name for group in order for name in group]
+    if len(order) < 2 or any(not group for group in order):
+        raise ValueError(f"a leader order needs at least two non-empty groups, got {order}")
+    if sorted(listed) != sorted(agent_names):
+        raise ValueError(f"a leader order must list every agent {list(agent_names)} once, got {order}")

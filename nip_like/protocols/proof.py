@@ -122,6 +122,12 @@ class ProofProtocol(Protocol):
     def num_rounds(self) -> int:
         return self._num_rounds
 
+    @property
+    def leader_order(self) -> tuple[tuple[str, ...], ...] | None:
+        """The verifier leads, the provers follow (``None`` without provers)."""
+        provers = tuple(name for name in self.agent_names if name != VERIFIER)
+        return ((VERIFIER,), provers) if provers else None
+
     def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
         table = self._pattern_active.to(round_index.device)
         return table[round_index.clamp(min=0) % len(self.pattern)]

@@ -44,6 +44,11 @@ class ProverVerifierProtocol(Protocol):
     def num_rounds(self) -> int:
         return self._num_rounds
 
+    @property
+    def leader_order(self) -> tuple[tuple[str, ...], ...]:
+        """The verifier leads, the prover follows."""
+        return (("verifier",), ("prover",))
+
     def active_agents(self, round_index: torch.Tensor) -> torch.Tensor:
         deciding = self.decision_round(round_index)
         return torch.stack([~deciding, deciding], dim=-1)
