@@ -1,0 +1,212 @@
+"""Learning-aware trainers: SPG, LOLA and SOS, and their PPO-clipped forms (PSPG, POLA, PSOS).
+
+One short class each over :class:`LearningAwareTrainer`, which builds the
+loss of :mod:`nip_like.objectives.learning_aware` with what the loss needs
+from the experiment: the protocol's leader order, each agent's learning-rate
+factor and the update schedule. It refuses, before any work, a trainer that
+needs leaders and followers on a protocol without them, and agents whose
+policies cannot be differentiated twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+
+from nip_like import keys
+from nip_like.errors import ConfigError
+from nip_like.objectives.learning_aware import (
+    LearningAwareLoss,
+    LOLAConfig,
+    LOLALoss,
+    POLAConfig,
+    PSOSConfig,
+    PSPGConfig,
+    SOSConfig,
+    SOSLoss,
+    SPGConfig,
+    SPGLoss,
+    actor_parameters,
+)
+from nip_like.objectives.scoring import score_actions
+from nip_like.registry import register_trainer
+from nip_like.trainers.rl import TensorDictRlTrainer
+
+
+class LearningAwareTrainer(TensorDictRlTrainer):
+    """A trainer whose loss accounts for how the other agents learn (options under ``trainer.objective``).
+
+    Subclasses set :attr:`loss_class`; the PPO-clipped forms are registered
+    with a schema that has ``clip_epsilon``.
+    """
+
+    #: The loss module class, called with the objective's options.
+    loss_class: ClassVar[type[LearningAwareLoss]]
+
+    def __init__(self, config, scenario, run_dir, logger) -> None:
+        # Checked before the agents are built: the protocol must say who leads, if the objective asks.
+        self._check_leader_order(config, scenario.protocol)
+        self._check_options(config)
+        super().__init__(config, scenario, run_dir, logger)
+
+    @property
+    def _name(self) -> str:
+        return str(self.trainer_config.trainer_type) if hasattr(self, "trainer_config") else self.loss_class.__name__
+
+    @classmethod
+    def _needs_leader_order(cls, options: Any) -> bool:
+        return cls.loss_class.needs_leader_order or (options is not None and options.get("anticipate") == "followers")
+
+    def _check_leader_order(self, config: DictConfig, protocol) -> None:
+        options = config.trainer.get("objective")
+        if not self._needs_leader_order(options):
+            return
+        if protocol.leader_order is None:
+            why = "leaders differentiate through their followers" if self.loss_class.needs_leader_order else (
+                "trainer.objective.anticipate=followers"
+            )
+            raise ConfigError(
+                f"trainer {config.trainer.trainer_type} needs a protocol with leaders and followers ({why}); "
+                f"protocol {protocol.name} declares none (the interactive-proof protocols with provers do, and "
+                f"matrix_game with protocol.leader=row)"
+            )
+
+    def _check_options(self, config: DictConfig) -> None:
+        options = config.trainer.get("objective")
+        if options is not None and options.get("ihvp_method") == "low_rank" and float(options.ihvp_damping) == 0:
+            # The low-rank inverse divides by |eigenvalue| + damping; a flat direction would divide by 0.
+            raise ConfigError("trainer.objective.ihvp_damping must be > 0 with ihvp_method=low_rank, got 0")
+
+    def _get_loss_module_and_gae(self):
+        options = self.objective_options
+        optimizer = self.trainer_config.optimizer
+        base_lr = float(optimizer.lr)
+        factors = {name: float(optimizer.agent_lr.get(name, base_lr)) / base_lr for name in self.agent_names}
+        if "lookahead_lr" in options and options["lookahead_lr"] is None:
+            options["lookahead_lr"] = base_lr  # agents assume the others learn at their optimiser's rates
+        try:
+            parameters = actor_parameters(self.policy, self.agent_names)
+        except ValueError as error:
+            raise ConfigError(f"trainer {self._name} needs each agent's own policy parameters: {error}") from error
+        check_second_order(self._name, self.policy, self.scenario, parameters, self.device)
+        loss = self.loss_class(
+            self.policy,
+            self.value,
+            self.agent_names,
+            leader_order=self.scenario.protocol.leader_order,
+            lr_factors=factors,
+            **options,
+        )
+        # The update schedule is built after the loss: look it up when an iteration starts.
+        loss.update_schedule = lambda iteration: self.update_schedule.trained_agents(iteration)
+        return loss, loss.value_estimator
+
+
+def check_second_order(trainer: str, policy, scenario, parameters: dict[str, list], device: torch.device) -> None:
+    """Refuse, in one line, agents whose policies cannot be differentiated twice.
+
+    A policy module may declare ``supports_second_order = False``; otherwise
+    two environments play one episode and each agent's log-probability of its
+    actions is differentiated twice in its parameters, which fails at once for
+    an operation without a second derivative. The global random state is
+    restored afterwards, so the run is the same with or without the check.
+
+    Raises
+    ------
+    ConfigError
+        Naming the trainer, the agent and the first line of the reason.
+    """
+    for module in policy.modules():
+        if getattr(module, "supports_second_order", True) is False:
+            raise ConfigError(
+                f"trainer {trainer} needs second derivatives of the policies, which {type(module).__name__} "
+                "declares it cannot give (supports_second_order = False)"
+            )
+    env = scenario.make_env(2, "train", 0, device)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        with torch.no_grad():
+            steps = env.rollout(scenario.protocol.num_rounds, policy, break_when_any_done=False).reshape(-1)
+        agent = None
+        try:
+            scores = score_actions(policy, steps)
+            active = steps.get(keys.ACTIVE_KEY)
+            log_prob = torch.where(active, scores.log_prob, torch.zeros_like(scores.log_prob))
+            for index, agent in enumerate(scenario.agent_names):
+                params = parameters.get(agent, [])
+                if not params or not bool(active[:, index].any()):
+                    continue
+                first = torch.autograd.grad(
+                    log_prob[:, index].sum(),
+                    params,
+                    retain_graph=True,
+                    create_graph=True,
+                    allow_unused=True,
+                    materialize_grads=True,
+                )
+                # Only parameters with a non-zero first derivative: a softmax policy's log-probability is not
+                # linear in them, so each must be reached again by the second derivative.
+                moving = [(param, g) for param, g in zip(params, first) if bool(g.detach().abs().sum() > 0)]
+                if not moving:
+                    continue
+                square = torch.stack([(g * g).sum() for _, g in moving]).sum()
+                second = (
+                    torch.autograd.grad(square, [p for p, _ in moving], retain_graph=True, allow_unused=True)
+                    if square.requires_grad
+                    else [None] * len(moving)
+                )
+                if any(g is None for g in second):
+                    raise RuntimeError(
+                        "the first derivative does not depend on the parameters again "
+                        "(an operation with a first derivative only, such as a once_differentiable function)"
+                    )
+        except RuntimeError as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            who = f"agent {agent}'s policy" if agent is not None else "the policy"
+            raise ConfigError(
+                f"trainer {trainer} needs second derivatives of the policies, but {who} cannot give them ({reason})"
+            ) from error
+
+
+@register_trainer("spg", objective=SPGConfig)
+class SpgTrainer(LearningAwareTrainer):
+    """Stackelberg policy gradient: leaders differentiate through their followers' best responses."""
+
+    loss_class = SPGLoss
+
+
+@register_trainer("pspg", objective=PSPGConfig)
+class PspgTrainer(LearningAwareTrainer):
+    """Stackelberg policy gradient with PPO's clipped surrogate for each agent's own term."""
+
+    loss_class = SPGLoss
+
+
+@register_trainer("lola", objective=LOLAConfig)
+class LolaTrainer(LearningAwareTrainer):
+    """LOLA: each agent differentiates through the others' anticipated gradient step."""
+
+    loss_class = LOLALoss
+
+
+@register_trainer("pola", objective=POLAConfig)
+class PolaTrainer(LearningAwareTrainer):
+    """LOLA with PPO's clipped surrogate for each agent's own term."""
+
+    loss_class = LOLALoss
+
+
+@register_trainer("sos", objective=SOSConfig)
+class SosTrainer(LearningAwareTrainer):
+    """Stable opponent shaping: LOLA's shaping, scaled down where it would stop convergence."""
+
+    loss_class = SOSLoss
+
+
+@register_trainer("psos", objective=PSOSConfig)
+class PsosTrainer(LearningAwareTrainer):
+    """Stable opponent shaping with PPO's clipped surrogate for each agent's own term."""
+
+    loss_class = SOSLoss
