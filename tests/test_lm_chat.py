@@ -211,7 +211,11 @@ def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat
 def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model, tmp_path, family, trainer):
     overrides = ["scenario.default_agent.lora.r=4", f"trainer={trainer}"]
     if trainer == "grpo":
-        overrides.append("trainer.group_size=2")
+        # Adapters after a full warm start of the verifier: the reference (adapters off) is the warm-started model.
+        overrides += [
+            "trainer.group_size=2", "scenario.default_agent.lora.warm_start=full", 'trainer.pretrain.agents=["verifier"]',
+            "trainer.pretrain.epochs=2", f"trainer.pretrain.cache_dir={tmp_path / 'pretrained'}",
+        ]
     config = chat_config(chat_model(family), tmp_path, *overrides)
     trainer = experiment.build_trainer(config, tmp_path / "run")
     policy = trainer.policy.policy("verifier")
@@ -332,11 +336,22 @@ def test_the_chat_view_without_a_model_folder_says_which_field_to_set(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("trainer", ["ppo", "grpo", "reinforce", "dpo", "ipo"])
 def test_every_objective_trains_chat_agents_of_every_family_with_lora(chat_model, tmp_path, family, trainer):
-    overrides = ["scenario.default_agent.lora.r=4", f"trainer={trainer}"]
+    # A short warm start on honest play (of every weight; the adapters come after it) makes the verifier decide, so that
+    # episodes differ in return and the preference objectives find pairs.
+    overrides = [
+        "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full", f"trainer={trainer}",
+        'trainer.pretrain.agents=["verifier"]',
+        "trainer.pretrain.epochs=15", "trainer.pretrain.lr=0.01", "trainer.pretrain.minibatch_size=8",
+        f"trainer.pretrain.cache_dir={tmp_path / 'pretrained'}",
+    ]
     if trainer in ("grpo", "dpo", "ipo"):
         overrides.append("trainer.group_size=2")
+    if trainer in ("dpo", "ipo"):
+        # More groups, sampled warmer: a group's two decisions differ often enough to make pairs.
+        overrides += ["trainer.num_envs=16", "trainer.frames_per_batch=64", "scenario.default_agent.temperature=2"]
     config = chat_config(chat_model(family), tmp_path, *overrides)
     trainer_ = experiment.build_trainer(config, tmp_path / "run")
+    assert trainer_.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
     before = {name: p.detach().clone() for name, p in trainer_.policy.policy("verifier").named_parameters()}
     metrics = trainer_.train()
     assert "test/accuracy" in metrics

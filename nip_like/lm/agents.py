@@ -85,6 +85,11 @@ class LMActor(TensorDictModuleBase):
         """Agent ``name``'s policy."""
         return self.agents.networks[name]
 
+    def after_warm_start(self) -> None:
+        """Add the adapters of agents whose LoRA comes after the warm start (see :meth:`LMPolicy.after_warm_start`)."""
+        for name in self.agent_names:
+            self.policy(name).after_warm_start()
+
     def frozen_reference(self) -> "LMReference":
         """The initial policy, frozen, for KL penalties and DPO (see :class:`LMReference`)."""
         return LMReference(self)

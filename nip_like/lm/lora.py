@@ -30,6 +30,7 @@ class LoraOptions:
     alpha: float = checked(16.0, gt=0)  # scale: the update is alpha / r times the low-rank product
     dropout: float = checked(0.0, ge=0, lt=1)  # dropout on the adapters' input (non-zero: PPO ratios start away from 1)
     target_modules: Optional[list[str]] = None  # names (or name suffixes) of the linear layers to adapt; null = peft's default for the architecture, ["all-linear"] = every linear layer but the output
+    warm_start: str = checked("lora", choices=("lora", "full"))  # lora: the warm start trains the adapters only | full: it fits every weight, adapters come after it (the KL reference is then the warm-started model)
 
 
 def add_lora(model: nn.Module, options) -> nn.Module:

@@ -173,7 +173,7 @@ def build_lm(
     if _option(config, "gradient_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = _option(config, "lora", None)
-    if lora_enabled(lora):
+    if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "lora":
         model = add_lora(model, lora)
     return model, tokenizer
 
@@ -225,6 +225,7 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
         On the CPU; move it with ``.to(device)``.
     """
     model, tokenizer = build_lm(config, tokenizer)
+    lora = _option(config, "lora", None)
     value_head = None
     if config.value_head:
         if config.pretrained_path is not None:
@@ -246,6 +247,7 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
         value_head=value_head,
         stop_strings=tuple(_option(config, "stop_strings", ()) or ()),
         max_tokens_per_micro_batch=_option(config, "max_tokens_per_micro_batch", None),
+        deferred_lora=lora if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "full" else None,
     )
 
 

@@ -146,6 +146,9 @@ class LMPolicy(nn.Module):
     max_tokens_per_micro_batch : int, optional
         Token budget of one scoring pass with gradients (see
         :meth:`evaluate`); None scores every row in one pass.
+    deferred_lora : LoraOptions, optional
+        LoRA adapters to add after the warm start (:meth:`after_warm_start`)
+        instead of now.
 
     Notes
     -----
@@ -170,6 +173,7 @@ class LMPolicy(nn.Module):
         value_head: Optional[LMValueHead] = None,
         stop_strings: Sequence[str] = (),
         max_tokens_per_micro_batch: Optional[int] = None,
+        deferred_lora: Optional[object] = None,
     ) -> None:
         super().__init__()
         if max_new_tokens < 1:
@@ -193,6 +197,7 @@ class LMPolicy(nn.Module):
             raise ConfigError(f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}")
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self._cache_argument = cache_argument(model)
+        self._deferred_lora = deferred_lora
         self._keeps_logits = "logits_to_keep" in _forward_parameters(model)
         #: Real and padded tokens of the scoring passes since :meth:`pop_padding_counts` was last called.
         self._scored_tokens = [0, 0]
@@ -428,6 +433,14 @@ class LMPolicy(nn.Module):
                 merged = merged.index_put((rows,), value)
             result[name] = merged
         return result
+
+    def after_warm_start(self) -> None:
+        """Add the LoRA adapters deferred to after the warm start (``lora.warm_start: full``), once."""
+        if self._deferred_lora is not None:
+            from nip_like.lm.lora import add_lora
+
+            self.model = add_lora(self.model, self._deferred_lora)
+            self._deferred_lora = None
 
     def pop_padding_counts(self) -> tuple[int, int]:
         """Real and padded-total tokens of the scoring passes since the last call, then reset."""

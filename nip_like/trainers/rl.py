@@ -121,6 +121,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
             if self.trainer_config.pretrain.agents
             else {}
         )
+        # Agents whose LoRA adapters come after a full warm start get them now (LM agents only).
+        getattr(self.policy, "after_warm_start", lambda: None)()
         # The initial policy, frozen: the common reference of objective/kl.
         self.reference_policy = ReferencePolicy(self.policy)
 
