@@ -57,6 +57,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from tensordict.utils import NestedKey
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrl.objectives import ValueEstimators
 from torchrl.objectives.utils import distance_loss
 from torchrl.objectives.value import GAE
@@ -85,7 +86,7 @@ Vector = list[torch.Tensor]
 class LearningAwareConfig(ObjectiveConfig):
     """Options every learning-aware objective shares (the keyword arguments of :class:`LearningAwareLoss`)."""
 
-    entropy_coeff: float = checked(0.0, ge=0)  # weight of each agent's entropy in its own objective (enters the second-order terms too)
+    entropy_coeff: float = checked(0.01, ge=0)  # weight of each agent's entropy in its own objective (enters the second-order terms too)
     critic_coeff: float = checked(0.5, ge=0)  # weight of the value loss
     loss_critic_type: str = checked("l2", choices=CRITIC_LOSS_TYPES)  # l1 | l2 | smooth_l1
     normalize_advantage: bool = False  # standardise advantages per agent (rescales every gradient, so off by default)
@@ -175,6 +176,16 @@ def padded_episodes(batch: TensorDictBase) -> TensorDictBase:
     padded.set(VALID_KEY, valid)
     padded.set(keys.ACTIVE_KEY, padded.get(keys.ACTIVE_KEY) & valid.unsqueeze(-1))
     return padded.reshape(num_episodes, length)
+
+
+def twice_differentiable():
+    """A context in which attention runs on PyTorch's math kernel, the one with second derivatives.
+
+    The fused attention kernels (flash, memory-efficient; the CPU's flash
+    kernel too) have first derivatives only. The math kernel gives the same
+    values up to rounding, so probability ratios stay 1 at the behaviour policy.
+    """
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 # ------------------------------------------------------- vector helpers
@@ -396,7 +407,7 @@ class LearningAwareLoss(RolloutLoss):
         *,
         leader_order: tuple[tuple[str, ...], ...] | None = None,
         lr_factors: dict[str, float] | None = None,
-        entropy_coeff: float = 0.0,
+        entropy_coeff: float = 0.01,
         critic_coeff: float = 0.5,
         loss_critic_type: str = "l2",
         normalize_advantage: bool = False,
@@ -470,7 +481,11 @@ class LearningAwareLoss(RolloutLoss):
 
     # ------------------------------------------------------------- forward
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        """Compute the loss terms and statistics on a minibatch of padded episodes."""
+        """Compute the loss terms and statistics on a minibatch of padded episodes (attention on the math kernel)."""
+        with twice_differentiable():
+            return self._forward(tensordict)
+
+    def _forward(self, tensordict: TensorDictBase) -> TensorDict:
         valid = tensordict.get(self.tensor_keys.valid)
         active = tensordict.get(self.tensor_keys.active) & valid.unsqueeze(-1)
         advantage = tensordict.get(self.tensor_keys.advantage).squeeze(-1)

@@ -29,6 +29,7 @@ from nip_like.objectives.learning_aware import (
     SPGConfig,
     SPGLoss,
     actor_parameters,
+    twice_differentiable,
 )
 from nip_like.objectives.scoring import score_actions
 from nip_like.registry import register_trainer
@@ -109,8 +110,9 @@ def check_second_order(trainer: str, policy, scenario, parameters: dict[str, lis
 
     A policy module may declare ``supports_second_order = False``; otherwise
     two environments play one episode and each agent's log-probability of its
-    actions is differentiated twice in its parameters, which fails at once for
-    an operation without a second derivative. The global random state is
+    actions is differentiated twice in its parameters (attention on the math
+    kernel, as in the loss), which fails at once for an operation without a
+    second derivative. The global random state is
     restored afterwards, so the run is the same with or without the check.
 
     Raises
@@ -126,7 +128,7 @@ def check_second_order(trainer: str, policy, scenario, parameters: dict[str, lis
             )
     env = scenario.make_env(2, "train", 0, device)
     devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=devices), twice_differentiable():
         with torch.no_grad():
             steps = env.rollout(scenario.protocol.num_rounds, policy, break_when_any_done=False).reshape(-1)
         agent = None
