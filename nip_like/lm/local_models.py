@@ -7,13 +7,9 @@ must be shown on what users bring: a local folder with ``config.json``,
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``.
 :func:`build_chat_model_folder` writes such a folder for three families:
 
-=========  ===============================  ======================  ==================
-family     chat template (its look)         eos (ends a reply)      pad
-=========  ===============================  ======================  ==================
-``qwen2``  ``<|im_start|>role ... <|im_end|>``  ``<|im_end|>``      ``<|endoftext|>``
-``llama``  Llama 3 headers, ``<|eot_id|>``  ``<|eot_id|>``          the eos (pad = eos)
-``gpt2``   ``role: ...`` lines              ``<|endoftext|>``       the eos (pad = eos)
-=========  ===============================  ======================  ==================
+* ``qwen2``: ``<|im_start|>role ... <|im_end|>`` turns; eos ``<|im_end|>``, pad ``<|endoftext|>``;
+* ``llama``: Llama 3 headers and ``<|eot_id|>``; eos ``<|eot_id|>``, pad = eos;
+* ``gpt2``: ``role: ...`` lines; eos ``<|endoftext|>``, pad = eos.
 
 Each has a byte-level BPE tokenizer trained here with ``tokenizers`` on
 generated English-like text, numbers and the duplicates game's words
