@@ -357,3 +357,18 @@ def test_every_objective_trains_chat_agents_of_every_family_with_lora(chat_model
     assert "test/accuracy" in metrics
     after = dict(trainer_.policy.policy("verifier").named_parameters())
     assert any(not torch.equal(after[name], value) for name, value in before.items())
+
+
+@pytest.mark.slow
+def test_an_interrupted_lora_run_in_the_chat_view_resumes_to_the_same_final_metrics(chat_model, tmp_path, monkeypatch):
+    # The adapters, value heads, optimiser and collector carrier resume; the frozen base comes from the folder.
+    from tests.test_checkpoint import _interrupt_and_resume
+
+    overrides = (
+        "scenario=duplicates", "protocol=nip", "protocol.first_speaker=prover", "protocol.max_rounds=2",
+        "scenario.view=chat", f"scenario.default_agent.pretrained_path={chat_model('qwen2')}",
+        "scenario.default_agent.max_new_tokens=8", "scenario.default_agent.lora.r=4", "scenario.num_lists=60",
+        "scenario.length=6", "scenario.num_values=12", f"scenario.cache_dir={tmp_path / 'data'}",
+        "trainer.eval.metric=eval/accuracy",
+    )
+    _interrupt_and_resume(tmp_path, monkeypatch, overrides)
