@@ -18,9 +18,10 @@ from nip_like.errors import ConfigError
 from nip_like.export import main as export_main
 from nip_like.lm.models import LMAgentConfig, build_lm_policy
 from nip_like.lm.policy import micro_batches
-from nip_like.scenarios.duplicates.chat_view import DuplicatesChatViewEnv, parse_reply
+from nip_like.scenarios.duplicates.chat_view import DuplicatesChatViewEnv, list_line, parse_reply, read_list_line
 from tests.conftest import make_config
 from tests.lm_folders import FAMILIES, chat_model  # noqa: F401 - the fixture
+from tests.test_duplicates_scenario import RL_TRAINERS
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -33,7 +34,7 @@ def chat_config(folder: Path, tmp_path: Path, *overrides: str):
         "protocol.first_speaker=prover",
         "protocol.max_rounds=2",
         "scenario.view=chat",
-        f"scenario.default_agent.pretrained_path={folder}",
+        *([f"scenario.default_agent.pretrained_path={folder}"] if folder is not None else []),
         "scenario.default_agent.max_new_tokens=12",
         "scenario.num_lists=60",
         "scenario.length=6",
@@ -188,6 +189,9 @@ def test_replies_are_parsed_by_one_rule():
     assert parse_reply("4 4 2", False, 8) == ([], "none")
     assert parse_reply("9 2", False, 8) == ([], "none")
     assert parse_reply("no idea", True, 8) == ([], "none")
+    assert read_list_line(list_line([3, 5, 3], [True, False, True], indexed=True)) == [3, None, 3]
+    assert list_line([3, 5, 3], [True, False, True], indexed=True) == "list: 0=3 1=? 2=3"
+    assert read_list_line(list_line([3, 5, 3], [True, False, True])) == [3, None, 3]
 
 
 def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat_model, tmp_path):
@@ -324,31 +328,41 @@ def test_sizes_and_adapters_that_cannot_fit_are_one_line(chat_model, tmp_path, o
     assert "\n" not in str(error.value)
 
 
-def test_the_chat_view_without_a_model_folder_says_which_field_to_set(tmp_path):
-    config = make_config(
-        "scenario=duplicates", "protocol=nip", "scenario.view=chat", f"scenario.cache_dir={tmp_path}"
+def test_the_chat_view_without_a_model_folder_builds_a_small_one_once(tmp_path):
+    options = (
+        "scenario.default_agent.architecture=qwen2", "scenario.default_agent.vocab_size=600",
+        "scenario.list_format=indexed",
     )
-    with pytest.raises(ConfigError, match="scenario.default_agent.pretrained_path"):
-        experiment.build_trainer(config, tmp_path / "run")
+    config = chat_config(None, tmp_path, *options)
+    scenario = experiment.build_scenario(config)
+    folder = Path(scenario.chat_agent_configs["verifier"].pretrained_path)
+    assert folder.parent == tmp_path / "cache" / "chat_models" and (folder / "model.safetensors").is_file()
+    assert len(scenario.chat_speakers[0].tokenizer) == 600
+    built = (folder / "model.safetensors").stat().st_mtime_ns
+    again = experiment.build_scenario(chat_config(None, tmp_path, *options))
+    assert Path(again.chat_agent_configs["prover"].pretrained_path) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == built  # built once, then reused
+    env = again.make_env(2, "train", 0, "cpu")
+    prompt = env.reset()["agents", "prompt_ids"][0, 0]
+    assert "list: 0=" in again.chat_speakers[0].tokenizer.decode(prompt)
+    with pytest.raises(ConfigError, match="cannot be built for the chat view"):
+        experiment.build_scenario(chat_config(None, tmp_path, "scenario.default_agent.architecture=mistral")).chat_speakers
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("trainer", ["ppo", "grpo", "reinforce", "dpo", "ipo"])
+@pytest.mark.parametrize("trainer", RL_TRAINERS)
 def test_every_objective_trains_chat_agents_of_every_family_with_lora(chat_model, tmp_path, family, trainer):
     # A short warm start on honest play (of every weight; the adapters come after it) makes the verifier decide, so that
-    # episodes differ in return and the preference objectives find pairs.
+    # episodes differ in return and the objectives that compare episodes find pairs. More groups, sampled warmer:
+    # a group's two decisions differ often enough.
     overrides = [
         "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full", f"trainer={trainer}",
         'trainer.pretrain.agents=["verifier"]',
         "trainer.pretrain.epochs=15", "trainer.pretrain.lr=0.01", "trainer.pretrain.minibatch_size=8",
         f"trainer.pretrain.cache_dir={tmp_path / 'pretrained'}",
+        "trainer.group_size=2", "trainer.num_envs=16", "trainer.frames_per_batch=64", "scenario.default_agent.temperature=2",
     ]
-    if trainer in ("grpo", "dpo", "ipo"):
-        overrides.append("trainer.group_size=2")
-    if trainer in ("dpo", "ipo"):
-        # More groups, sampled warmer: a group's two decisions differ often enough to make pairs.
-        overrides += ["trainer.num_envs=16", "trainer.frames_per_batch=64", "scenario.default_agent.temperature=2"]
     config = chat_config(chat_model(family), tmp_path, *overrides)
     trainer_ = experiment.build_trainer(config, tmp_path / "run")
     assert trainer_.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0

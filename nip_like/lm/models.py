@@ -34,6 +34,7 @@ class LMAgentConfig:
     num_layers: int = checked(2, ge=1)  # transformer blocks (from-config models)
     num_heads: int = checked(4, ge=1)  # attention heads, also key-value heads (from-config models)
     intermediate_size: int = checked(128, ge=1)  # width of the MLP inside each block (from-config models)
+    vocab_size: int = checked(2000, ge=300)  # BPE vocabulary of a from-config chat model (chat view without pretrained_path)
     max_new_tokens: int = checked(8, ge=1)  # tokens of a message, eos included
     temperature: float = checked(1.0, gt=0)  # logits are divided by it before sampling; > 0
     top_k: int = checked(0, ge=0)  # sample among the k most likely tokens only; 0 = off

@@ -142,7 +142,8 @@ class DuplicatesChatScenario(DuplicatesScenario):
             The episode's replies so far, ``[round][agent]`` (``None``: no turn).
         """
         name = self.agent_names[agent]
-        lines = [list_line(state["values"][episode].tolist(), visible_cells[episode, agent].tolist())]
+        indexed = self.config.list_format == "indexed"
+        lines = [list_line(state["values"][episode].tolist(), visible_cells[episode, agent].tolist(), indexed)]
         for round_replies in replies:
             for sender, reply in enumerate(round_replies):
                 if reply is not None and bool(env.visibility[agent, sender]):

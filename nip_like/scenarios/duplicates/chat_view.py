@@ -128,16 +128,24 @@ def parse_reply(text: str, is_verifier: bool, length: int) -> tuple[list[str], s
     return [], "none"
 
 
-def list_line(values: Sequence[int], visible: Sequence[bool]) -> str:
-    """``"list: 3 ? 7 ..."``: each cell's value, ``?`` where hidden."""
-    return "list: " + " ".join(str(value) if seen else HIDDEN_TEXT for value, seen in zip(values, visible))
+#: How the ``list:`` line writes a cell: its value alone, or its index and value (``2=7``).
+LIST_FORMATS = ("plain", "indexed")
+
+
+def list_line(values: Sequence[int], visible: Sequence[bool], indexed: bool = False) -> str:
+    """``"list: 3 ? 7 ..."``: each cell's value, ``?`` where hidden; ``indexed``: ``"list: 0=3 1=? 2=7 ..."``."""
+    cells = (str(value) if seen else HIDDEN_TEXT for value, seen in zip(values, visible))
+    if indexed:
+        cells = (f"{index}={cell}" for index, cell in enumerate(cells))
+    return "list: " + " ".join(cells)
 
 
 def read_list_line(text: str) -> list[Optional[int]]:
-    """The cells of the ``list:`` line of a chat message (``None`` where hidden); empty if there is none."""
+    """The cells of the ``list:`` line of a chat message (``None`` where hidden; either format); empty if there is none."""
     for line in text.splitlines():
         if line.startswith("list:"):
-            return [None if cell == HIDDEN_TEXT else int(cell) for cell in line[len("list:") :].split()]
+            cells = [cell.rpartition("=")[2] for cell in line[len("list:") :].split()]
+            return [None if cell == HIDDEN_TEXT else int(cell) for cell in cells]
     return []
 
 
@@ -211,6 +219,8 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         Tokens of a reply shown to the agents who read it.
     prompt_tokens : int
         ``P``; 0 sizes it to the longest prompt the game can produce.
+    indexed_list : bool
+        Write each cell of the ``list:`` line with its index (``2=7``).
     verifier_view, num_envs, device, seed, group_size
         As for :class:`~nip_like.scenarios.duplicates.environment.DuplicatesEnv`.
     """
@@ -225,6 +235,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         reply_tokens: int,
         quote_tokens: int = 32,
         prompt_tokens: int = 0,
+        indexed_list: bool = False,
         verifier_view: str = "cells",
         num_envs: int = 1,
         device: torch.device | str = "cpu",
@@ -239,6 +250,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         self.reply_vocab = max(len(speaker.tokenizer) for speaker in self.chat_speakers)
         self._num_values = int(num_values)
         self._prompt_tokens = int(prompt_tokens)
+        self.indexed_list = bool(indexed_list)
         super().__init__(
             protocol, lists, game_ids, vocab_size=max(game_ids.values()) + 1, message_tokens=MOVE_TOKENS,
             verifier_view=verifier_view, num_envs=num_envs, device=device, seed=seed, group_size=group_size,
@@ -264,7 +276,8 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         longest_name = max((other.name for other in self.chat_speakers), key=len)
         quotes = [(longest_name, [0] * self.quote_tokens)] * (readable * self.seen_rounds)
         # A margin for text that merges differently beside other values.
-        return len(speaker.render(list_line([widest] * self.length, [True] * self.length), quotes)) + 8
+        longest_list = list_line([widest] * self.length, [True] * self.length, self.indexed_list)
+        return len(speaker.render(longest_list, quotes)) + 8
 
     # ----------------------------------------------------------------- specs
     def _state_spec(self) -> dict[str, object]:
@@ -397,7 +410,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
                     for sender, length in enumerate(lengths[episode][round_])
                     if length >= 0 and readable[sender]
                 ]
-                prompt = speaker.render(list_line(values[episode], visible[episode][agent]), quotes)
+                prompt = speaker.render(list_line(values[episode], visible[episode][agent], self.indexed_list), quotes)
                 if len(prompt) > width:
                     raise RuntimeError(
                         f"agent {speaker.name}'s prompt has {len(prompt)} tokens, more than the prompt width {width}: "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import shutil
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -16,6 +19,8 @@ from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.folders import check_writable_folder
 from nip_like.lm.agents import lm_agent_modules
+from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES
+from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.models import LMAgentConfig, build_lm_policy, load_tokenizer, model_context
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
@@ -28,7 +33,13 @@ from nip_like.scenarios.duplicates.data import (
     load_or_generate,
     split_lists,
 )
-from nip_like.scenarios.duplicates.chat_view import SYSTEM_PROMPTS, ChatSpeaker, DuplicatesChatViewEnv, parse_reply
+from nip_like.scenarios.duplicates.chat_view import (
+    LIST_FORMATS,
+    SYSTEM_PROMPTS,
+    ChatSpeaker,
+    DuplicatesChatViewEnv,
+    parse_reply,
+)
 from nip_like.scenarios.duplicates.environment import (
     ACCEPT,
     REJECT,
@@ -58,6 +69,7 @@ class DuplicatesDataConfig(ScenarioConfig):
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     verifier_view: str = checked("cells", choices=VERIFIER_VIEWS)  # cells (only revealed cells) | full (the whole list)
     system_prompts: dict[str, str] = field(default_factory=dict)  # chat: per-role overrides of the system prompt (verifier, accept, reject)
+    list_format: str = checked("plain", choices=LIST_FORMATS)  # chat: plain ("list: 3 ? 7") | indexed ("list: 0=3 1=? 2=7")
 
 
 @dataclass
@@ -184,18 +196,56 @@ class DuplicatesScenario(Scenario):
         return max(int(agent.max_new_tokens) for agent in self.agent_configs().values())
 
     @cached_property
-    def chat_speakers(self) -> list[ChatSpeaker]:
-        """Each agent's tokenizer (from its model folder) and system prompt, for the chat view."""
-        speakers = []
+    def chat_agent_configs(self) -> dict[str, LMAgentConfig]:
+        """Each agent's config in the chat view, with the model folder it plays from.
+
+        An agent without ``pretrained_path`` gets a small chat model of its
+        ``architecture`` and sizes, with a byte-level BPE tokenizer of
+        ``vocab_size`` trained offline (:func:`~nip_like.lm.local_models.build_chat_model_folder`),
+        built once into ``<scenario.cache_dir>/chat_models/`` and reused.
+        """
+        configs = {}
         for name, agent in self.agent_configs().items():
             if agent.pretrained_path is None:
-                where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
-                raise ConfigError(
-                    f"scenario.view=chat needs a chat model folder for agent {name}: set {where}.pretrained_path "
-                    f"(a local folder with a tokenizer and a chat template)"
-                )
-            speakers.append(ChatSpeaker(name, load_tokenizer(agent.pretrained_path), self.system_prompt(name)))
-        return speakers
+                agent = copy.deepcopy(agent)
+                agent.pretrained_path = str(self._built_chat_model(agent, name))
+            configs[name] = agent
+        return configs
+
+    def _built_chat_model(self, agent: LMAgentConfig, name: str) -> Path:
+        where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+        family = str(agent.architecture)
+        if family not in CHAT_FAMILIES:
+            raise ConfigError(
+                f"{where}.architecture={family!r} cannot be built for the chat view; give one of {list(CHAT_FAMILIES)} "
+                f"or a model folder in {where}.pretrained_path"
+            )
+        sizes = dict(
+            vocab_size=int(agent.vocab_size), hidden_size=int(agent.hidden_size), num_layers=int(agent.num_layers),
+            num_heads=int(agent.num_heads), intermediate_size=int(agent.intermediate_size),
+        )
+        if sizes["hidden_size"] % sizes["num_heads"]:
+            raise ConfigError(f"{where}.hidden_size ({sizes['hidden_size']}) must be a multiple of num_heads ({sizes['num_heads']})")
+        folder = Path(self.config.cache_dir).expanduser() / "chat_models" / "-".join(
+            [family, *(f"{key}{value}" for key, value in sizes.items())]
+        )
+        if not (folder / "config.json").is_file():
+            staging = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            build_chat_model_folder(staging, family, **sizes)
+            if not (folder / "config.json").is_file():  # another process may have built it meanwhile
+                shutil.rmtree(folder, ignore_errors=True)
+                staging.rename(folder)
+            shutil.rmtree(staging, ignore_errors=True)
+        return folder
+
+    @cached_property
+    def chat_speakers(self) -> list[ChatSpeaker]:
+        """Each agent's tokenizer (from its model folder) and system prompt, for the chat view."""
+        return [
+            ChatSpeaker(name, load_tokenizer(agent.pretrained_path), self.system_prompt(name))
+            for name, agent in self.chat_agent_configs.items()
+        ]
 
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
@@ -210,6 +260,7 @@ class DuplicatesScenario(Scenario):
                 reply_tokens=self.message_tokens,
                 quote_tokens=int(self.config.quote_tokens),
                 prompt_tokens=int(self.config.max_prompt_tokens),
+                indexed_list=self.config.list_format == "indexed",
                 verifier_view=str(self.config.verifier_view),
                 num_envs=num_envs,
                 device=device,
@@ -241,7 +292,8 @@ class DuplicatesScenario(Scenario):
         prompt_length : int
             ``P``, the prompt width of the game's environment.
         """
-        for name, agent in self.agent_configs().items():
+        agents = self.chat_agent_configs if self.chat_view else self.agent_configs()
+        for name, agent in agents.items():
             where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
             longest = prompt_length + int(agent.max_new_tokens)
             budget = agent.max_tokens_per_micro_batch
@@ -263,7 +315,7 @@ class DuplicatesScenario(Scenario):
     def make_agents(self) -> AgentModules:
         policies = {}
         if self.chat_view:
-            for speaker, agent in zip(self.chat_speakers, self.agent_configs().values()):
+            for speaker, agent in zip(self.chat_speakers, self.chat_agent_configs.values()):
                 policies[speaker.name] = build_lm_policy(agent, speaker.tokenizer)
             return lm_agent_modules(policies, self.message_tokens)
         for name, agent in self.agent_configs().items():
