@@ -92,6 +92,9 @@ class DuplicatesChatScenario(DuplicatesScenario):
             "trainer=malt), or use scenario=duplicates for the tensor trainers"
         )
 
+    def check_lengths(self, prompt_length: int) -> None:
+        """Nothing to check: text models are sized by ``scenario.models`` and play the token game's moves."""
+
     def groups(self) -> dict[str, str]:
         """Each agent's model group (``scenario.agent_groups``, else the agent's own name)."""
         return {name: str(self.config.agent_groups.get(name, name)) for name in self.agent_names}
