@@ -154,6 +154,28 @@ def test_micro_batches_by_a_token_budget_give_the_one_pass_gradient(chat_model):
     assert counts_split[1] < counts_one[1]
 
 
+def test_gradient_checkpointing_gives_the_same_gradient_and_bfloat16_halves_the_weights(chat_model):
+    folder = chat_model("llama")
+    prompts = torch.randint(300, 900, (4, 9))
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    tokens = torch.randint(300, 900, (4, 5))
+    token_mask = torch.ones_like(tokens, dtype=torch.bool)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = policy_of(folder, max_new_tokens=5, gradient_checkpointing=checkpointing)
+        policy.train()
+        policy.evaluate(prompts, mask, tokens, token_mask)["token_log_probs"].sum().backward()
+        grads.append({name: p.grad for name, p in policy.model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4)
+    half = policy_of(folder, max_new_tokens=5, dtype="bfloat16")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    sample = half.sample(prompts, mask, torch.Generator().manual_seed(0))
+    assert sample["token_log_probs"].dtype == torch.float32 and bool(sample["token_mask"][:, 0].all())
+
+
 def test_micro_batches_group_sorted_rows_within_the_budget():
     lengths = torch.tensor([5, 30, 7, 12, 30, 6])
     groups = micro_batches(lengths, 30, budget=40)
@@ -243,6 +265,8 @@ def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model
     scores = reference.scores(batch)
     torch.testing.assert_close(scores.token_log_probs, batch[keys.TOKEN_LOG_PROBS_KEY], atol=1e-5, rtol=1e-5)
 
+    metrics = trainer._train_iteration()
+    assert 0 <= metrics["train/padding_fraction"] < 1  # the update's scoring passes report their padding
     trainer.train()
     changed = {name for name, param in policy.named_parameters() if not torch.equal(param, before[name])}
     assert changed and changed <= trainable
