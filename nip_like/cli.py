@@ -215,7 +215,7 @@ class RunFolderCallback(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         from nip_like import run_lock
-        from nip_like.experiment import check_run_folder
+        from nip_like.experiment import check_run_folder, preflight
 
         try:
             run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir", throw_on_missing=True)))
@@ -224,6 +224,8 @@ class RunFolderCallback(Callback):
         # Hydra swallows an Exception raised by a callback; exit here instead, in one line.
         with report_errors():
             check_run_folder(run_dir)
+            # What can be refused without data or weights is refused before Hydra makes the folder.
+            preflight(OmegaConf.masked_copy(config, [key for key in config if key != "hydra"]))
             run_lock.acquire(run_dir)
         self.run_dir = run_dir
 

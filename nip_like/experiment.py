@@ -42,10 +42,7 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     run_dir : Path
         The run folder.
     """
-    check_objective(config)
-    check_known_keys(config)
-    check_config_values(config)
-    _check_device(config.run.device)
+    preflight(config)
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))
     seed_everything(int(config.seed))
@@ -55,6 +52,28 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
         raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
     logger = MetricLogger(config.logger, run_dir, str(config.name))
     return trainer_class(config, scenario, run_dir, logger)
+
+
+def preflight(config: DictConfig) -> None:
+    """The checks that need no data, no model weights and no run folder: run before the folder is made.
+
+    The config's names, types and ranges, the device, the trainer's objective,
+    and what the scenario can check of its inputs without loading them
+    (:meth:`~nip_like.scenarios.base.Scenario.preflight`: model folders, their
+    tokenizers and chat templates, sizes against a model's context). The CLI
+    calls it before Hydra makes the run folder, so that a refused command
+    leaves nothing behind; :func:`build_trainer` calls it again.
+
+    Raises
+    ------
+    ConfigError
+        The first thing that is wrong, in one line.
+    """
+    check_objective(config)
+    check_known_keys(config)
+    check_config_values(config)
+    _check_device(config.run.device)
+    build_scenario(config).preflight()
 
 
 def check_objective(config: DictConfig) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import VALUE_HEAD_FILE, save_agent
+from nip_like.lm.checkpoints import VALUE_HEAD_FILE, quiet_progress, save_agent
 
 #: The file that marks an agent folder holding LoRA adapters only.
 ADAPTER_CONFIG = "adapter_config.json"
@@ -63,8 +63,9 @@ def export_agent(folder: Path, out: Path) -> Path:
     base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if not base or not Path(base).is_dir():
         raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
-    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
-    merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+        merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     value_head = load_value_head(folder, merged) if (folder / VALUE_HEAD_FILE).is_file() else None
     return save_agent(out, merged, tokenizer, value_head)

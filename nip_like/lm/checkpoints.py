@@ -63,7 +63,7 @@ def save_agent(
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    with _quiet_progress():
+    with quiet_progress():
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
     if value_head is not None:
@@ -85,8 +85,8 @@ def save_agent(
 
 
 @contextmanager
-def _quiet_progress() -> Iterator[None]:
-    """Hide transformers' per-save progress bars (a checkpoint writes one per agent)."""
+def quiet_progress() -> Iterator[None]:
+    """Hide transformers' progress bars of saving and loading weights (one per agent, at every checkpoint)."""
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -121,7 +121,8 @@ def load_agent(
         If ``folder`` is not an existing folder.
     """
     folder = local_model_folder(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model, tokenizer, load_value_head(folder, model)
 

@@ -29,6 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
 from nip_like.errors import ConfigError
+from nip_like.lm.checkpoints import quiet_progress
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,8 @@ def build_chat_model_folder(
     model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=ids["eos"], pad_token_id=ids["pad"])
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    with quiet_progress():
+        model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

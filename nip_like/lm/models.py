@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import local_model_folder, load_value_head
+from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.value import LMValueHead
@@ -100,6 +100,18 @@ def model_context(path: str | Path) -> Optional[int]:
     return int(context) if context else None
 
 
+def architecture_context(architecture: str, field_name: str = "architecture") -> Optional[int]:
+    """The default context length of a from-config model of ``architecture``; a one-line error for an unknown one."""
+    try:
+        config = AutoConfig.for_model(architecture)
+    except ValueError as error:
+        raise ConfigError(
+            f"{field_name}: unknown architecture {architecture!r}; give a transformers model type such as llama, qwen2 or gpt2"
+        ) from error
+    context = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(context) if context else None
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -148,7 +160,8 @@ def build_lm(
             raise ConfigError(f"the tokenizer given differs from the one in {folder}: leave it out to use the folder's")
         tokenizer = folder_tokenizer
         try:
-            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
+            with quiet_progress():
+                model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
         except Exception as error:  # noqa: BLE001 - truncated or corrupt weights, an unknown class: one line
             raise ConfigError(f"pretrained_path: the model in {folder} cannot be loaded: {_first_line(error)}") from error
         vocab_size = model.config.get_text_config().vocab_size

@@ -96,6 +96,14 @@ class Scenario(ABC):
         self._splits = {**self.splits(), split: data}
         return len(data)
 
+    def preflight(self) -> None:
+        """Refuse, in one line, inputs that can be checked without data or model weights (none by default).
+
+        Called before the run folder is made (:func:`nip_like.experiment.preflight`):
+        model folders, tokenizers, sizes against a model's context. Keep it
+        cheap: no dataset is generated or read, no weights are loaded.
+        """
+
     def check_dataset(self, data, path: Path) -> None:
         """Refuse, in one line, a dataset whose examples do not fit the scenario's config."""
 

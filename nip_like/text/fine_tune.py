@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import save_agent
+from nip_like.lm.checkpoints import quiet_progress, save_agent
 from nip_like.lm.models import disable_dropout
 from nip_like.objectives.dpo import LOSS_TYPES, preference_loss
 from nip_like.text.models import chat_prompts
@@ -170,7 +170,8 @@ def fine_tune(spec: FineTuneSpec, log: Callable[[dict], None] = lambda metrics: 
     tokenizer = AutoTokenizer.from_pretrained(spec.base_model, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(spec.base_model, local_files_only=True, dtype=torch.float32)
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(spec.base_model, local_files_only=True, dtype=torch.float32)
     disable_dropout(model)
     model.to(device)
     data = _pairs(tokenizer, read_dataset(Path(spec.dataset), spec.method), spec.method)

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import local_model_folder
+from nip_like.lm.checkpoints import local_model_folder, quiet_progress
 from nip_like.lm.models import LMAgentConfig, build_lm, disable_dropout
 
 #: A chat: messages with a ``role`` (system, user, assistant) and a ``content``.
@@ -123,7 +123,8 @@ class LocalTextModel(TextModel):
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(self.folder, local_files_only=True, dtype=torch.float32)
+        with quiet_progress():
+            self.model = AutoModelForCausalLM.from_pretrained(self.folder, local_files_only=True, dtype=torch.float32)
         disable_dropout(self.model)
         self.model.to(self.device).eval()
         self.batch_size = int(batch_size)

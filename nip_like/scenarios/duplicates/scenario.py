@@ -21,7 +21,7 @@ from nip_like.folders import check_writable_folder
 from nip_like.lm.agents import lm_agent_modules
 from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES
 from nip_like.lm.local_models import build_chat_model_folder
-from nip_like.lm.models import LMAgentConfig, build_lm_policy, load_tokenizer, model_context
+from nip_like.lm.models import LMAgentConfig, architecture_context, build_lm_policy, load_tokenizer, model_context
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
@@ -283,6 +283,29 @@ class DuplicatesScenario(Scenario):
         )
         self.check_lengths(env.prompt_length)
         return env
+
+    def preflight(self) -> None:
+        """Check each agent's model folder (and, in the chat view, its chat template) and its sizes, without weights."""
+        for name, agent in self.agent_configs().items():
+            where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+            if agent.pretrained_path is None:
+                context = architecture_context(str(agent.architecture), f"{where}.architecture")
+            else:
+                tokenizer = load_tokenizer(agent.pretrained_path, f"{where}.pretrained_path")
+                if self.chat_view:
+                    ChatSpeaker(name, tokenizer, self.system_prompt(name))
+                context = model_context(agent.pretrained_path)
+            if context is not None and int(agent.max_new_tokens) >= context:
+                raise ConfigError(
+                    f"{where}.max_new_tokens ({agent.max_new_tokens}) is not below the context of the agent's model "
+                    f"({context} tokens), which must also hold the prompt"
+                )
+            budget = agent.max_tokens_per_micro_batch
+            if budget is not None and budget <= int(agent.max_new_tokens):
+                raise ConfigError(
+                    f"{where}.max_tokens_per_micro_batch ({budget}) cannot hold one prompt plus a "
+                    f"{agent.max_new_tokens}-token message"
+                )
 
     def check_lengths(self, prompt_length: int) -> None:
         """Refuse, in one line, agents whose prompt plus message cannot fit their model or token budget.

@@ -1,0 +1,147 @@
+"""Bad inputs of the language-model and text paths: one line naming what is wrong, exit status 2, nothing lost.
+
+As in ``tests/test_bad_inputs.py``: each case is run in this process the way
+the entry point runs it (compose, check, build, up to the first training
+step) inside :func:`nip_like.cli.report_errors`, against the folder of a
+finished run, which must stay byte-for-byte as it was. One more test runs the
+command line and checks that a refused command makes no run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from nip_like.cli import report_errors
+from tests.conftest import run_cli
+from tests.lm_folders import chat_model  # noqa: F401 - the fixture
+from tests.test_bad_inputs import _hashes, _run_command, existing_run  # noqa: F401 - the fixture
+
+#: The duplicates game, small, in the chat view unless a case says otherwise.
+GAME = (
+    "scenario=duplicates protocol=nip protocol.first_speaker=prover protocol.max_rounds=2 scenario.num_lists=60 "
+    "scenario.length=6 scenario.num_values=12 scenario.default_agent.max_new_tokens=8 trainer.num_envs=4 "
+    "trainer.frames_per_batch=16 trainer.minibatch_size=8"
+)
+CHAT = f"{GAME} scenario.view=chat scenario.default_agent.pretrained_path={{qwen2}}"
+TEXT = "scenario=duplicates_chat protocol=nip trainer=expert_iteration scenario.num_lists=60"
+
+#: (overrides with {folder} placeholders, a fragment of the one-line error).
+CASES = [
+    # model folders
+    (f"{CHAT} scenario.default_agent.pretrained_path={{missing}}", "does not exist"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{a_file}}", "does not exist"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{empty}}", "has no config.json"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{config_only}}", "no weights"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{unknown_type}}", "config.json cannot be read"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{truncated}}", "cannot be loaded"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{no_tokenizer}}", "has no tokenizer"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{small_vocab}}", "do not belong together"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{no_template}}", "no chat_template"),
+    (f"{GAME} scenario.default_agent.pretrained_path={{qwen2}}", "is not the duplicates game's"),
+    # LoRA
+    (f"{CHAT} scenario.default_agent.lora.r=4 scenario.default_agent.lora.target_modules=[nope]", "lora.target_modules"),
+    (f"{CHAT} scenario.default_agent.lora.r=-1", "scenario.default_agent.lora.r must be >= 0"),
+    (f"{CHAT} scenario.default_agent.lora.alpha=0", "scenario.default_agent.lora.alpha must be > 0"),
+    (f"{CHAT} scenario.default_agent.lora.dropout=1", "scenario.default_agent.lora.dropout must be in [0, 1)"),
+    (f"{CHAT} scenario.default_agent.lora.warm_start=half", "scenario.default_agent.lora.warm_start must be one of"),
+    # sizes
+    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=0", "max_tokens_per_micro_batch must be >= 1"),
+    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=8", "max_tokens_per_micro_batch (8) cannot hold"),
+    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=60", "below one sequence"),
+    (f"{CHAT} scenario.default_agent.max_new_tokens=4096", "is not below the context"),
+    (f"{CHAT} scenario.default_agent.max_new_tokens=2000", "exceeds the context"),
+    (f"{GAME} scenario.default_agent.max_new_tokens=1000000", "is not below the context"),
+    (f"{CHAT} scenario.default_agent.dtype=float16", "scenario.default_agent.dtype must be one of"),
+    (f"{CHAT} scenario.default_agent.vocab_size=10", "scenario.default_agent.vocab_size must be >= 300"),
+    # sampling
+    (f"{CHAT} scenario.default_agent.temperature=0", "scenario.default_agent.temperature must be > 0"),
+    (f"{CHAT} scenario.default_agent.top_p=1.5", "scenario.default_agent.top_p must be in (0, 1]"),
+    (f"{CHAT} scenario.default_agent.top_k=-1", "scenario.default_agent.top_k must be >= 0"),
+    # the chat view
+    (f"{CHAT} scenario.view=image", "scenario.view must be one of"),
+    (f"{CHAT} scenario.quote_tokens=0", "scenario.quote_tokens must be >= 1"),
+    (f"{CHAT} scenario.list_format=json", "scenario.list_format must be one of"),
+    (f"{CHAT} +scenario.system_prompts.judge=hello", "scenario.system_prompts names ['judge']"),
+    (f"{GAME} scenario.view=chat scenario.default_agent.architecture=mistral", "cannot be built for the chat view"),
+    (f"{GAME} scenario.default_agent.architecture=nonsense", "unknown architecture 'nonsense'"),
+    # text agents
+    (f"{TEXT} scenario.default_model.max_new_tokens=0", "scenario.default_model.max_new_tokens must be >= 1"),
+    (f"{TEXT} scenario.default_model.temperature=-1", "scenario.default_model.temperature must be >= 0"),
+    (f"{TEXT} scenario.default_model.backend=vllm", "scenario.default_model.backend must be one of"),
+    (f"{TEXT} +scenario.agent_groups.judge=verifier", "scenario.agent_groups names ['judge']"),
+]
+
+
+@pytest.fixture(scope="module")
+def folders(chat_model, tmp_path_factory) -> dict[str, Path]:
+    """A good chat-model folder and broken copies of it, by name."""
+    good = chat_model("qwen2")
+    root = tmp_path_factory.mktemp("broken")
+    made = {"qwen2": good, "missing": root / "missing", "a_file": root / "a_file", "empty": root / "empty"}
+    made["a_file"].write_text("not a folder")
+    made["empty"].mkdir()
+
+    def copy(name: str) -> Path:
+        made[name] = root / name
+        shutil.copytree(good, made[name])
+        return made[name]
+
+    config_only = root / "config_only"
+    config_only.mkdir()
+    shutil.copy(good / "config.json", config_only / "config.json")
+    made["config_only"] = config_only
+    folder = copy("unknown_type")
+    (folder / "config.json").write_text(json.dumps({**json.loads((good / "config.json").read_text()), "model_type": "blorp"}))
+    folder = copy("truncated")
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
+    folder = copy("no_tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / name).unlink(missing_ok=True)
+    folder = copy("no_template")
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    folder = copy("small_vocab")
+    model = AutoModelForCausalLM.from_pretrained(good)
+    model.resize_token_embeddings(500)
+    model.save_pretrained(folder)
+    return made
+
+
+def test_there_are_at_least_twenty_five_cases():
+    assert len(CASES) >= 25 and len({overrides for overrides, _ in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("overrides, fragment", CASES, ids=[overrides.rsplit(" ", 1)[-1] for overrides, _ in CASES])
+def test_bad_lm_or_text_input_is_one_line_exit_2_and_loses_nothing(
+    existing_run, folders, capsys, tmp_path, overrides, fragment  # noqa: F811 - fixtures
+):
+    before = _hashes(existing_run)
+    args = overrides.format(**{name: str(path) for name, path in folders.items()}).split()
+    args.append(f"scenario.cache_dir={tmp_path / 'cache'}")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info, report_errors():
+        _run_command(args, existing_run)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert fragment in err, err
+    assert _hashes(existing_run) == before
+
+
+def test_a_refused_model_folder_leaves_no_run_folder(folders, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [*GAME.split(), "preset=none", "scenario.view=chat", f"scenario.default_agent.pretrained_path={folders['no_template']}",
+         f"scenario.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}"],
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "no chat_template" in result.stderr
+    assert not run_dir.exists()
