@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 from torchrl.data import Unbounded
 
+from dataclasses import dataclass
+
+from nip_like.allowed import checked
 from nip_like.protocols.proof import (
     VERIFIER,
     FixedTurnsProofProtocol,
@@ -109,3 +112,34 @@ class SoloVerifierProtocol(FixedTurnsProofProtocol):
     turns = ((VERIFIER,),)
     fixed_rounds = 1
     fixed_first_speaker = "verifier"
+
+
+@dataclass
+class SoloOpeningConfig(ProofRewardsConfig):
+    """Options of ``solo_opening``: the rewards, and how many turns the verifier may open parts of the instance."""
+
+    opens: int = checked(1, ge=1)  # turns in which the verifier may reveal parts of the instance itself before its last, deciding turn
+
+
+@register_protocol("solo_opening", SoloOpeningConfig)
+class SoloOpeningProtocol(ProofProtocol):
+    """No prover, but the verifier may look for itself: the fair baseline for "the prover helps".
+
+    The verifier acts alone for ``opens + 1`` steps. In each of the first
+    ``opens`` it may send a message that the scenario reads as it reads a
+    prover's (in the duplicates game: naming two cells reveals their values
+    to the verifier) or decide early; on the last it must decide. It means
+    something where the verifier sees only part of the instance (``duplicates``
+    with ``verifier_view: cells``): beside ``solo_verifier``, which sees
+    nothing, it measures what the verifier finds on its own with as many
+    messages as a prover would send it. Where the verifier sees the whole
+    instance (graph isomorphism, ``verifier_view: full``) its openings reveal
+    nothing, and it is ``solo_verifier`` with more steps.
+    """
+
+    agent_names = (VERIFIER,)
+    turns = ((VERIFIER,),)
+
+    def __init__(self, name: str, *, opens: int = 1, **rewards: float) -> None:
+        self.opens = int(opens)
+        super().__init__(name, min_rounds=1, max_rounds=self.opens + 1, first_speaker="verifier", **rewards)

@@ -505,6 +505,7 @@ class DuplicatesScenario(Scenario):
         eos, pad, tokens = self.tokenizer.eos_token_id, ids["pad"], env.message_tokens
         collected: dict[str, list[dict[str, torch.Tensor]]] = {name: [] for name in self.agent_names}
         playing = torch.ones(count, dtype=torch.bool)
+        alone = len(self.agent_names) == 1
         for _ in range(self.protocol.num_rounds):
             active = self.protocol.active_agents_in(state) & playing.unsqueeze(-1)
             inputs = env.policy_inputs(state)
@@ -520,6 +521,11 @@ class DuplicatesScenario(Scenario):
                     decision = torch.where(proven, ids["accept"], ids["reject"])
                     action[:, index, 0] = torch.where(deciding, decision, eos)
                     action[:, index, 1] = torch.where(deciding, eos, pad)
+                    if alone:
+                        # Without a prover (solo_opening), the verifier opens a random pair itself before deciding.
+                        pair = torch.rand(count, env.length, generator=generator).argsort(-1)[:, :2]
+                        opening = torch.cat([ids["cell0"] + pair, torch.full_like(pair[:, :1], eos)], -1)
+                        action[:, index, :3] = torch.where(deciding.unsqueeze(-1), action[:, index, :3], opening)
                     shown = active[:, index]
                 else:
                     proves = self.protocol.prover_sides.get(name, True) & state["label"]
