@@ -65,6 +65,7 @@ DEMONSTRATED = {
     "adp": ["verifier"],
     "merlin_arthur": ["verifier"],
     "solo_verifier": ["verifier"],
+    "solo_opening": ["verifier"],
 }
 
 

@@ -1,5 +1,6 @@
 """The graph-isomorphism scenario end to end: every protocol under PPO, the solo-agent trainer, metrics."""
 
+import dataclasses
 import json
 import math
 
@@ -63,7 +64,8 @@ def decided_correctly(probe, num_episodes: int = 64) -> tuple[torch.Tensor, torc
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol, run_probe):
-    takes_turns = not issubclass(REGISTERED_PROTOCOLS.get(protocol), FixedTurnsProofProtocol)
+    # Protocols whose schema limits the rounds get four (the others have fixed turns or their own count).
+    takes_turns = "max_rounds" in {field.name for field in dataclasses.fields(REGISTERED_PROTOCOLS.entry(protocol).schema)}
     rounds = ["protocol.max_rounds=4"] if takes_turns else []
     metrics = run_experiment(gi_config(cache_dir, f"protocol={protocol}", *rounds, "logger=csv"), tmp_path)
     assert run_probe.changed() == set(run_probe.trainer.agent_names)  # PPO updated every agent
