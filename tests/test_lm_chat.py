@@ -342,7 +342,7 @@ def test_a_bad_model_folder_is_one_line_naming_it(chat_model, tmp_path, how, mes
     [
         ("scenario.default_agent.lora.target_modules=[no_such_layer]", "target_modules"),
         ("scenario.default_agent.max_tokens_per_micro_batch=50", "below one sequence"),
-        ("scenario.default_agent.max_new_tokens=5000", "exceeds the context"),
+        ("scenario.default_agent.max_new_tokens=5000", "context of the agent.s model"),
     ],
 )
 def test_sizes_and_adapters_that_cannot_fit_are_one_line(chat_model, tmp_path, override, message):
