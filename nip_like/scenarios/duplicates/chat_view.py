@@ -57,7 +57,7 @@ from typing import Optional, Sequence
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import Binary, Bounded, Unbounded
+from torchrl.data import Unbounded
 from transformers import PreTrainedTokenizerBase
 
 from nip_like.errors import ConfigError
@@ -251,8 +251,9 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         self._num_values = int(num_values)
         self._prompt_tokens = int(prompt_tokens)
         self.indexed_list = bool(indexed_list)
+        # Moves are stored in game symbols (message_tokens); prompts and replies are in the agents' vocabularies.
         super().__init__(
-            protocol, lists, game_ids, vocab_size=max(game_ids.values()) + 1, message_tokens=MOVE_TOKENS,
+            protocol, lists, game_ids, vocab_size=self.reply_vocab, message_tokens=MOVE_TOKENS,
             verifier_view=verifier_view, num_envs=num_envs, device=device, seed=seed, group_size=group_size,
         )
 
@@ -289,20 +290,10 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
             "reply_length": Unbounded(shape=(*b, rounds, agents), dtype=torch.int64, device=device),
         }
 
-    def _policy_input_spec(self) -> dict[str, object]:
-        agents = (*self.batch_size, self.num_agents)
-        return {
-            "prompt_ids": Bounded(
-                low=0, high=self.reply_vocab - 1, shape=(*agents, self.prompt_length), dtype=torch.int64, device=self.device
-            ),
-            "prompt_mask": Binary(shape=(*agents, self.prompt_length), dtype=torch.bool, device=self.device),
-        }
-
-    def _agent_action_spec(self) -> object:
-        return Bounded(
-            low=0, high=self.reply_vocab - 1, shape=(*self.batch_size, self.num_agents, self.reply_tokens),
-            dtype=torch.int64, device=self.device,
-        )
+    @property
+    def action_tokens(self) -> int:
+        """``T``: an agent's reply, in its own tokens."""
+        return self.reply_tokens
 
     # ------------------------------------------------------------ the game
     def _new_state(self, num_episodes: int):

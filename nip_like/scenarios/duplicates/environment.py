@@ -239,11 +239,16 @@ class DuplicatesEnv(InteractionEnv):
             "prompt_mask": Binary(shape=(*agents, self.prompt_length), dtype=torch.bool, device=self.device),
         }
 
+    @property
+    def action_tokens(self) -> int:
+        """Width of an agent's action: a message of ``message_tokens`` symbols (the chat view's replies are longer)."""
+        return self.message_tokens
+
     def _agent_action_spec(self) -> object:
         return Bounded(
             low=0,
             high=self.vocab_size - 1,
-            shape=(*self.batch_size, self.num_agents, self.message_tokens),
+            shape=(*self.batch_size, self.num_agents, self.action_tokens),
             dtype=torch.int64,
             device=self.device,
         )

@@ -250,37 +250,32 @@ class DuplicatesScenario(Scenario):
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
     ) -> DuplicatesEnv:
+        common = dict(
+            verifier_view=str(self.config.verifier_view), num_envs=num_envs, device=device, seed=seed, group_size=group_size
+        )
+        game_ids = self.symbols.ids(self.tokenizer)
         if self.chat_view:
             env = DuplicatesChatViewEnv(
                 self.protocol,
                 self.split(split),
-                self.symbols.ids(self.tokenizer),
+                game_ids,
                 self.chat_speakers,
                 num_values=self.symbols.num_values,
                 reply_tokens=self.message_tokens,
                 quote_tokens=int(self.config.quote_tokens),
                 prompt_tokens=int(self.config.max_prompt_tokens),
                 indexed_list=self.config.list_format == "indexed",
-                verifier_view=str(self.config.verifier_view),
-                num_envs=num_envs,
-                device=device,
-                seed=seed,
-                group_size=group_size,
+                **common,
             )
-            self.check_lengths(env.prompt_length)
-            return env
-        env = DuplicatesEnv(
-            self.protocol,
-            self.split(split),
-            self.symbols.ids(self.tokenizer),
-            vocab_size=len(self.tokenizer),
-            message_tokens=self.message_tokens,
-            verifier_view=str(self.config.verifier_view),
-            num_envs=num_envs,
-            device=device,
-            seed=seed,
-            group_size=group_size,
-        )
+        else:
+            env = DuplicatesEnv(
+                self.protocol,
+                self.split(split),
+                game_ids,
+                vocab_size=len(self.tokenizer),
+                message_tokens=self.message_tokens,
+                **common,
+            )
         self.check_lengths(env.prompt_length)
         return env
 
