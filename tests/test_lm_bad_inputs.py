@@ -74,6 +74,9 @@ CASES = [
     (f"{TEXT} scenario.default_model.temperature=-1", "scenario.default_model.temperature must be >= 0"),
     (f"{TEXT} scenario.default_model.backend=vllm", "scenario.default_model.backend must be one of"),
     (f"{TEXT} +scenario.agent_groups.judge=verifier", "scenario.agent_groups names ['judge']"),
+    (f"{TEXT} scenario.default_model.path={{missing}}", "does not exist"),
+    (f"{TEXT} scenario.default_model.path={{no_template}}", "has no chat_template, which text models need"),
+    (f"{TEXT} scenario.default_model.path={{no_tokenizer}}", "scenario.default_model.path: "),
 ]
 
 

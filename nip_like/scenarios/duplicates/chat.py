@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from nip_like.errors import ConfigError
+from nip_like.lm.models import load_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text rules, shared with the chat view
     HIDDEN_TEXT,
@@ -91,6 +92,16 @@ class DuplicatesChatScenario(DuplicatesScenario):
             "scenario duplicates_chat has text agents: train it with a text trainer (trainer=expert_iteration or "
             "trainer=malt), or use scenario=duplicates for the tensor trainers"
         )
+
+    def preflight(self) -> None:
+        """Check each local text model's folder and its chat template, without loading weights."""
+        for group in self.group_names():
+            model = self.model_config(group)
+            if model.backend == "local" and model.path is not None:
+                where = f"scenario.models.{group}" if group in self.config.models else "scenario.default_model"
+                tokenizer = load_tokenizer(model.path, f"{where}.path")
+                if not getattr(tokenizer, "chat_template", None):
+                    raise ConfigError(f"{where}.path: the tokenizer in {model.path} has no chat_template, which text models need")
 
     def check_lengths(self, prompt_length: int) -> None:
         """Nothing to check: text models are sized by ``scenario.models`` and play the token game's moves."""
