@@ -32,6 +32,21 @@ from nip_like.sweeps.state import JobState, folder_state
 from nip_like.trainers.rl import TensorDictRlTrainer
 from tests.conftest import popen_cli, run_cli, smoke_config
 
+
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Give SIGINT its default Python disposition (Ctrl-C) for each test, as a terminal would.
+
+    A shell starts background jobs with SIGINT ignored, and the runs keep an
+    ignored SIGINT ignored (as they should); the tests that send SIGINT to
+    themselves need the disposition of an interactive run, so they set it.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
 SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
 
 
