@@ -185,7 +185,10 @@ def build_lm(
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)
     if _option(config, "gradient_checkpointing", False):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = _option(config, "lora", None)
     if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "lora":
         model = add_lora(model, lora)
