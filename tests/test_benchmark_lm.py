@@ -87,6 +87,7 @@ def test_rollout_and_framework_updates(run_main, tmp_path, capsys):
     assert "GRPO, nip_like" in printed and "DPO, nip_like" in printed
 
 
+@pytest.mark.slow
 def test_trl_updates(run_main, monkeypatch):
     pytest.importorskip("trl")
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is used on purpose

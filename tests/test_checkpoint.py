@@ -65,6 +65,7 @@ def test_interrupted_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch
     _interrupt_and_resume(tmp_path, monkeypatch, objective)
 
 
+@pytest.mark.slow
 def test_interrupted_lm_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
     # Language-model agents: their optimiser, collector carrier (prompts, messages) and RNG resume exactly.
     _interrupt_and_resume(tmp_path, monkeypatch, (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy"))

@@ -77,6 +77,7 @@ def test_bad_config_gives_one_line(tmp_path, capsys, override, fragments):
         ("trainer.frames_per_batch=100", "frames_per_batch (100) must be a multiple of trainer.num_envs (16)"),
     ],
 )
+@pytest.mark.slow
 def test_bad_config_exits_with_status_2_and_one_line(tmp_path, override, fragment):
     result = run_cli([*QUICK, override, f"hydra.run.dir={tmp_path / 'run'}"])
     assert_one_line_error(result, fragment)
@@ -129,6 +130,7 @@ def test_nan_loss_gives_one_line(tmp_path, monkeypatch, capsys):
     assert "the loss became nan at iteration 1" in line and "loss_critic=nan" in line, line
 
 
+@pytest.mark.slow
 def test_user_trainer_in_its_own_file_trains_by_config_override(tmp_path):
     shutil.copy(REPO_ROOT / "docs" / "examples" / "a2c_trainer.py", tmp_path)
     result = run_cli(
@@ -142,6 +144,7 @@ def test_user_trainer_in_its_own_file_trains_by_config_override(tmp_path):
     assert "test/accuracy" in result.stdout
 
 
+@pytest.mark.slow
 def test_main_job_in_test_run_mode_prints_test_metrics(tmp_path):
     # The main job: graph isomorphism (NIP protocol, PPO), one iteration of each loop.
     result = run_cli(["run.test_run=true", f"scenario.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"])

@@ -163,6 +163,7 @@ def test_solo_agent_needs_labelled_data(tmp_path):
         build_trainer(smoke_config("trainer=solo_agent"), tmp_path)
 
 
+@pytest.mark.slow
 def test_pretraining_fits_once_then_loads_from_the_cache(tmp_path, cache_dir):
     overrides = (
         "protocol=nip",

@@ -138,6 +138,7 @@ def test_bad_lm_or_text_input_is_one_line_exit_2_and_loses_nothing(
     assert _hashes(existing_run) == before
 
 
+@pytest.mark.slow
 def test_a_refused_model_folder_leaves_no_run_folder(folders, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(

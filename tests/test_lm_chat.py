@@ -276,6 +276,7 @@ def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model
     assert all("lora_" in key or "value_head" in key for key in state if "verifier" in key)
 
 
+@pytest.mark.slow
 def test_a_lora_run_exports_merged_standalone_folders(chat_model, tmp_path):
     config = chat_config(chat_model("qwen2"), tmp_path, "scenario.default_agent.lora.r=4", "trainer.num_iterations=2")
     trainer = experiment.build_trainer(config, tmp_path / "run")

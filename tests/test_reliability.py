@@ -447,6 +447,7 @@ def test_resume_of_a_damaged_checkpoint_exits_2_from_the_command_line(tmp_path):
     assert file_hashes(run_dir) == before
 
 
+@pytest.mark.slow
 def test_the_graph_data_cache_warning_speaks_of_the_cache(tmp_path):
     spec = GraphPairSpec(num_pairs=20, seed=1, min_nodes=5, max_nodes=6)
     fresh = load_or_generate(spec, tmp_path)

@@ -50,6 +50,7 @@ def run_sweep(args: list[str], config_dir: Path, out: Path, timeout: int = 300):
 
 
 # ------------------------------------------------------------ grid and states
+@pytest.mark.slow
 def test_ready_sweep_expands_to_matched_jobs_with_declared_iterations():
     sweep = expand_sweep("ppo_vs_dpo", out=Path("/tmp/unused"))
     names = [job.name for job in sweep.jobs]

@@ -218,6 +218,7 @@ def test_a_bad_dataset_line_is_named(tmp_path, model_folder):
 
 
 # ------------------------------------------------------------------ local jobs
+@pytest.mark.slow
 def test_a_local_job_runs_once_and_a_failed_one_names_its_error_and_log(tmp_path, model_folder):
     backend = LocalFineTuneBackend(tmp_path / "jobs")
     data = write_jsonl(tmp_path / "sft.jsonl", sft_records(8))

@@ -83,6 +83,7 @@ def trained_folder(tmp_path_factory) -> Path:
     return fine_tune(FineTuneSpec("t", "sft", str(base), str(data), str(root / "trained"), epochs=80, lr=3e-3, batch_size=16))
 
 
+@pytest.mark.slow
 def test_the_server_answers_like_the_local_model(server, trained_folder):
     chats = [[{"role": "user", "content": f"list: {k}"}] for k in range(3)]
     remote = OpenAIChatModel(str(trained_folder), server["url"], max_concurrency=3)
@@ -127,6 +128,7 @@ TEXT_RUN = (
 )
 
 
+@pytest.mark.slow
 def test_a_run_samples_through_the_server_and_resumes_after_it_went_away(server, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     # No server at first: the warm start (scripted play, a local job) runs, then sampling stops the run.

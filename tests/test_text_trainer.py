@@ -50,6 +50,7 @@ def config(*overrides: str):
     return compose_config([*TINY, *overrides])
 
 
+@pytest.mark.slow
 def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(tmp_path):
     run_dir = tmp_path / "run"
     metrics = run_experiment(config(KEEP_ALL), run_dir)
@@ -149,6 +150,7 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
     assert log.read_text().count("--- started") == 2  # the retry ran the job again
 
 
+@pytest.mark.slow
 def test_scripted_provers_are_never_fine_tuned_and_the_verifier_learns_its_decisions(tmp_path):
     run_dir = tmp_path / "run"
     run_experiment(config("scenario.scripted_provers=true", "trainer.objective.test_scheme=none"), run_dir)
@@ -158,6 +160,7 @@ def test_scripted_provers_are_never_fine_tuned_and_the_verifier_learns_its_decis
     assert sorted(path.name for path in (run_dir / "tests").glob("*.json")) == ["iteration_0001.json"]
 
 
+@pytest.mark.slow
 def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "docs" / "examples"))
     overrides = ("trainer.trainer_type=label_distillation_trainer.LabelDistillationTrainer", "trainer.objective.warm_start_episodes=0")
@@ -166,6 +169,7 @@ def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeyp
     assert [path.name for path in (tmp_path / "run" / "fine_tune").iterdir()] == [f"{run_id(config(*overrides))}-it0000-verifier"]
 
 
+@pytest.mark.slow
 def test_malt_runs_on_trees_of_replies(tmp_path):
     run_dir = tmp_path / "run"
     metrics = run_experiment(config("trainer=malt", "trainer.objective.branching=2", "trainer.objective.episodes=6"), run_dir)
