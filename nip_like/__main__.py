@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from nip_like import run_lock
+from nip_like import distributed, run_lock
 from nip_like.cli import (
     CONFIG_DIR,
     EXIT_INTERRUPTED,
@@ -30,6 +30,7 @@ from nip_like.cli import (
     select_user_objective,
 )
 from nip_like.config import register_configs
+from nip_like.errors import ConfigError
 from nip_like.experiment import format_metrics, run_experiment
 from nip_like.sweeps.multirun import run_multirun_job
 
@@ -43,12 +44,15 @@ def _run(config: DictConfig) -> None:
     # and raises, Hydra records the failure, runs the other jobs, then raises the first failure.
     # A job of a sweep run again skips, resumes or restarts (nip_like.sweeps.multirun).
     if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if distributed.current().enabled:
+            with report_errors():
+                raise ConfigError("a sweep (--multirun) cannot run under torchrun: start each run with torchrun instead")
         with report_job_errors(run_dir):
             metrics = run_multirun_job(config, run_dir)
     else:
         with report_errors():
             metrics = run_experiment(config, run_dir)
-    if metrics is not None and config.logger.print_metrics:
+    if metrics is not None and config.logger.print_metrics and distributed.current().is_writer:
         print(f"Final test metrics ({run_dir}):")
         print(format_metrics(metrics))
 
@@ -68,12 +72,14 @@ def main() -> None:
             # A trainer in the user's file registers its objective's schema when imported: before composing.
             check_group_options(sys.argv[1:])
             sys.argv[1:] = select_user_objective(sys.argv[1:])
+            sys.argv[1:] = distributed.hydra_overrides(sys.argv[1:])
             _run()
     except KeyboardInterrupt:  # before or after the run (a run reports its own interruption)
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         run_lock.release_all()
+        distributed.shutdown()
 
 
 if __name__ == "__main__":

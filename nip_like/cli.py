@@ -184,15 +184,26 @@ def report_errors() -> Iterator[None]:
     """Turn a :class:`NipLikeError` or a config error into one line and exit status 2.
 
     A run stopped by a signal (:class:`RunInterrupted`) prints its line, which
-    says how to resume, and exits with 128 + the signal number.
+    says how to resume, and exits with 128 + the signal number. Under torchrun,
+    a rank other than 0 names itself (``error: rank 1: ...``), and a rank
+    stopped because another one failed (which reported its own error) prints
+    nothing and exits with status 1.
     """
+    from nip_like.distributed import PeerFailure, current
+
     try:
         yield
     except RunInterrupted as error:
-        print(error, file=sys.stderr)
+        if current().is_writer:
+            print(error, file=sys.stderr)
         sys.exit(error.exit_status)
+    except PeerFailure as error:
+        if not error.quiet:
+            print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
     except NipLikeError as error:
-        print(f"error: {error}", file=sys.stderr)
+        rank = current().rank
+        print(f"error: {f'rank {rank}: ' if rank else ''}{error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except (OmegaConfBaseException, HydraException) as error:
         print(f"error: config: {one_line(error)}{_quoting_hint()}", file=sys.stderr)
@@ -214,9 +225,11 @@ class RunFolderCallback(Callback):
         self.run_dir: Path | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
-        from nip_like import run_lock
+        from nip_like import distributed, run_lock
         from nip_like.experiment import check_run_folder, preflight
 
+        if not distributed.current().is_writer:  # another rank of a torchrun run: rank 0 checks and holds the folder
+            return
         try:
             run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir", throw_on_missing=True)))
         except Exception:  # a folder that needs the running job to resolve: run_experiment checks it

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nip_like import interrupts, run_lock
+from nip_like import distributed, interrupts, run_lock
 from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder
 from nip_like.config import check_config_values, check_known_keys, run_id
@@ -50,7 +50,10 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     trainer_class = TRAINERS.get(config.trainer.trainer_type)
     if not issubclass(trainer_class, Trainer):
         raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
-    logger = MetricLogger(config.logger, run_dir, str(config.name))
+    logger_config = config.logger
+    if not distributed.current().is_writer:  # under torchrun only rank 0 writes metrics
+        logger_config = OmegaConf.merge(config.logger, {"backends": []})
+    logger = MetricLogger(logger_config, run_dir, str(config.name))
     return trainer_class(config, scenario, run_dir, logger)
 
 
@@ -241,6 +244,9 @@ def run_experiment(
         If SIGINT or SIGTERM stopped the run; its message says how to resume.
     """
     run_dir = Path(run_dir)
+    if not distributed.current().is_writer:  # another rank of a torchrun run: rank 0 holds the folder
+        with interrupts.handle_interrupts(handle_signals):
+            return _run_locked(config, run_dir, resume)
     check_run_folder(run_dir, resume)
     with run_lock.holding(run_dir), interrupts.handle_interrupts(handle_signals):
         return _run_locked(config, run_dir, resume)
@@ -248,22 +254,26 @@ def run_experiment(
 
 def _run_locked(config: DictConfig, run_dir: Path, resume: bool) -> dict[str, float]:
     """:func:`run_experiment` once the folder's lock is held."""
+    writer = distributed.current().is_writer
     from_scratch = resume and not (run_dir / "checkpoints" / "last.pt").is_file()
-    if resume:
+    if writer and resume:
         _remove_stale_temporaries(run_dir)
-    else:
+    elif writer:
         (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config, resolve=True))
-    if from_scratch:
+    if from_scratch and writer:
         print(f"No checkpoint in {run_dir} yet: starting the run again from the beginning")
     started = time.perf_counter()
     trainer = None
     try:
-        trainer = build_trainer(config, run_dir)
+        # Under torchrun rank 0 builds first (it may generate the data caches that the others then read).
+        with distributed.current().rank_zero_first():
+            trainer = build_trainer(config, run_dir)
         try:
             if resume:
                 if not from_scratch:
                     trainer.load_checkpoint("last")
-                trainer.logger.truncate_after(0 if from_scratch else trainer.state.iteration)
+                if writer:
+                    trainer.logger.truncate_after(0 if from_scratch else trainer.state.iteration)
             if os.environ.get(PROGRESS_FILE_ENV):
                 # A sweep's overall progress bar follows this run (see nip_like.sweeps.progress).
                 done = sum(trainer.progress_initial.values())
@@ -296,7 +306,10 @@ def _run_locked(config: DictConfig, run_dir: Path, resume: bool) -> dict[str, fl
         "git_revision": git_revision(),
         "device": str(config.run.device),
     }
-    _write_json_atomic(summary, run_dir / SUMMARY_FILE)
+    if distributed.current().enabled:
+        summary["ranks"] = distributed.current().world_size
+    if writer:
+        _write_json_atomic(summary, run_dir / SUMMARY_FILE)
     return metrics
 
 

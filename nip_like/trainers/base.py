@@ -22,6 +22,7 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from tqdm.auto import tqdm
 
+from nip_like import distributed
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.config import run_id
 from nip_like.interrupts import StopRequested, stop_requested
@@ -136,7 +137,9 @@ class Trainer(ABC):
         self.run_dir = Path(run_dir)
         self.logger = logger
         self.run_id = run_id(config)
-        self.show_progress = bool(config.run.progress_bar)
+        #: The rank context (:mod:`nip_like.distributed`): one rank unless started by torchrun.
+        self.distributed = distributed.current()
+        self.show_progress = bool(config.run.progress_bar) and self.distributed.is_writer
         self.on_progress: Callable[[int], None] | None = None
         self.progress_initial: dict[str, int] = {}
         #: The data split the test loop plays (``python -m nip_like.evaluate --split`` changes it).
@@ -160,9 +163,12 @@ class Trainer(ABC):
         """Restore the state returned by :meth:`state_dict`."""
 
     def save_checkpoint(self, name: str = "last") -> Path:
-        """Atomically write the trainer state to ``checkpoints/<name>.pt``."""
+        """Atomically write the trainer state to ``checkpoints/<name>.pt`` (rank 0 writes, every rank waits)."""
         path = self.checkpoint_dir / f"{name}.pt"
-        save_atomic({"run_id": self.run_id, "trainer": self.state_dict()}, path)
+        state = self.state_dict()
+        if self.distributed.is_writer:
+            save_atomic({"run_id": self.run_id, "trainer": state}, path)
+        self.distributed.barrier()
         return path
 
     def load_checkpoint(self, name: str = "last") -> None:
@@ -188,7 +194,7 @@ class Trainer(ABC):
         checkpointed : bool
             Whether ``last.pt`` already holds this iteration.
         """
-        if stop_requested():
+        if self.distributed.any(stop_requested()):  # every rank stops at the same iteration
             if not checkpointed:
                 self.save_checkpoint("last")
             raise StopRequested(iteration)

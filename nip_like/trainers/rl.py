@@ -28,7 +28,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.objectives import LossModule
 
 from nip_like import keys
-from nip_like.checkpoint import derive_seed, get_rng_states, load_checked, set_rng_states, write_text_atomic
+from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states, write_text_atomic
 from nip_like.errors import CheckpointError, ConfigError, TrainingError
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
@@ -152,10 +152,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self._divergence_bound = float(bound) if bound is not None else math.inf
 
         seed = int(config.seed)
+        # Under torchrun each rank collects its share of every batch, with its own seeds (nip_like.distributed).
         self.train_env = scenario.make_env(
-            self.trainer_config.num_envs,
+            self.distributed.share(self.trainer_config.num_envs, "trainer.num_envs"),
             "train",
-            derive_seed(seed, "train_env"),
+            self.distributed.seed(seed, "train_env"),
             self.device,
             group_size=int(self.trainer_config.group_size),
         )
@@ -163,7 +164,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.collector = Collector(
             self.train_env,
             self.policy,
-            frames_per_batch=self.trainer_config.frames_per_batch,
+            frames_per_batch=self.distributed.share(self.trainer_config.frames_per_batch, "trainer.frames_per_batch"),
             total_frames=-1,
             device=self.device,
             exploration_type=ExplorationType.RANDOM,
@@ -202,6 +203,17 @@ class TensorDictRlTrainer(TensorDictTrainer):
         if tc.num_envs % tc.group_size:
             raise ConfigError(
                 f"trainer.num_envs ({tc.num_envs}) must be a multiple of trainer.group_size ({tc.group_size})"
+            )
+        if (tc.num_envs // self.distributed.world_size) % tc.group_size:
+            raise ConfigError(
+                f"trainer.num_envs ({tc.num_envs}) over {self.distributed.world_size} ranks must leave each rank a "
+                f"multiple of trainer.group_size ({tc.group_size})"
+            )
+        accumulation = tc.optimizer.grad_accumulation_steps
+        if accumulation % self.distributed.world_size:
+            raise ConfigError(
+                f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must be a multiple of the number of "
+                f"ranks ({self.distributed.world_size}): the ranks share each optimiser step's minibatches"
             )
         if tc.frames_per_batch % tc.num_envs:
             raise ConfigError(
@@ -286,25 +298,28 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """Collect one batch and optimise on it; return the iteration's metrics."""
         iteration = self.state.iteration
         started = time.perf_counter()
-        with torch.no_grad():
+        dist = self.distributed
+        with torch.no_grad(), dist.rank_rng(int(self.config.seed)):
             batch = next(self._collector_iterator).to(self.device)
         collected = time.perf_counter()
-        frames = batch.numel()
+        frames = batch.numel() * dist.world_size
         self.state.frames += frames
-        metrics = {f"train/{k}": v for k, v in self._episode_metrics(finished_episodes(batch)).items()}
+        episodes = dist.gather_cat(finished_episodes(batch))
+        metrics = {f"train/{k}": v for k, v in self._episode_metrics(episodes).items()}
         if iteration == 0:
             metrics.update(self.pretrain_metrics)
         every = self._diagnostics_every
         if every and iteration % every == 0:
-            metrics.update(self._policy_diagnostics(batch))
+            metrics.update(dist.mean(self._policy_diagnostics(batch)))
 
         with torch.no_grad():
             if self.advantage_module is not None:
                 self.advantage_module(batch)
             self.loss_contract.start_iteration(iteration)
-            data = self.loss_contract.layout_rollouts(batch)
+            # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
+            data = dist.gather_cat(self.loss_contract.layout_rollouts(batch))
         metrics["train/layout_items"] = data.batch_size[0]
-        metrics.update({f"train/{k}": v for k, v in self.loss_contract.layout_metrics().items()})
+        metrics.update({f"train/{k}": v for k, v in dist.mean(self.loss_contract.layout_metrics()).items()})
         self._fill_buffer(data)
 
         trained = self.update_schedule.trained_agents(iteration)
@@ -380,34 +395,38 @@ class TensorDictRlTrainer(TensorDictTrainer):
         padding_fraction = getattr(self.policy, "pop_padding_fraction", lambda: None)
         padding_fraction()
         self.optimizer.zero_grad(set_to_none=True)
+        owns = self.distributed.owns
         for epoch in range(self.trainer_config.num_epochs):
             position = 0
             for minibatch in range(num_minibatches):
-                losses = self.loss_module(self.buffer.sample())
-                loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
-                if not loss.abs() <= self._divergence_bound:  # also true for NaN
-                    value = loss.item()
-                    what = f"became {value}" if not math.isfinite(value) else f"exploded to {value:.4g}"
-                    raise TrainingError(
-                        f"the loss {what} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
-                        f"minibatch {minibatch + 1} ({self._loss_terms(losses)}){self._bound_note(value)}; "
-                        f"{self._last_checkpoint_note()}"
-                    )
-                (loss / window_of[minibatch]).backward()
+                sample = self.buffer.sample()  # every rank draws every minibatch: the same stream on each
+                if owns(position):  # under torchrun, the ranks take a window's minibatches in turn
+                    losses = self.loss_module(sample)
+                    loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
+                    if not loss.abs() <= self._divergence_bound:  # also true for NaN
+                        value = loss.item()
+                        what = f"became {value}" if not math.isfinite(value) else f"exploded to {value:.4g}"
+                        raise TrainingError(
+                            f"the loss {what} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
+                            f"minibatch {minibatch + 1} ({self._loss_terms(losses)}){self._bound_note(value)}; "
+                            f"{self._last_checkpoint_note()}"
+                        )
+                    (loss / window_of[minibatch]).backward()
+                    records.append(losses.detach())
                 position += 1
                 if position == window_of[minibatch]:
                     norms.append(self._optimizer_step(trained))
                     position = 0
-                records.append(losses.detach())
         stats = {
             self._stat_name(key): float(value.float().mean())
             for key, value in torch.stack(records).items(include_nested=True, leaves_only=True)
-        }
-        for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
-            stats[f"train/grad_norm/{name}"] = values
+        } if records else {}
         padding = padding_fraction()
         if padding is not None:
             stats["train/padding_fraction"] = padding
+        stats = self.distributed.mean(stats, weight=len(records))
+        for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
+            stats[f"train/grad_norm/{name}"] = values
         self._check_parameters(trained)
         return stats
 
@@ -438,6 +457,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 for param in group["params"]:
                     param.grad = None
                 continue
+            self.distributed.sum_gradients(group["params"])
             grads = [param for param in group["params"] if param.grad is not None]
             if self._max_grad_norm is not None:
                 norms.append(torch.nn.utils.clip_grad_norm_(grads, self._max_grad_norm))
@@ -480,19 +500,22 @@ class TensorDictRlTrainer(TensorDictTrainer):
 
     def _evaluate(self) -> dict[str, float]:
         """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics."""
-        num_episodes = 8 if self.test_run else self.trainer_config.eval.num_episodes
+        dist = self.distributed
+        num_episodes = dist.share(8 if self.test_run else self.trainer_config.eval.num_episodes, "trainer.eval.num_episodes")
         if self.eval_env is None or self.eval_env.num_envs != num_episodes:
             self.eval_env = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
         # The same episodes at every evaluation, and no draw from the training generators.
-        self.eval_env.rng.manual_seed(derive_seed(int(self.config.seed), "eval_env"))
-        episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)
+        self.eval_env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
+        with dist.rank_rng(int(self.config.seed)):
+            episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)
+        episodes = dist.gather_cat(episodes)  # each rank played its share
         self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
         return {f"eval/{k}": v for k, v in self._episode_metrics(episodes).items()}
 
     def _write_transcripts(self, episodes: TensorDictBase, name: str) -> None:
         """Write the scenario's transcripts of ``episodes`` to ``transcripts/<name>.jsonl`` (if it has any)."""
         records = self.scenario.transcripts(episodes, int(self.trainer_config.eval.transcripts))
-        if not records:
+        if not records or not self.distributed.is_writer:
             return
         text = "".join(json.dumps(record) + "\n" for record in records)
         write_text_atomic(text, self.run_dir / "transcripts" / f"{name}.jsonl")
@@ -541,15 +564,16 @@ class TensorDictRlTrainer(TensorDictTrainer):
     @attach_progress_bar(lambda self: self.num_test_iterations)
     def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
         iteration_context.set_description("Testing")
-        batch_episodes = 8 if self.test_run else self.trainer_config.test_batch_episodes
-        env = self.scenario.make_env(
-            batch_episodes, self.test_split, derive_seed(int(self.config.seed), "test_env"), self.device
-        )
+        dist = self.distributed
+        batch_episodes = dist.share(8 if self.test_run else self.trainer_config.test_batch_episodes, "trainer.test_batch_episodes")
+        env = self.scenario.make_env(batch_episodes, self.test_split, dist.seed(int(self.config.seed), "test_env"), self.device)
         episodes = []
         for _ in range(self.num_test_iterations):
-            if stop_requested():  # training is done and saved: a resumed run tests again
+            if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
                 raise StopRequested(self.state.iteration, phase="test")
-            episodes.append(self._run_episodes(env, self.scenario.protocol.num_rounds))
+            with dist.rank_rng(int(self.config.seed)):
+                played = self._run_episodes(env, self.scenario.protocol.num_rounds)
+            episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
             iteration_context.step()
         all_episodes = torch.cat(episodes)
         if not self.test_run:
@@ -574,7 +598,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """
         path = super().save_checkpoint(name)
         save_pretrained = getattr(self.policy, "save_pretrained", None)
-        if save_pretrained is not None:
+        if save_pretrained is not None and self.distributed.is_writer:
             save_pretrained(self.checkpoint_dir / name)
         return path
 
@@ -600,29 +624,43 @@ class TensorDictRlTrainer(TensorDictTrainer):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "loss_module": self._loss_module_state(),
-            "reference_policy": self.reference_policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "train_state": asdict(self.state),
+        collection = {
             "collector": self.collector.state_dict(),
             # The collector's current TensorDict holds every in-flight episode
             # (the environments keep their state in it), so restoring it
             # continues collection exactly.
             "collector_carrier": self.collector._carrier.clone(),
             "env_rng": self.train_env.get_rng_state(),
+        }
+        state = {
+            "loss_module": self._loss_module_state(),
+            "reference_policy": self.reference_policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "train_state": asdict(self.state),
             "rng": get_rng_states(),
         }
+        if not self.distributed.enabled:
+            return {**state, **collection}
+        # Under torchrun each rank's collection (and its own random stream) is its own: one entry per rank.
+        return {**state, "ranks": self.distributed.gather({**collection, "rank_rng": self.distributed.rng_state()})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = len(state.get("ranks", [None]))
+        if ranks != self.distributed.world_size:
+            raise CheckpointError(
+                f"the checkpoint was written by a run of {ranks} rank(s); resume it with as many "
+                f"(torchrun --nproc_per_node={ranks}), not {self.distributed.world_size}"
+            )
+        collection = state["ranks"][self.distributed.rank] if "ranks" in state else state
         self._load_loss_module_state(state["loss_module"])
         self.reference_policy.load_state_dict(state["reference_policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.state = TrainState(**state["train_state"])
-        self.collector.load_state_dict(state["collector"])
-        self.collector._carrier.update(state["collector_carrier"].to(self.device))
-        self.train_env.set_rng_state(state["env_rng"])
+        self.collector.load_state_dict(collection["collector"])
+        self.collector._carrier.update(collection["collector_carrier"].to(self.device))
+        self.train_env.set_rng_state(collection["env_rng"])
+        self.distributed.set_rng_state(collection.get("rank_rng"))
         set_rng_states(state["rng"])
         self.progress_initial = {"_run_train_loop": self.state.iteration}

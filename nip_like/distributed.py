@@ -1,0 +1,283 @@
+"""Data-parallel runs under ``torchrun``: the rank context the trainers ask for shares and reductions.
+
+``torchrun --nproc_per_node=N -m nip_like ...`` starts N processes (ranks) of one
+run. :func:`current` reads torchrun's environment variables (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...) and joins the process
+group once (gloo on the CPU, NCCL for CUDA tensors); without them, or with one
+rank, it returns a context whose every method does nothing, so that a plain
+process runs exactly as before.
+
+What the trainer asks of it, at a few named points:
+
+* :meth:`Distributed.share`: each rank collects ``1/N`` of every batch (and
+  plays ``1/N`` of the evaluation and test episodes) with its own environment
+  seeds (:meth:`Distributed.seed`), inside :meth:`Distributed.rank_rng`, a
+  random stream of its own;
+* :meth:`Distributed.gather`: the laid-out rollouts and the finished episodes
+  of every rank, in rank order, on every rank; metrics are computed on them;
+* :meth:`Distributed.owns` and :meth:`Distributed.sum_gradients`: every rank
+  draws the same minibatches from the same gathered buffer, computes the loss
+  of the minibatches it owns (round robin within each gradient-accumulation
+  window) and the gradients are summed over ranks before each optimiser step,
+  which is then the same on every rank;
+* :attr:`Distributed.is_writer`: only rank 0 writes logs, transcripts,
+  checkpoints and the summary, and holds the run folder's lock.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Iterator, Sequence
+
+import torch
+from tensordict import TensorDictBase
+
+from nip_like.checkpoint import derive_seed
+from nip_like.errors import ConfigError, NipLikeError
+
+#: Seconds a rank waits for the others in one collective before it gives up
+#: (a rank that hangs), unless ``NIP_LIKE_DISTRIBUTED_TIMEOUT`` says otherwise.
+DEFAULT_TIMEOUT = 1800
+
+
+class PeerFailure(NipLikeError):
+    """Another rank stopped (it failed, and reported its own error) or stopped answering."""
+
+    def __init__(self, message: str, quiet: bool) -> None:
+        super().__init__(message)
+        #: Whether the failing rank has reported the error already (nothing to add).
+        self.quiet = quiet
+
+
+class Distributed:
+    """The rank context of a run; one rank (``world_size == 1``) does nothing.
+
+    Parameters
+    ----------
+    rank : int
+        This process's rank.
+    world_size : int
+        Number of ranks.
+    """
+
+    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._rank_rng: torch.Tensor | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this run has more than one rank."""
+        return self.world_size > 1
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this rank writes the run folder (rank 0)."""
+        return self.rank == 0
+
+    # ------------------------------------------------------------ shares, seeds
+    def share(self, total: int, what: str) -> int:
+        """This rank's share of ``total`` (a count of environments, frames or episodes).
+
+        Raises
+        ------
+        ConfigError
+            If ``total`` does not split evenly over the ranks; ``what`` names the field.
+        """
+        if total % self.world_size:
+            raise ConfigError(f"{what} ({total}) must be a multiple of the number of ranks ({self.world_size})")
+        return total // self.world_size
+
+    def seed(self, seed: int, purpose: str) -> int:
+        """The seed of ``purpose`` for this rank (:func:`~nip_like.checkpoint.derive_seed`; rank-free with one rank)."""
+        return derive_seed(seed, purpose if not self.enabled else f"{purpose}/rank{self.rank}")
+
+    @contextmanager
+    def rank_rng(self, seed: int) -> Iterator[None]:
+        """Run the block on this rank's own stream of torch's global generator.
+
+        What a rank samples alone (actions while collecting, evaluation and test
+        episodes) draws from its own stream, so that the ranks explore
+        differently while the global stream, which draws the minibatches,
+        stays the same on every rank. Nothing happens with one rank.
+
+        Parameters
+        ----------
+        seed : int
+            The run's seed (the stream starts from it, per rank).
+        """
+        if not self.enabled:
+            yield
+            return
+        if self._rank_rng is None:
+            self._rank_rng = torch.Generator().manual_seed(self.seed(seed, "rank_rng")).get_state()
+        shared = torch.get_rng_state()
+        torch.set_rng_state(self._rank_rng)
+        try:
+            yield
+        finally:
+            self._rank_rng = torch.get_rng_state()
+            torch.set_rng_state(shared)
+
+    def rng_state(self) -> torch.Tensor | None:
+        """This rank's own stream (for checkpoints)."""
+        return self._rank_rng
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Restore the stream from :meth:`rng_state`."""
+        self._rank_rng = state
+
+    # ------------------------------------------------------------ collectives
+    @contextmanager
+    def _collective(self) -> Iterator[None]:
+        try:
+            yield
+        except RuntimeError as error:  # torch.distributed's errors (DistBackendError, ...) are RuntimeErrors
+            text = str(error)
+            timed_out = "imed out" in text or "imeout" in text
+            what = "no answer from the other ranks in time" if timed_out else "another rank stopped"
+            raise PeerFailure(f"rank {self.rank}: {what} ({text.splitlines()[0][:160]})", quiet=not timed_out) from error
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.enabled:
+            with self._collective():
+                torch.distributed.barrier()
+
+    @contextmanager
+    def rank_zero_first(self) -> Iterator[None]:
+        """Run the block on rank 0, then on the others (caches that rank 0 writes, the others read)."""
+        if self.rank != 0:
+            self.barrier()
+        yield
+        if self.rank == 0:
+            self.barrier()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank (``[value]`` with one rank)."""
+        if not self.enabled:
+            return [value]
+        moved = value.to("cpu") if isinstance(value, (torch.Tensor, TensorDictBase)) else value
+        values: list[Any] = [None] * self.world_size
+        with self._collective():
+            torch.distributed.all_gather_object(values, moved)
+        return values
+
+    def gather_cat(self, data: TensorDictBase) -> TensorDictBase:
+        """Concatenate every rank's ``data`` along its first dimension, in rank order (``data`` with one rank)."""
+        if not self.enabled:
+            return data
+        return torch.cat(self.gather(data)).to(data.device)
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank."""
+        if not self.enabled:
+            return flag
+        return any(self.gather(bool(flag)))
+
+    def mean(self, metrics: dict[str, float], weight: float = 1.0) -> dict[str, float]:
+        """Average each metric over the ranks that report it, each rank counting ``weight``."""
+        if not self.enabled:
+            return metrics
+        totals: dict[str, list[float]] = {}
+        for part, part_weight in self.gather((metrics, weight)):
+            for name, value in part.items():
+                total = totals.setdefault(name, [0.0, 0.0])
+                total[0] += float(value) * part_weight
+                total[1] += part_weight
+        return {name: value / count for name, (value, count) in totals.items() if count}
+
+    def owns(self, position: int) -> bool:
+        """Whether this rank computes the ``position``-th minibatch of an accumulation window."""
+        return position % self.world_size == self.rank
+
+    def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Sum ``params``' gradients over the ranks, in place.
+
+        A parameter without a gradient on every rank keeps none (as with one
+        rank); one with a gradient on some rank gets the sum, missing ones
+        counting as zero.
+        """
+        if not self.enabled or not params:
+            return
+        device = params[0].device
+        present = torch.tensor([param.grad is not None for param in params], dtype=torch.int32, device=device)
+        with self._collective():
+            torch.distributed.all_reduce(present, op=torch.distributed.ReduceOp.MAX)
+            for param, used in zip(params, present.tolist()):
+                if not used:
+                    continue
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                torch.distributed.all_reduce(param.grad)
+
+
+def hydra_overrides(arguments: list[str]) -> list[str]:
+    """Make the ranks of a torchrun run agree on one run folder, which only rank 0 writes.
+
+    With one rank, ``arguments`` unchanged. Otherwise every rank resolves
+    ``${now:...}`` in the folder's name with rank 0's start time, and the other
+    ranks neither write ``.hydra/`` nor a job log there.
+
+    Parameters
+    ----------
+    arguments : list of str
+        The command line's Hydra arguments.
+    """
+    context = current()
+    if not context.enabled:
+        return arguments
+    import hydra.core.utils
+    from datetime import datetime
+
+    started = datetime.fromtimestamp(context.gather(datetime.now().timestamp())[0])
+
+    class _RankZeroClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:
+            return started
+
+    hydra.core.utils.datetime = _RankZeroClock  # what Hydra's ${now:...} resolver reads
+    if context.is_writer:
+        return arguments
+    return [*arguments, "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+
+
+_current: Distributed | None = None
+
+
+def current() -> Distributed:
+    """The rank context of this process; joins torchrun's process group on first use.
+
+    Without torchrun's variables, or with ``WORLD_SIZE=1``, a one-rank context
+    that does nothing. The process group's timeout is
+    ``NIP_LIKE_DISTRIBUTED_TIMEOUT`` seconds (default :data:`DEFAULT_TIMEOUT`):
+    a rank that waits longer for the others in one collective stops with an error.
+    """
+    global _current
+    if _current is not None:
+        return _current
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        _current = Distributed()
+        return _current
+    if not torch.distributed.is_initialized():
+        timeout = timedelta(seconds=float(os.environ.get("NIP_LIKE_DISTRIBUTED_TIMEOUT", DEFAULT_TIMEOUT)))
+        backend = "gloo"
+        if torch.cuda.is_available():
+            # CUDA tensors go through NCCL, CPU ones (gathered objects, CPU runs) through gloo.
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            backend = "cpu:gloo,cuda:nccl"
+        torch.distributed.init_process_group(backend, timeout=timeout)
+    _current = Distributed(torch.distributed.get_rank(), torch.distributed.get_world_size())
+    return _current
+
+
+def shutdown() -> None:
+    """Leave the process group (at the end of a command)."""
+    global _current
+    if _current is not None and _current.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    _current = None

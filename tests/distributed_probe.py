@@ -1,0 +1,41 @@
+"""Run ``python -m nip_like`` under torchrun with a probe (for tests/test_distributed.py).
+
+``torchrun ... tests/distributed_probe.py RECORD_DIR [FAIL_RANK FAIL_ITERATION] -- ARGS...``:
+rank 0 records, at each iteration, the buffer's data (the whole batch's layout, gathered from
+every rank) and torch's global generator state when the buffer is filled, to
+``RECORD_DIR/<iteration>.pt``; with ``FAIL_RANK`` and ``FAIL_ITERATION``, that rank raises a
+TrainingError when it starts that iteration (1-based).
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from nip_like.__main__ import main
+from nip_like.errors import TrainingError
+from nip_like.trainers.rl import TensorDictRlTrainer
+
+split = sys.argv.index("--")
+record_dir, *failure = sys.argv[1:split]
+sys.argv[1:] = sys.argv[split + 1:]
+fill, iterate = TensorDictRlTrainer._fill_buffer, TensorDictRlTrainer._train_iteration
+
+
+def recording_fill(self, data):
+    if self.distributed.is_writer:
+        Path(record_dir).mkdir(parents=True, exist_ok=True)
+        record = {"data": data.clone(), "rng": torch.get_rng_state()}
+        torch.save(record, Path(record_dir) / f"{self.state.iteration + 1}.pt")
+    return fill(self, data)
+
+
+def failing_iteration(self):
+    if failure and self.distributed.rank == int(failure[0]) and self.state.iteration + 1 == int(failure[1]):
+        raise TrainingError(f"probe failure on rank {self.distributed.rank} at iteration {failure[1]}")
+    return iterate(self)
+
+
+TensorDictRlTrainer._fill_buffer = recording_fill
+TensorDictRlTrainer._train_iteration = failing_iteration
+sys.exit(main())
