@@ -102,32 +102,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-#: Environment of a run from the command line (values already set are kept). Importing this module,
-#: as the tests do, leaves the environment alone.
-SCRIPT_ENVIRONMENT = {
-    # Nothing is downloaded.
-    "HF_HUB_OFFLINE": "1",
-    # TRL warns that rollout_func is experimental; the benchmark uses it on purpose.
-    "TRL_EXPERIMENTAL_SILENCE": "1",
-    # Idle OpenMP threads sleep instead of spinning. With the default policy, two torch threads on two
-    # cores that another process also uses make these tiny models about 100 times slower (a thread
-    # spins at each parallel region until the other gets a time slice). Read when torch is imported.
-    "OMP_WAIT_POLICY": "PASSIVE",
-    # The CPU memory probe starts the profiler while tensors are alive, which PyTorch warns about.
-    "TORCH_CPP_LOG_LEVEL": "ERROR",
-    # TRL's DPO shows a progress bar while it precomputes the reference log-probs.
-    "TQDM_DISABLE": "1",
-}
+# Use the nip_like of this checkout, whatever is installed, and the scripts beside this one.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "scripts")]
+
+from lm_benchmark_env import SCRIPT_ENVIRONMENT, set_script_environment  # noqa: E402
+
 if __name__ == "__main__":
-    for _name, _value in SCRIPT_ENVIRONMENT.items():
-        os.environ.setdefault(_name, _value)
+    set_script_environment()
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-
-# Use the nip_like of this checkout, whatever is installed.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 from nip_like.checkpoint import write_text_atomic  # noqa: E402
 from nip_like.lm import LMAgentConfig, LMPolicy, build_lm_policy, build_tokenizer  # noqa: E402
@@ -489,7 +474,7 @@ def measure_rollout(policy: LMPolicy, prompts: Prompts, args: argparse.Namespace
 
 # ------------------------------------------------------------------ framework updates
 def clone_policy(policy: LMPolicy) -> LMPolicy:
-    """A policy with a deep copy of ``policy``'s model and the same sampling settings."""
+    """A policy with a deep copy of ``policy``'s model (adapters included), the same sampling settings and token budget."""
     settings = policy.settings
     return LMPolicy(
         copy.deepcopy(policy.model),
@@ -498,6 +483,7 @@ def clone_policy(policy: LMPolicy) -> LMPolicy:
         temperature=settings.temperature,
         top_k=settings.top_k,
         top_p=settings.top_p,
+        max_tokens_per_micro_batch=policy.max_tokens_per_micro_batch,
     )
 
 
@@ -680,9 +666,10 @@ def quiet(trainer) -> None:
 
 
 def prompt_texts(tokenizer, prompts: Prompts) -> list[str]:
-    """The prompts as text, ``<bos>`` left out (the tokenizer puts it back)."""
-    rows = [ids[mask][1:] for ids, mask in zip(prompts.ids.cpu(), prompts.mask.cpu())]
-    return [tokenizer.decode(row) for row in rows]
+    """The prompts as text, a leading ``<bos>`` left out (the tokenizer puts it back)."""
+    rows = [ids[mask] for ids, mask in zip(prompts.ids.cpu(), prompts.mask.cpu())]
+    bos = tokenizer.bos_token_id
+    return [tokenizer.decode(row[1:] if bos is not None and int(row[0]) == bos else row) for row in rows]
 
 
 def presampled_rollout(tokenizer, batch: GroupBatch) -> Callable:
@@ -797,13 +784,30 @@ def check_trl_tokens(dataset, batch: PreferenceBatch) -> None:
 
 
 def measure_trl_dpo(
-    policy: LMPolicy, batch: PreferenceBatch, args: argparse.Namespace, after_step: Callable[[], None]
+    policy: LMPolicy,
+    batch: PreferenceBatch,
+    args: argparse.Namespace,
+    after_step: Callable[[], None],
+    pretokenized: bool = False,
 ) -> dict[str, Any]:
-    """TRL's DPOTrainer on the batch's pairs, ``after_step`` after each step; see the module docstring."""
+    """TRL's DPOTrainer on the batch's pairs, ``after_step`` after each step; see the module docstring.
+
+    With ``pretokenized``, TRL gets the token ids themselves (columns
+    ``prompt_ids``, ``chosen_ids``, ``rejected_ids``, which its collator
+    reads) instead of text to tokenize: sampled sub-word tokens do not come
+    back the same from their decoded text. Preparing the dataset happens
+    before training, outside the timed steps, either way.
+    """
     from datasets import Dataset, disable_progress_bars
     from trl import DPOConfig, DPOTrainer
 
     disable_progress_bars()
+
+    class PretokenizedDPOTrainer(DPOTrainer):
+        """DPOTrainer whose dataset already holds the token ids of prompt, chosen and rejected messages."""
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset
 
     device = policy.banned.device
     tokenizer = policy.tokenizer
@@ -813,13 +817,22 @@ def measure_trl_dpo(
     def as_text(messages: torch.Tensor, mask: torch.Tensor) -> list[str]:
         return [" " + tokenizer.decode(row[row_mask]) for row, row_mask in zip(messages.cpu(), mask.cpu())]
 
-    dataset = Dataset.from_dict(
-        {
+    def as_ids(messages: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        return [row[row_mask].tolist() for row, row_mask in zip(messages.cpu(), mask.cpu())]
+
+    if pretokenized:
+        columns = {
+            "prompt_ids": as_ids(batch.prompts.ids, batch.prompts.mask),
+            "chosen_ids": as_ids(batch.chosen, batch.chosen_mask),
+            "rejected_ids": as_ids(batch.rejected, batch.rejected_mask),
+        }
+    else:
+        columns = {
             "prompt": prompt_texts(tokenizer, batch.prompts),
             "chosen": as_text(batch.chosen, batch.chosen_mask),
             "rejected": as_text(batch.rejected, batch.rejected_mask),
         }
-    )
+    dataset = Dataset.from_dict(columns)
     with tempfile.TemporaryDirectory(prefix="nip_like_lm_benchmark_") as output_dir:
         config = DPOConfig(
             **trl_options(args, output_dir),
@@ -828,7 +841,7 @@ def measure_trl_dpo(
             precompute_ref_log_probs=True,
             max_length=None,
         )
-        trainer = DPOTrainer(
+        trainer = (PretokenizedDPOTrainer if pretokenized else DPOTrainer)(
             model=copy.deepcopy(policy.model),
             args=config,
             train_dataset=dataset,
@@ -964,8 +977,13 @@ def measure_update(
     return result
 
 
-def measure_updates(policy: LMPolicy, prompts: Prompts, args: argparse.Namespace, with_trl: bool) -> dict[str, Any]:
-    """GRPO and DPO updates of the framework and, if ``with_trl``, of TRL, all from the same initial model."""
+def measure_updates(
+    policy: LMPolicy, prompts: Prompts, args: argparse.Namespace, with_trl: bool, pretokenized: bool = False
+) -> dict[str, Any]:
+    """GRPO and DPO updates of the framework and, if ``with_trl``, of TRL, all from the same initial model.
+
+    ``pretokenized``: TRL's DPO gets token ids rather than text (see :func:`measure_trl_dpo`).
+    """
     group = make_group_batch(policy, prompts, args.group_size, args.seed + 1)
     preference = make_preference_batch(policy, prompts, args.seed + 2)
     return {
@@ -981,9 +999,36 @@ def measure_updates(policy: LMPolicy, prompts: Prompts, args: argparse.Namespace
             lambda trained: dpo_loss(trained, preference),
             real_tokens(prompts, preference.chosen_mask, preference.rejected_mask),
             args,
-            (lambda after_step: measure_trl_dpo(policy, preference, args, after_step)) if with_trl else None,
+            (lambda after_step: measure_trl_dpo(policy, preference, args, after_step, pretokenized)) if with_trl else None,
         ),
     }
+
+
+def run_quietly(
+    measure: Callable[[argparse.Namespace], dict[str, Any]], args: argparse.Namespace, *ignored: type[Warning]
+) -> dict[str, Any]:
+    """``measure(args)`` with transformers' log level at error and warnings of the ``ignored`` categories hidden.
+
+    ``FutureWarning`` is always hidden: TRL and transformers warn about
+    deprecated names that the benchmarks do not use themselves. The warning
+    filters and the log level are restored on return.
+    """
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            for category in (FutureWarning, *ignored):
+                warnings.simplefilter("ignore", category)
+            return measure(args)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def write_results(results: dict[str, Any], output: Path | None) -> None:
+    """Write ``results`` as JSON to ``output`` (atomically) and say so; nothing if ``output`` is None."""
+    if output is not None:
+        write_text_atomic(json.dumps(results, indent=2) + "\n", output)
+        print(f"results written to {output}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -992,16 +1037,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     It sets ``torch.set_num_threads(--threads)`` and leaves it so; the
     warning filters and transformers' log level are restored on return.
     """
-    args = parse_args(argv)
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            # TRL and transformers warn about deprecated names that the benchmark does not use itself.
-            warnings.simplefilter("ignore", FutureWarning)
-            return run(args)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+    return run_quietly(run, parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -1057,9 +1093,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count()},
     }
-    if args.output is not None:
-        write_text_atomic(json.dumps(results, indent=2) + "\n", args.output)
-        print(f"results written to {args.output}")
+    write_results(results, args.output)
     return results
 
 

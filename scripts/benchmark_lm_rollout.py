@@ -49,17 +49,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "scripts")]
+
+from lm_benchmark_env import set_script_environment  # noqa: E402
+
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # See benchmark_lm.py: idle OpenMP threads sleep rather than spin.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Offline; idle OpenMP threads sleep rather than spin (see lm_benchmark_env).
+    set_script_environment()
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from tensordict import TensorDictBase  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "scripts")]
 
 from benchmark_lm import generate_options, message_lengths, synchronize  # noqa: E402
 

@@ -8,31 +8,25 @@ installed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "benchmark_lm.py"
+from tests.script_modules import script_module
+
 TINY = ["-B", "4", "-P", "5", "-T", "4", "-G", "2", "--repeats", "1", "--update-steps", "1", "--warmup", "1"]
 TINY += ["--threads", "1"]  # one thread: much faster on a busy machine
 
 
 @pytest.fixture(scope="module")
 def benchmark():
-    """The script as a module (registered in sys.modules, as dataclasses need)."""
-    spec = importlib.util.spec_from_file_location("benchmark_lm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    """The script as a module."""
+    with script_module("benchmark_lm") as module:
+        yield module
 
 
 @pytest.fixture

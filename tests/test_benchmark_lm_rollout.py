@@ -6,18 +6,15 @@ consistency, not the speed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
-import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "benchmark_lm_rollout.py"
+from tests.script_modules import script_module
+
 TINY = [
     "--num-threads", "1", "--warmup", "1", "--repeats", "3",
     "scenario.num_lists=300", "trainer.num_envs=8", "trainer.frames_per_batch=32", "trainer.minibatch_size=32",
@@ -31,14 +28,8 @@ TINY = [
 @pytest.fixture(scope="module")
 def benchmark():
     """The script as a module (it imports benchmark_lm from scripts/)."""
-    spec = importlib.util.spec_from_file_location("benchmark_lm_rollout", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    threads = torch.get_num_threads()
-    yield module
-    torch.set_num_threads(threads)
-    sys.modules.pop(spec.name, None)
+    with script_module("benchmark_lm_rollout") as module:
+        yield module
 
 
 def test_rollout_against_generate(benchmark, tmp_path, capsys):

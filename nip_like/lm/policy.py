@@ -267,8 +267,14 @@ class LMPolicy(nn.Module):
 
         attention_mask = prompt_mask.long()
         next_position = attention_mask.sum(-1, keepdim=True)
+        # The prompt's pass needs the logits of its last position only (as generate's logits_to_keep=1).
+        last_logits = {"logits_to_keep": 1} if self._keeps_logits else {}
         output = self.model(
-            input_ids=prompt_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask), use_cache=True
+            input_ids=prompt_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+            use_cache=True,
+            **last_logits,
         )
         for step in range(length):
             log_probs = processed_log_probs(output.logits[:, -1], self.banned, self.settings)
