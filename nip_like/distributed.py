@@ -169,7 +169,10 @@ class Distributed:
         """Concatenate every rank's ``data`` along its first dimension, in rank order (``data`` with one rank)."""
         if not self.enabled:
             return data
-        return torch.cat(self.gather(data)).to(data.device)
+        parts = self.gather(data)
+        # An empty part (a rank whose layout found no pair) may lack keys that only items carry.
+        filled = [part for part in parts if part.batch_size[0]] or parts[:1]
+        return torch.cat(filled).to(data.device)
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on some rank."""

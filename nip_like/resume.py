@@ -17,6 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nip_like import distributed
 from nip_like.cli import EXIT_INTERRUPTED, OneLineArgumentParser, report_errors
 from nip_like.config import ExperimentConfig
 from nip_like.errors import CheckpointError, ConfigError
@@ -81,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the run started (a run reports its own interruption)
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    if config.logger.print_metrics:
+    finally:
+        distributed.shutdown()  # under torchrun (see nip_like.distributed)
+    if config.logger.print_metrics and distributed.current().is_writer:
         print(f"Final test metrics ({args.run_dir}):")
         print(format_metrics(metrics))
     return 0

@@ -99,3 +99,85 @@ def load_initial(tmp_path, overrides) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch):
     _two_ranks_against_one(tmp_path, monkeypatch, GRAPH)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", [(), ("trainer=dpo", "trainer.minibatch_size=4")], ids=["ppo", "dpo"])
+def test_two_ranks_train_language_model_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch, objective):
+    overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *objective, "trainer.optimizer.grad_accumulation_steps=2")
+    _two_ranks_against_one(tmp_path, monkeypatch, overrides)
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_the_others_with_its_one_line_error(tmp_path):
+    args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=5", f"hydra.run.dir={tmp_path / 'run'}")
+    started = time.time()
+    # Rank 1 fails as its iteration 2 starts, while rank 0 waits for it in a collective.
+    result = run(torchrun(args, script=[str(PROBE), str(tmp_path / "record"), "1", "2", "--"]), timeout=200)
+    assert result.returncode != 0
+    assert time.time() - started < 150, "the other rank must stop, not wait for the timeout"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: rank 1: probe failure on rank 1 at iteration 2"]
+    # The ranks themselves print no traceback (torchrun's own report of the failed rank follows theirs).
+    assert result.stderr.index("Traceback") > result.stderr.index(errors[0]) if "Traceback" in result.stderr else True
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _iteration_of(path: Path) -> int:
+    try:
+        return load_checked(path)["trainer"]["train_state"]["iteration"]
+    except CheckpointError:
+        return -1
+
+
+@pytest.mark.slow
+def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path):
+    args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=12", "trainer.eval.every=4", "run.checkpoint_every=1")
+    reference = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'reference'}"]))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(
+        torchrun([*args, f"hydra.run.dir={killed}"]), cwd=REPO_ROOT, env=_environment(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    checkpoint = killed / "checkpoints" / "last.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None and _iteration_of(checkpoint) < 3:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)  # torchrun and both ranks
+    process.wait()
+    assert 0 < _iteration_of(checkpoint) < 12, "the run must be killed part-way"
+    assert not (killed / "summary.json").exists()
+
+    resumed = run(torchrun([str(killed), "run.progress_bar=false"], module="nip_like.resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = json.loads((killed / "summary.json").read_text())
+    expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    assert final["test_metrics"] == expected["test_metrics"]
+    assert final["frames"] == expected["frames"] and final["resumed"]
+    for key, value in parameters(tmp_path / "reference").items():
+        assert torch.equal(parameters(killed)[key], value), key
+    for metric in ("loss/policy", "train/reward", "eval/accuracy"):
+        assert read_csv_metric(killed, metric) == read_csv_metric(tmp_path / "reference", metric)
+
+    # A checkpoint of two ranks is refused by one process, in one line.
+    alone = run([sys.executable, "-m", "nip_like.resume", str(killed)])
+    assert alone.returncode == 2 and "written by a run of 2 rank(s)" in alone.stderr
+
+
+def test_one_rank_context_does_nothing():
+    context = current()
+    assert not context.enabled and context.is_writer and context.world_size == 1
+    assert context.share(96, "trainer.frames_per_batch") == 96
+    assert context.gather({"a": 1}) == [{"a": 1}] and context.mean({"x": 2.0}) == {"x": 2.0}
+    assert context.owns(0) and context.owns(3) and context.any(True) and not context.any(False)
+    state = torch.get_rng_state()
+    with context.rank_rng(0):
+        assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_rank_share_that_does_not_divide_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^trainer.num_envs \(15\) must be a multiple of the number of ranks \(2\)$"):
+        Distributed(rank=1, world_size=2).share(15, "trainer.num_envs")
+    assert Distributed(rank=1, world_size=2).owns(1) and not Distributed(rank=1, world_size=2).owns(2)
