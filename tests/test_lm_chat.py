@@ -18,7 +18,7 @@ from nip_like.errors import ConfigError
 from nip_like.export import main as export_main
 from nip_like.lm.models import LMAgentConfig, build_lm_policy
 from nip_like.lm.policy import micro_batches
-from nip_like.scenarios.duplicates.chat_view import DuplicatesChatViewEnv, list_line, parse_reply, read_list_line
+from nip_like.scenarios.duplicates.chat_view import ChatSpeaker, DuplicatesChatViewEnv, list_line, parse_reply, read_list_line
 from tests.conftest import make_config
 from tests.lm_folders import FAMILIES, chat_model  # noqa: F401 - the fixture
 from tests.test_duplicates_scenario import RL_TRAINERS
@@ -202,6 +202,27 @@ def test_the_chat_view_renders_prompts_through_each_agents_template(chat_model, 
         assert text.startswith("<|im_start|>system\n" + scenario.system_prompt(name))
         assert text.endswith("<|im_start|>assistant\n")
         assert "list: " in text
+
+
+def test_prompts_rendered_together_are_the_template_applied_to_each(chat_model):
+    tokenizer = AutoTokenizer.from_pretrained(chat_model("qwen2"), local_files_only=True)
+    lists = [list_line([value, 5, value, 1], [True, index % 2 == 0, True, True], indexed=True) for index, value in enumerate(range(6))]
+    quotes = [[], [("prover", [7, 8])], [("prover", [7]), ("verifier", [9, 10, 11])]] * 2
+    for template in (tokenizer.chat_template, tokenizer.chat_template.replace("message['content']", "message['content'] | upper")):
+        tokenizer.chat_template = template  # the second rewrites contents: rendered prompt by prompt
+        speaker = ChatSpeaker("prover", tokenizer, "Name the pair.")
+        rendered = speaker.render_many(lists, quotes)
+        for list_text, quoted, ids in zip(lists, quotes, rendered):
+            senders = [f"{sender}: {chr(0xE000)}{index}{chr(0xE000)}" for index, (sender, _) in enumerate(quoted)]
+            chat = [{"role": "system", "content": "Name the pair."}, {"role": "user", "content": "\n".join([list_text, *senders])}]
+            text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            parts = text.split(chr(0xE000))
+            expected = tokenizer(parts[0], add_special_tokens=False)["input_ids"]
+            for index, rest in zip(parts[1::2], parts[2::2]):
+                expected += quoted[int(index)][1] + tokenizer(rest, add_special_tokens=False)["input_ids"]
+            assert ids == expected
+            assert ids == speaker.render(list_text, quoted)
+        assert ("LIST: " in tokenizer.decode(rendered[0])) == ("upper" in template)
 
 
 def test_replies_are_parsed_by_one_rule():

@@ -81,6 +81,8 @@ SYSTEM_PROMPTS = {
 #: around its index, which no tokenizer merges with the text beside it).
 _QUOTE = "\ue000{}\ue000"
 _QUOTE_PATTERN = re.compile("\ue000(\\d+)\ue000")
+#: Where the ``list:`` line goes in a chat rendered once per layout (another private-use character).
+_LIST_PLACEHOLDER = "\ue001"
 
 
 def parse_cells(text: str, length: int) -> Optional[tuple[int, int]]:
@@ -175,6 +177,7 @@ class ChatSpeaker:
         self.eos_id = int(self.tokenizer.eos_token_id)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_id
+        self._layouts: dict[tuple[str, ...], Optional[str]] = {}  # chat text around the list line per layout, None: render directly
 
     def render(self, list_text: str, quotes: Sequence[tuple[str, Sequence[int]]]) -> list[int]:
         """The prompt's token ids: the chat template over the system and user messages.
@@ -186,15 +189,52 @@ class ChatSpeaker:
         quotes : sequence of (str, sequence of int)
             Each readable reply's sender and its tokens, in the order sent.
         """
-        lines = [list_text, *(f"{sender}: {_QUOTE.format(index)}" for index, (sender, _) in enumerate(quotes))]
+        return self.render_many([list_text], [quotes])[0]
+
+    def render_many(
+        self, list_texts: Sequence[str], quotes: Sequence[Sequence[tuple[str, Sequence[int]]]]
+    ) -> list[list[int]]:
+        """:meth:`render` for many prompts at once: the same ids, with one tokenizer call for all.
+
+        The chat template is applied once per layout (the senders of the
+        quoted replies) around a placeholder for the ``list:`` line, which is
+        then substituted; the first prompt of each layout is checked against
+        the template applied to it directly, and a template for which the two
+        differ (one that rewrites message contents) is applied to every
+        prompt.
+        """
+        texts = []
+        for list_text, quoted in zip(list_texts, quotes):
+            layout = tuple(sender for sender, _ in quoted)
+            if layout not in self._layouts:
+                direct = self._template_text(list_text, layout)
+                substituted = self._template_text(_LIST_PLACEHOLDER, layout).replace(_LIST_PLACEHOLDER, list_text)
+                self._layouts[layout] = self._template_text(_LIST_PLACEHOLDER, layout) if direct == substituted else None
+            text = self._layouts[layout]
+            texts.append(self._template_text(list_text, layout) if text is None else text.replace(_LIST_PLACEHOLDER, list_text))
+        pieces = [_QUOTE_PATTERN.split(text) for text in texts]  # text, index, text, index, ..., text
+        encoded = self._encode(list(dict.fromkeys(part for split in pieces for part in split[0::2])))
+        prompts = []
+        for split, quoted in zip(pieces, quotes):
+            ids = list(encoded[split[0]])
+            for position, index in enumerate(split[1::2]):
+                ids += list(quoted[int(index)][1]) + encoded[split[2 * position + 2]]
+            prompts.append(ids)
+        return prompts
+
+    def _encode(self, texts: list[str]) -> dict[str, list[int]]:
+        """Each text's token ids without special tokens (a fast tokenizer's Rust backend in one batch)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            ids = [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+        else:
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return dict(zip(texts, ids))
+
+    def _template_text(self, list_text: str, senders: Sequence[str]) -> str:
+        lines = [list_text, *(f"{sender}: {_QUOTE.format(index)}" for index, sender in enumerate(senders))]
         chat = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": "\n".join(lines)}]
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        pieces = _QUOTE_PATTERN.split(text)  # text, index, text, index, ..., text
-        encoded = self.tokenizer(pieces[0::2], add_special_tokens=False)["input_ids"]
-        ids = list(encoded[0])
-        for position, index in enumerate(pieces[1::2]):
-            ids += list(quotes[int(index)][1]) + list(encoded[position + 1])
-        return ids
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
 class DuplicatesChatViewEnv(DuplicatesEnv):
@@ -394,14 +434,17 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         for agent, speaker in enumerate(self.chat_speakers):
             readable = self.visibility[agent].tolist()
             ids[:, agent] = speaker.pad_id
-            for episode in range(batch):
-                quotes = [
+            quotes = [
+                [
                     (self.chat_speakers[sender].name, replies[episode][round_][sender][: min(length, self.quote_tokens)])
                     for round_ in range(self.seen_rounds)
                     for sender, length in enumerate(lengths[episode][round_])
                     if length >= 0 and readable[sender]
                 ]
-                prompt = speaker.render(list_line(values[episode], visible[episode][agent], self.indexed_list), quotes)
+                for episode in range(batch)
+            ]
+            list_texts = [list_line(values[episode], visible[episode][agent], self.indexed_list) for episode in range(batch)]
+            for episode, prompt in enumerate(speaker.render_many(list_texts, quotes)):
                 if len(prompt) > width:
                     raise RuntimeError(
                         f"agent {speaker.name}'s prompt has {len(prompt)} tokens, more than the prompt width {width}: "

@@ -68,7 +68,7 @@ class DuplicatesDataConfig(ScenarioConfig):
     test_fraction: float = checked(0.2, gt=0, lt=1)  # share of lists in the held-out test split
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     verifier_view: str = checked("cells", choices=VERIFIER_VIEWS)  # cells (only revealed cells) | full (the whole list)
-    system_prompts: dict[str, str] = field(default_factory=dict)  # chat: per-role overrides of the system prompt (verifier, accept, reject)
+    system_prompts: dict[str, str] = field(default_factory=lambda: dict(SYSTEM_PROMPTS))  # chat: the system prompt of each role (verifier, accept, reject); set one with scenario.system_prompts.verifier="..."
     list_format: str = checked("plain", choices=LIST_FORMATS)  # chat: plain ("list: 3 ? 7") | indexed ("list: 0=3 1=? 2=7")
 
 
