@@ -51,9 +51,14 @@ key                                       shape            meaning
 
 from __future__ import annotations
 
+import gc
+import itertools
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
+
+import numpy as np
 
 import torch
 from tensordict import TensorDictBase
@@ -81,8 +86,50 @@ SYSTEM_PROMPTS = {
 #: around its index, which no tokenizer merges with the text beside it).
 _QUOTE = "\ue000{}\ue000"
 _QUOTE_PATTERN = re.compile("\ue000(\\d+)\ue000")
+#: Texts whose token ids a :class:`ChatSpeaker` keeps.
+ENCODED_CACHE = 200_000
 #: Where the ``list:`` line goes in a chat rendered once per layout (another private-use character).
 _LIST_PLACEHOLDER = "\ue001"
+
+
+def packed_rows(rows: Sequence[Sequence[int]], width: int, pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(len(rows), width)`` ids and mask of token rows padded with ``pad`` on the left or the right (one copy, no loop).
+
+    A row longer than ``width`` raises ``ValueError``.
+    """
+    lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    if lengths.size and int(lengths.max()) > width:
+        raise ValueError(f"a row of {int(lengths.max())} tokens does not fit in {width}")
+    ids = np.full((len(rows), width), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=bool)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    row_index = np.repeat(np.arange(len(rows)), lengths)
+    position = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    column = position + np.repeat(width - lengths, lengths) if left else position
+    ids[row_index, column], mask[row_index, column] = flat, True
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while many small lists are built (they make no cycles).
+
+    With the large heap of a process that holds torch and transformers, every
+    collection the allocations trigger walks that heap: building the prompts
+    of a few thousand episodes spent most of its time there.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def as_lists(tensor: torch.Tensor) -> list:
+    """``tensor.tolist()`` by way of numpy: the same nested lists, many times faster for a large int tensor."""
+    return tensor.detach().cpu().numpy().tolist()
 
 
 def parse_cells(text: str, length: int) -> Optional[tuple[int, int]]:
@@ -177,6 +224,7 @@ class ChatSpeaker:
         self.eos_id = int(self.tokenizer.eos_token_id)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_id
+        self._encoded: dict[str, list[int]] = {}  # ids of recent texts (see encode)
         self._layouts: dict[tuple[str, ...], Optional[str]] = {}  # chat text around the list line per layout, None: render directly
 
     def render(self, list_text: str, quotes: Sequence[tuple[str, Sequence[int]]]) -> list[int]:
@@ -213,7 +261,7 @@ class ChatSpeaker:
             text = self._layouts[layout]
             texts.append(self._template_text(list_text, layout) if text is None else text.replace(_LIST_PLACEHOLDER, list_text))
         pieces = [_QUOTE_PATTERN.split(text) for text in texts]  # text, index, text, index, ..., text
-        encoded = self._encode(list(dict.fromkeys(part for split in pieces for part in split[0::2])))
+        encoded = self.encode(part for split in pieces for part in split[0::2])
         prompts = []
         for split, quoted in zip(pieces, quotes):
             ids = list(encoded[split[0]])
@@ -222,14 +270,29 @@ class ChatSpeaker:
             prompts.append(ids)
         return prompts
 
-    def _encode(self, texts: list[str]) -> dict[str, list[int]]:
-        """Each text's token ids without special tokens (a fast tokenizer's Rust backend in one batch)."""
+    def encode(self, texts: Iterable[str]) -> dict[str, list[int]]:
+        """Each text's token ids without special tokens, by text.
+
+        Texts not seen lately go to the tokenizer in one batch (a fast
+        tokenizer's Rust backend); the ids of up to :data:`ENCODED_CACHE`
+        texts are kept, since the same list lines and replies come back turn
+        after turn.
+        """
+        texts = list(dict.fromkeys(texts))
+        new = [text for text in texts if text not in self._encoded]
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            ids = [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+        if not new:
+            fresh = {}
+        elif backend is not None:
+            fresh = {text: encoding.ids for text, encoding in zip(new, backend.encode_batch(new, add_special_tokens=False))}
         else:
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        return dict(zip(texts, ids))
+            fresh = dict(zip(new, self.tokenizer(new, add_special_tokens=False)["input_ids"]))
+        encoded = {text: fresh[text] if text in fresh else self._encoded[text] for text in texts}
+        if len(self._encoded) + len(fresh) > ENCODED_CACHE:
+            self._encoded.clear()
+        if len(fresh) <= ENCODED_CACHE:
+            self._encoded.update(fresh)
+        return encoded
 
     def _template_text(self, list_text: str, senders: Sequence[str]) -> str:
         lines = [list_text, *(f"{sender}: {_QUOTE.format(index)}" for index, sender in enumerate(senders))]
@@ -355,13 +418,13 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
 
     def reply_texts(self, action: torch.Tensor, active: torch.Tensor) -> dict[tuple[int, int], str]:
         """The text of each active reply, by ``(episode, agent)``."""
-        lengths = self.reply_lengths(action).tolist()
+        lengths, tokens = as_lists(self.reply_lengths(action)), as_lists(action)
         texts = {}
         for agent, speaker in enumerate(self.chat_speakers):
             rows = active[:, agent].nonzero().squeeze(-1).tolist()
             if not rows:
                 continue
-            replies = [action[row, agent, : lengths[row][agent]].tolist() for row in rows]
+            replies = [tokens[row][agent][: lengths[row][agent]] for row in rows]
             for row, text in zip(rows, speaker.tokenizer.batch_decode(replies, skip_special_tokens=True)):
                 texts[(row, agent)] = text
         return texts
@@ -390,20 +453,18 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
             ``(B, N, T)`` each sender's tokens (``"4 2"``, ``"4"``, ``"4 4"``,
             ``"accept"``, or nothing before the eos token) and their mask.
         """
-        batch = moves.shape[0]
-        replies = torch.zeros(batch, self.num_agents, self.reply_tokens, dtype=torch.int64)
-        mask = torch.zeros(batch, self.num_agents, self.reply_tokens, dtype=torch.bool)
         words = {self.ids["accept"]: ACCEPT, self.ids["reject"]: REJECT}
         words.update({self.ids["cell0"] + cell: str(cell) for cell in range(self.length)})
-        for agent, speaker in enumerate(self.chat_speakers):
-            texts = [" ".join(words[symbol] for symbol in row if symbol in words) for row in moves[:, agent].tolist()]
-            encoded = speaker.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            replies[:, agent] = speaker.pad_id
-            for row, ids in enumerate(encoded):
-                ids = [*ids, speaker.eos_id][: self.reply_tokens]
-                replies[row, agent, : len(ids)] = torch.tensor(ids)
-                mask[row, agent, : len(ids)] = True
-        return replies.to(self.device), mask.to(self.device)
+        replies, masks = [], []
+        with cyclic_gc_paused():
+            for agent, speaker in enumerate(self.chat_speakers):
+                texts = [" ".join(words[symbol] for symbol in row if symbol in words) for row in as_lists(moves[:, agent])]
+                encoded = speaker.encode(texts)
+                rows = [[*encoded[text], speaker.eos_id][: self.reply_tokens] for text in texts]
+                ids, mask = packed_rows(rows, self.reply_tokens, speaker.pad_id, left=False)
+                replies.append(ids)
+                masks.append(mask)
+        return torch.stack(replies, 1).to(self.device), torch.stack(masks, 1).to(self.device)
 
     def _symbol_id(self, symbol: str) -> int:
         if symbol in (ACCEPT, REJECT):
@@ -424,16 +485,18 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         return state, reward, ended
 
     def _policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        with cyclic_gc_paused():
+            return self._rendered_inputs(state)
+
+    def _rendered_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
         batch, width = state.batch_size[0], self.prompt_length
-        visible = self.visible_cells(state).tolist()
-        values = state["values"].tolist()
-        replies = state["replies"][:, : self.seen_rounds].tolist()
-        lengths = state["reply_length"][:, : self.seen_rounds].tolist()
-        ids = torch.zeros(batch, self.num_agents, width, dtype=torch.int64)
-        mask = torch.zeros(batch, self.num_agents, width, dtype=torch.bool)
+        visible = as_lists(self.visible_cells(state))
+        values = as_lists(state["values"])
+        replies = as_lists(state["replies"][:, : self.seen_rounds])
+        lengths = as_lists(state["reply_length"][:, : self.seen_rounds])
+        ids, mask = [], []
         for agent, speaker in enumerate(self.chat_speakers):
             readable = self.visibility[agent].tolist()
-            ids[:, agent] = speaker.pad_id
             quotes = [
                 [
                     (self.chat_speakers[sender].name, replies[episode][round_][sender][: min(length, self.quote_tokens)])
@@ -444,12 +507,14 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
                 for episode in range(batch)
             ]
             list_texts = [list_line(values[episode], visible[episode][agent], self.indexed_list) for episode in range(batch)]
-            for episode, prompt in enumerate(speaker.render_many(list_texts, quotes)):
-                if len(prompt) > width:
-                    raise RuntimeError(
-                        f"agent {speaker.name}'s prompt has {len(prompt)} tokens, more than the prompt width {width}: "
-                        f"raise scenario.max_prompt_tokens"
-                    )
-                ids[episode, agent, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
-                mask[episode, agent, width - len(prompt) :] = True
-        return {"prompt_ids": ids.to(self.device), "prompt_mask": mask.to(self.device)}
+            prompts = speaker.render_many(list_texts, quotes)
+            longest = max((len(prompt) for prompt in prompts), default=0)
+            if longest > width:
+                raise RuntimeError(
+                    f"agent {speaker.name}'s prompt has {longest} tokens, more than the prompt width {width}: "
+                    f"raise scenario.max_prompt_tokens"
+                )
+            agent_ids, agent_mask = packed_rows(prompts, width, speaker.pad_id, left=True)
+            ids.append(agent_ids)
+            mask.append(agent_mask)
+        return {"prompt_ids": torch.stack(ids, 1).to(self.device), "prompt_mask": torch.stack(mask, 1).to(self.device)}
