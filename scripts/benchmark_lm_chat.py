@@ -1,0 +1,504 @@
+"""Language-model agents at a realistic shape: a 30M-parameter Qwen2 chat model, ~200-token prompts, 128-token replies.
+
+``benchmark_lm.py`` and ``benchmark_lm_rollout.py`` measure the LM agents on
+tiny models with a few dozen tokens. This script measures them on what a user
+brings: a local chat-model folder, loaded only through the user path
+(``pretrained_path``). By default it is a Qwen2-architecture model of 29.8M
+parameters (hidden size 512, 8 blocks, 8 heads, MLP width 1408, tied
+embeddings) with an 8,000-token byte-level BPE vocabulary and the Qwen2 chat
+template, written once by the project's builder
+(:func:`nip_like.lm.local_models.build_chat_model_folder`, random weights) into
+a cache folder; ``--model-folder`` takes any other folder. The prompts are the
+chat view of the duplicates game (``scenario.view=chat``) with lists of 28
+cells in ``0 .. 63`` written with their indices (``list: 0=12 1=? ...``): about
+200 tokens with the default system prompts. Replies have ``T = 128`` tokens at
+most (with random weights nearly every reply uses all of them).
+
+Four parts, each a ratio measured side by side in one run (``--parts``):
+
+1. ``rollout``: the whole rollout of the chat view, i.e. TorchRL's collector
+   stepping the duplicates environment, rendering every agent's prompt through
+   its chat template and sampling with ``LMActor``, against a plain batched
+   ``generate`` on the very prompts it built
+   (:func:`benchmark_lm_rollout.run`; target: at most 1.05 times the time
+   per token). Then ``LMPolicy.sample`` alone against ``generate`` on a batch
+   of the same kind of prompts (:func:`benchmark_lm.measure_rollout`), which
+   checks that both draw the same messages.
+2. ``updates``: one GRPO and one DPO update of the framework against TRL's
+   ``GRPOTrainer`` and ``DPOTrainer`` on the same model and batch
+   (:func:`benchmark_lm.measure_updates`), with full fine-tuning and with LoRA
+   adapters (``--lora-r``, peft's default targets for Qwen2: ``q_proj`` and
+   ``v_proj``); TRL gets a copy of the same peft model, so both sides train the
+   same adapters (target: TRL takes at least as long as the framework).
+3. ``memory``: the peak memory of the framework's update with LoRA against
+   full fine-tuning (from part 2; target: at most 0.5), and with and without
+   a token budget (``--max-tokens-per-micro-batch``) as replies grow from 64
+   to 512 tokens (``--reply-lengths``; target: flat with the budget). Each
+   peak is :class:`benchmark_lm.MemoryProbe`'s: the tensor memory allocated
+   during one step over what was allocated when it began. The memory held
+   between steps (weights and optimiser state) is reported beside it.
+
+The load average (``os.getloadavg``) is recorded at the start and the end of
+each part, since the machine may be shared.
+
+Run it from the repository root (TRL is the ``bench`` extra)::
+
+    python scripts/benchmark_lm_chat.py --threads 1 --output lm_chat.json   # 23 minutes on 2 busy cores
+    python scripts/benchmark_lm_chat.py --parts memory --threads 1
+    python scripts/benchmark_lm_chat.py --model-folder models/my-qwen --lora-r 8
+    python scripts/benchmark_lm_chat.py --smoke                         # a tiny model, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "scripts")]
+
+from lm_benchmark_env import SCRIPT_ENVIRONMENT, set_script_environment  # noqa: E402
+
+if __name__ == "__main__":
+    set_script_environment()
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import benchmark_lm as bench  # noqa: E402
+import benchmark_lm_rollout as rollout_bench  # noqa: E402
+from nip_like.lm.local_models import build_chat_model_folder  # noqa: E402
+from nip_like.lm.lora import LoraOptions  # noqa: E402
+from nip_like.lm.models import LMAgentConfig, build_lm_policy  # noqa: E402
+from nip_like.lm.policy import LMPolicy  # noqa: E402
+from nip_like.scenarios.duplicates.chat_view import SYSTEM_PROMPTS, ChatSpeaker, list_line  # noqa: E402
+
+#: Model shapes ``--build`` writes (Qwen2 architecture, tied embeddings): the benchmark's and a tiny one for tests.
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen2-30m": {"vocab_size": 8000, "hidden_size": 512, "num_layers": 8, "num_heads": 8, "intermediate_size": 1408},
+    "qwen2-tiny": {"vocab_size": 1000, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+}
+#: Largest acceptable ratio of time per token, whole chat-view rollout over the plain generate loop.
+TARGET_ROLLOUT_RATIO = 1.05
+#: Largest acceptable ratio of peak update memory, LoRA over full fine-tuning.
+TARGET_LORA_MEMORY_RATIO = 0.5
+#: The parts of the benchmark, in the order they run.
+PARTS = ("rollout", "updates", "memory")
+#: The game of the whole rollout: the prover speaks, the verifier answers, one episode per environment.
+GAME_OVERRIDES = (
+    "scenario=duplicates",
+    "scenario.view=chat",
+    "scenario.list_format=indexed",
+    "protocol=nip",
+    "protocol.first_speaker=prover",
+    "protocol.max_rounds=2",
+)
+#: What ``--smoke`` sets: a tiny model and batch, one repeat of everything.
+SMOKE = {
+    "build": "qwen2-tiny",
+    "batch_size": 4,
+    "group_size": 2,
+    "new_tokens": 8,
+    "list_length": 6,
+    "num_values": 12,
+    "reply_lengths": [4, 8, 16],
+    "max_tokens_per_micro_batch": 128,
+    "lora_r": 4,
+    "rollout_repeats": 2,
+    "sample_repeats": 1,
+    "update_steps": 1,
+    "warmup": 1,
+    "threads": 1,
+}
+MIB = 2**20
+
+
+# ------------------------------------------------------------------ the model and the prompts
+def model_folder(args: argparse.Namespace) -> Path:
+    """``--model-folder``, or the cached folder of the ``--build`` shape (built by the project's builder if absent)."""
+    if args.model_folder is not None:
+        return Path(args.model_folder).expanduser()
+    folder = Path(args.cache_dir).expanduser() / f"{args.build}-seed{args.seed}"
+    if not (folder / "model.safetensors").is_file():
+        print(f"building {args.build} into {folder}", flush=True)
+        build_chat_model_folder(folder, "qwen2", seed=args.seed, **SHAPES[args.build])
+    return folder
+
+
+def load_policy(folder: Path, new_tokens: int, lora_r: int = 0, budget: int | None = None) -> LMPolicy:
+    """The policy of the model folder through the user path (``pretrained_path``), as an agent config builds it."""
+    config = LMAgentConfig(
+        pretrained_path=str(folder),
+        max_new_tokens=new_tokens,
+        value_head=False,
+        lora=LoraOptions(r=lora_r),
+        max_tokens_per_micro_batch=budget,
+    )
+    return build_lm_policy(config)
+
+
+def chat_prompts(tokenizer, args: argparse.Namespace, device: torch.device) -> bench.Prompts:
+    """``B`` prover prompts of the chat view in groups of ``G`` equal ones, left-padded.
+
+    Each group's prompt is what the chat view shows the prover at its first
+    turn (:class:`~nip_like.scenarios.duplicates.chat_view.ChatSpeaker`): the
+    tokenizer's chat template over the prover's system prompt and the
+    ``list:`` line of a random list of ``--list-length`` cells in
+    ``0 .. --num-values - 1``, written with their indices.
+    """
+    rng = random.Random(args.seed)
+    speaker = ChatSpeaker("prover", tokenizer, SYSTEM_PROMPTS["accept"])
+    rows = []
+    for _ in range(args.batch_size // args.group_size):
+        values = [rng.randrange(args.num_values) for _ in range(args.list_length)]
+        rows += [speaker.render(list_line(values, [True] * len(values), indexed=True), [])] * args.group_size
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), speaker.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = torch.tensor(row)
+        mask[index, width - len(row) :] = True
+    return bench.Prompts(ids.to(device), mask.to(device))
+
+
+def parameter_count(policy: LMPolicy) -> tuple[int, int]:
+    """All parameters of the policy's model, and those that train."""
+    parameters = list(policy.model.parameters())
+    return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
+
+
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages of the machine."""
+    return [round(value, 2) for value in os.getloadavg()]
+
+
+def timed_part(name: str, results: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> None:
+    """Run one part, storing its results with its wall time and the load average before and after."""
+    before, started = load_average(), time.perf_counter()
+    print(f"\n=== {name} (load average {before[0]:.2f})", flush=True)
+    results[name] = {**measure(), "wall_seconds": time.perf_counter() - started, "load_average": [before, load_average()]}
+
+
+# ------------------------------------------------------------------ part 1: the rollout
+def measure_whole_rollout(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The chat view's collection against the plain ``generate`` replay (see :mod:`benchmark_lm_rollout`)."""
+    overrides = [
+        *GAME_OVERRIDES,
+        f"scenario.default_agent.pretrained_path={folder}",
+        f"scenario.default_agent.max_new_tokens={args.new_tokens}",
+        f"scenario.length={args.list_length}",
+        f"scenario.num_values={args.num_values}",
+        f"scenario.num_lists={max(200, 20 * args.batch_size)}",
+        f"scenario.cache_dir={Path(args.cache_dir).expanduser() / 'datasets'}",
+        f"trainer.num_envs={args.batch_size}",
+        # One episode per environment and batch: the prover's turn, then the verifier's.
+        f"trainer.frames_per_batch={2 * args.batch_size}",
+        f"trainer.minibatch_size={2 * args.batch_size}",
+    ]
+    rollout_args = argparse.Namespace(
+        preset="none",
+        device=args.device,
+        num_threads=args.threads,
+        warmup=args.warmup,
+        repeats=args.rollout_repeats,
+        seed=args.seed,
+        overrides=overrides,
+    )
+    result = rollout_bench.run(rollout_args)
+    rollout_bench.print_result(result)
+    result.update(target_ratio=TARGET_ROLLOUT_RATIO, meets_target=result["ratio"] <= TARGET_ROLLOUT_RATIO)
+    return result
+
+
+def measure_sampling(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """``LMPolicy.sample`` against ``generate`` on one batch of chat prompts (see :func:`benchmark_lm.measure_rollout`)."""
+    policy = load_policy(folder, args.new_tokens).to(device)
+    prompts = chat_prompts(policy.tokenizer, args, device)
+    sample_args = argparse.Namespace(warmup=args.warmup, repeats=args.sample_repeats, seed=args.seed)
+    result = bench.measure_rollout(policy, prompts, sample_args)
+    bench.print_rollout(result, sample_args)
+    return result
+
+
+# ------------------------------------------------------------------ part 2: the updates
+def update_arguments(args: argparse.Namespace, new_tokens: int) -> argparse.Namespace:
+    """The options :func:`benchmark_lm.measure_updates` reads."""
+    return argparse.Namespace(
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        new_tokens=new_tokens,
+        warmup=args.warmup,
+        update_steps=args.update_steps,
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+def measure_all_updates(folder: Path, args: argparse.Namespace, device: torch.device, with_trl: bool) -> dict[str, Any]:
+    """GRPO and DPO updates, framework against TRL, with full fine-tuning and with LoRA."""
+    update_args = update_arguments(args, args.new_tokens)
+    results: dict[str, Any] = {}
+    for name, lora_r in (("full", 0), ("lora", args.lora_r)):
+        policy = load_policy(folder, args.new_tokens, lora_r).to(device)
+        total, trained = parameter_count(policy)
+        print(f"\n{name}: {trained:,} of {total:,} parameters train", flush=True)
+        prompts = chat_prompts(policy.tokenizer, args, device)
+        updates = bench.measure_updates(policy, prompts, update_args, with_trl, pretokenized=True)
+        bench.print_updates(updates, update_args)
+        results[name] = {"trained_parameters": trained, "updates": updates}
+    return results
+
+
+# ------------------------------------------------------------------ part 3: memory
+def held_bytes(update: bench.FrameworkUpdate) -> int:
+    """Tensor memory held between steps: the model's parameters and buffers and the optimiser's state."""
+    model = update.policy.model
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [value for state in update.optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def truncated(batch: bench.GroupBatch, length: int) -> bench.GroupBatch:
+    """The batch with every message cut to its first ``length`` tokens (a sample of the shorter length)."""
+    return bench.GroupBatch(
+        batch.prompts,
+        batch.tokens[:, :length],
+        batch.token_mask[:, :length],
+        batch.sample_log_probs[:, :length],
+        batch.rewards,
+        batch.advantages,
+        batch.group_size,
+    )
+
+
+def probe_update(policy: LMPolicy, batch: bench.GroupBatch, steps: int) -> dict[str, Any]:
+    """``steps`` timed GRPO steps of a copy of ``policy``, then one probed step: times, peak and held memory."""
+    update = bench.FrameworkUpdate(bench.clone_policy(policy), lambda trained: bench.grpo_loss(trained, batch))
+    device = policy.banned.device
+    seconds = [bench.timed_call(update.step, device)[0] for _ in range(steps)]
+    peak = bench.probed_step(update)
+    return {"seconds": seconds, "median_seconds": statistics.median(seconds), "peak_bytes": peak,
+            "held_bytes": held_bytes(update)}
+
+
+def measure_memory(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Peak memory of a GRPO update with LoRA, with and without the token budget, as replies grow.
+
+    The messages are sampled once at the longest reply length and cut to
+    each shorter one. Each configuration makes one timed step (the first,
+    which also creates the adapters' small optimiser state) and one probed
+    step. With the budget, the policy scores rows in micro-batches of at most
+    ``--max-tokens-per-micro-batch`` padded tokens, recomputing each one's
+    activations in the backward pass.
+    """
+    longest = max(args.reply_lengths)
+    policy = load_policy(folder, longest, args.lora_r).to(device)
+    prompts = chat_prompts(policy.tokenizer, args, device)
+    batch = bench.make_group_batch(policy, prompts, args.group_size, args.seed + 3)
+    rows = []
+    print(f"{'reply tokens':>12} {'budget':>7} {'step s':>8} {'peak MiB':>9} {'held MiB':>9}")
+    for length in args.reply_lengths:
+        for budget in (None, args.max_tokens_per_micro_batch):
+            policy.max_tokens_per_micro_batch = budget
+            row = {"reply_tokens": length, "budget": budget, **probe_update(policy, truncated(batch, length), 1)}
+            rows.append(row)
+            print(f"{length:>12} {budget or '-':>7} {row['median_seconds']:>8.2f} {row['peak_bytes'] / MIB:>9.1f} "
+                  f"{row['held_bytes'] / MIB:>9.1f}", flush=True)
+    growth = {}
+    for budget in (None, args.max_tokens_per_micro_batch):
+        peaks = [row["peak_bytes"] for row in rows if row["budget"] == budget]
+        growth["with_budget" if budget else "without_budget"] = peaks[-1] / peaks[0]
+    for name, value in growth.items():
+        print(f"peak at {longest} reply tokens over peak at {min(args.reply_lengths)}, {name.replace('_', ' ')}: "
+              f"{value:.2f}")
+    return {"rows": rows, "growth": growth, "lora_r": args.lora_r, "budget": args.max_tokens_per_micro_batch}
+
+
+def held_between_steps(base_parameters: int, trained_parameters: int, lora: bool) -> int:
+    """Bytes of float32 weights (the base model's, plus the adapters with LoRA) and AdamW's two moments."""
+    weights = base_parameters + (trained_parameters if lora else 0)
+    return 4 * (weights + 2 * trained_parameters)
+
+
+def lora_memory_ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Memory of an update with LoRA over full fine-tuning, per objective, from the updates part.
+
+    ``nip_like`` and ``trl``: the ratio of the step's peaks (each
+    :class:`benchmark_lm.MemoryProbe`'s, over what was allocated when the step
+    began). ``nip_like_with_held``: the same with the memory held between
+    steps added on each side (:func:`held_between_steps`), i.e. the peak of
+    all the tensor memory of training.
+    """
+    updates, base = results["updates"], results["model"]["parameters"]
+    held = {name: held_between_steps(base, updates[name]["trained_parameters"], name == "lora") for name in ("full", "lora")}
+    ratios: dict[str, Any] = {}
+    for objective in ("GRPO", "DPO"):
+        full, lora = updates["full"]["updates"][objective], updates["lora"]["updates"][objective]
+        peaks = {"full": full["nip_like"]["peak_bytes"], "lora": lora["nip_like"]["peak_bytes"]}
+        row = {
+            "nip_like": peaks["lora"] / peaks["full"],
+            "nip_like_with_held": (peaks["lora"] + held["lora"]) / (peaks["full"] + held["full"]),
+            "held_bytes": held,
+        }
+        if "trl" in full:
+            row["trl"] = lora["trl"]["peak_bytes"] / full["trl"]["peak_bytes"]
+        ratios[objective] = row
+    return ratios
+
+
+# ------------------------------------------------------------------ the summary
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """The ratios the benchmark reports, with their targets."""
+    figures: dict[str, Any] = {}
+    if "rollout" in results:
+        whole = results["rollout"]["whole"]
+        figures["rollout_ratio"] = {"value": whole["ratio"], "target": f"<= {TARGET_ROLLOUT_RATIO}",
+                                    "met": whole["meets_target"]}
+        figures["sample_ratio"] = {"value": results["rollout"]["sample"]["ratio"],
+                                   "same_messages": results["rollout"]["sample"]["same_messages"]}
+    if "updates" in results:
+        for name in ("full", "lora"):
+            for objective, sides in results["updates"][name]["updates"].items():
+                if "trl_over_nip_like" in sides:
+                    ratio = sides["trl_over_nip_like"]
+                    figures[f"trl_over_nip_like_{objective}_{name}"] = {"value": ratio, "target": ">= 1",
+                                                                        "met": ratio >= 1}
+        for objective, row in results["updates"]["lora_memory"].items():
+            for key in ("nip_like", "nip_like_with_held"):
+                figures[f"lora_over_full_memory_{objective}" + key[len("nip_like"):]] = {
+                    "value": row[key], "target": f"<= {TARGET_LORA_MEMORY_RATIO}",
+                    "met": row[key] <= TARGET_LORA_MEMORY_RATIO,
+                }
+    if "memory" in results:
+        for name, value in results["memory"]["growth"].items():
+            figures[f"memory_growth_{name}"] = {"value": value}
+    return figures
+
+
+def print_summary(figures: dict[str, Any]) -> None:
+    """One line per reported ratio."""
+    print("\nSummary")
+    for name, figure in figures.items():
+        value = figure["value"]
+        verdict = "" if "met" not in figure else f"  target {figure['target']}: {'met' if figure['met'] else 'MISSED'}"
+        print(f"  {name:<36} {value:.3f}{verdict}")
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (``--smoke`` replaces the defaults of the sizes by tiny ones)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-folder", type=Path, default=None, help="a chat-model folder (default: build --build)")
+    parser.add_argument("--build", choices=sorted(SHAPES), default="qwen2-30m", help="shape built when no folder")
+    parser.add_argument("--cache-dir", default="~/.cache/nip_like/benchmark", help="where built folders are kept")
+    parser.add_argument("-B", "--batch-size", type=int, default=8, help="prompts per batch and environments (8)")
+    parser.add_argument("-G", "--group-size", type=int, default=4, help="equal prompts per GRPO group (4)")
+    parser.add_argument("-T", "--new-tokens", type=int, default=128, help="longest reply, in tokens (128)")
+    parser.add_argument("--list-length", type=int, default=28, help="cells of a list; sets the prompt length (28)")
+    parser.add_argument("--num-values", type=int, default=64, help="values are 0 .. this - 1 (64)")
+    parser.add_argument("--lora-r", type=int, default=16, help="rank of the LoRA adapters (16)")
+    parser.add_argument("--reply-lengths", type=int, nargs="+", default=[64, 128, 256, 512],
+                        help="reply lengths of the memory part (64 128 256 512)")
+    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=1024,
+                        help="token budget of the memory part (1024; at least prompt + longest reply)")
+    parser.add_argument("--rollout-repeats", type=int, default=4, help="timed rounds of the whole rollout (4)")
+    parser.add_argument("--sample-repeats", type=int, default=3, help="timed sample/generate calls per side (3)")
+    parser.add_argument("--update-steps", type=int, default=3, help="timed update steps per side (3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed batches, calls or steps first (1)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (2)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model, prompts and samples")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (all)")
+    parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's updates")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repeat (for tests)")
+    parser.add_argument("--output", "--json", type=Path, default=None, help="also write the results as JSON here")
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--smoke" in argv:
+        parser.set_defaults(**SMOKE)
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "new_tokens", "list_length", "lora_r", "rollout_repeats", "sample_repeats",
+                 "update_steps", "warmup", "threads", "max_tokens_per_micro_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.group_size < 2 or args.batch_size % args.group_size:
+        parser.error("--group-size must be at least 2 and divide --batch-size")
+    if args.list_length > args.num_values:
+        parser.error("--list-length must be at most --num-values (lists without a duplicate must exist)")
+    if min(args.reply_lengths) < 1:
+        parser.error("--reply-lengths must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The measurements of :func:`main`."""
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    version = None if args.skip_trl else bench.trl_version()
+    folder = model_folder(args)
+    policy = load_policy(folder, args.new_tokens)
+    prompts = chat_prompts(policy.tokenizer, args, torch.device("cpu"))
+    lengths = prompts.mask.sum(-1)
+    model = {"folder": str(folder), "model_type": policy.model.config.model_type,
+             "parameters": parameter_count(policy)[0], "vocabulary": len(policy.tokenizer),
+             "prompt_tokens": [int(lengths.min()), int(lengths.max())]}
+    del policy
+    print(f"{model['model_type']} from {folder}: {model['parameters']:,} parameters, vocabulary {model['vocabulary']}; "
+          f"B={args.batch_size} (groups of {args.group_size}), prompts of {model['prompt_tokens'][0]} to "
+          f"{model['prompt_tokens'][1]} tokens, replies of at most {args.new_tokens}; {device}, "
+          f"{args.threads} threads; load average {load_average()}", flush=True)
+    if version is None and not args.skip_trl:
+        print("TRL is not installed (pip install -e '.[bench]'): its updates are left out")
+
+    results: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                               "model": model}
+    if "rollout" in args.parts:
+        timed_part("rollout", results, lambda: {"whole": measure_whole_rollout(folder, args),
+                                                "sample": measure_sampling(folder, args, device)})
+    if "updates" in args.parts:
+        timed_part("updates", results, lambda: measure_all_updates(folder, args, device, version is not None))
+        results["updates"]["lora_memory"] = lora_memory_ratios(results)
+    if "memory" in args.parts:
+        timed_part("memory", results, lambda: measure_memory(folder, args, device))
+    results["summary"] = summary(results)
+    print_summary(results["summary"])
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"\nprocess peak resident memory (getrusage): {peak_rss / MIB:.0f} MiB; load average {load_average()}")
+    results.update(
+        threads=torch.get_num_threads(),
+        peak_rss_bytes=peak_rss,
+        memory_method="torch.cuda.max_memory_allocated" if device.type == "cuda" else "torch.profiler memory events",
+        environment={name: os.environ.get(name) for name in SCRIPT_ENVIRONMENT},
+        versions={"python": platform.python_version(), "torch": torch.__version__,
+                  "transformers": transformers.__version__, "trl": version},
+        machine={"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                 "cpus": os.cpu_count()},
+    )
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print the tables; return (and optionally write) the results.
+
+    It sets ``torch.set_num_threads(--threads)`` and leaves it so; the
+    warning filters and transformers' log level are restored on return.
+    """
+    args = parse_args(argv)
+    # peft and transformers warn (UserWarning) about settings of the random model folder, once per load.
+    results = bench.run_quietly(run, args, UserWarning)
+    bench.write_results(results, args.output)
+    return results
+
+
+if __name__ == "__main__":
+    main()
