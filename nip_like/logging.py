@@ -116,10 +116,13 @@ class MetricLogger:
         for path in self.csv_dir.rglob("*.csv"):
             dropped = path.relative_to(self.csv_dir).parts[0] in drop
             with open(path, newline="") as handle:
-                rows = [row for row in csv.reader(handle) if row and int(float(row[0])) <= step and not dropped]
+                every_row = [row for row in csv.reader(handle) if row]
+            rows = [row for row in every_row if int(float(row[0])) <= step and not dropped]
+            if rows == every_row:
+                continue  # nothing to drop: the file stays as it is, byte for byte
             temporary = path.with_suffix(".csv.tmp")
             with open(temporary, "w", newline="") as handle:
-                csv.writer(handle).writerows(rows)
+                csv.writer(handle, lineterminator="\n").writerows(rows)  # the line ending of the CSV logger
             os.replace(temporary, path)
 
     def close(self) -> None:
