@@ -187,7 +187,8 @@ def create_model_folder(config: TextModelConfig, folder: Path, tokenizer) -> Pat
     )
     model, tokenizer = build_lm(sizes, tokenizer)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    with quiet_progress():  # an error later in the run stays one line on stderr
+        model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
