@@ -63,7 +63,9 @@ def preflight(config: DictConfig) -> None:
     The config's names, types and ranges, the device, the trainer's objective,
     and what the scenario can check of its inputs without loading them
     (:meth:`~nip_like.scenarios.base.Scenario.preflight`: model folders, their
-    tokenizers and chat templates, sizes against a model's context). The CLI
+    tokenizers and chat templates, sizes against a model's context), then what
+    the trainer can check (:meth:`~nip_like.trainers.base.Trainer.preflight`:
+    a text model's server answers). The CLI
     calls it before Hydra makes the run folder, so that a refused command
     leaves nothing behind; :func:`build_trainer` calls it again.
 
@@ -76,7 +78,11 @@ def preflight(config: DictConfig) -> None:
     check_known_keys(config)
     check_config_values(config)
     _check_device(config.run.device)
-    build_scenario(config).preflight()
+    scenario = build_scenario(config)
+    scenario.preflight()
+    trainer_class = TRAINERS.get(config.trainer.trainer_type)
+    if isinstance(trainer_class, type) and issubclass(trainer_class, Trainer):
+        trainer_class.preflight(config, scenario)
 
 
 def check_objective(config: DictConfig) -> None:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from transformers import AutoModelForCausalLM
 
 from nip_like.cli import report_errors
 from tests.conftest import run_cli
+from tests.fake_servers import fake_server, refusing_url
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 from tests.test_bad_inputs import _hashes, _run_command, existing_run  # noqa: F401 - the fixture
 
@@ -29,8 +32,15 @@ GAME = (
 )
 CHAT = f"{GAME} scenario.view=chat scenario.default_agent.pretrained_path={{qwen2}}"
 TEXT = "scenario=duplicates_chat protocol=nip trainer=expert_iteration scenario.num_lists=60"
+#: Text agents behind a server ({refusing}, {error_500}, ...: fake servers on 127.0.0.1), failing fast.
+SERVED = (
+    f"{TEXT} scenario.default_model.backend=openai scenario.default_model.max_retries=1 "
+    "scenario.default_model.retry_backoff=0.01 scenario.default_model.timeout=0.3"
+)
+#: How the preflight's message on a server that does not answer begins.
+NO_ANSWER = "scenario.default_model: text-model server {url} (GET /models) failed after 2 tries (timeout 0.3 s): "
 
-#: (overrides with {folder} placeholders, a fragment of the one-line error).
+#: (overrides with {folder} and {server} placeholders, a fragment of the one-line error, with the same placeholders).
 CASES = [
     # model folders
     (f"{CHAT} scenario.default_agent.pretrained_path={{missing}}", "does not exist"),
@@ -77,7 +87,34 @@ CASES = [
     (f"{TEXT} scenario.default_model.path={{missing}}", "does not exist"),
     (f"{TEXT} scenario.default_model.path={{no_template}}", "has no chat_template, which text models need"),
     (f"{TEXT} scenario.default_model.path={{no_tokenizer}}", "scenario.default_model.path: "),
+    # text agents behind a server: the preflight asks it, with the model's retries and timeout
+    (f"{SERVED} scenario.default_model.base_url={{refusing}}", NO_ANSWER.format(url="{refusing}") + "APIConnectionError"),
+    (f"{SERVED} scenario.default_model.base_url={{error_500}}", NO_ANSWER.format(url="{error_500}") + "HTTP 500"),
+    (f"{SERVED} scenario.default_model.base_url={{malformed}}", NO_ANSWER.format(url="{malformed}") + "malformed JSON answer"),
+    (f"{SERVED} scenario.default_model.base_url={{hang}}", NO_ANSWER.format(url="{hang}") + "APITimeoutError: Request timed out."),
+    (f"{SERVED} scenario.default_model.base_url={{unauthorized}}", "text-model server {unauthorized} refused GET /models: HTTP 401"),
+    (
+        f"{TEXT} +scenario.models.verifier.backend=openai +scenario.models.verifier.base_url={{error_500}} "
+        "+scenario.models.verifier.max_retries=0",
+        "scenario.models.verifier: text-model server {error_500} (GET /models) failed after 1 try (timeout 60 s): HTTP 500",
+    ),
+    (SERVED, "scenario.default_model: backend openai needs the server's URL: set base_url or the OPENAI_BASE_URL"),
+    (f"{SERVED} scenario.default_model.base_url=ftp://127.0.0.1/v1", "scenario.default_model.base_url must be an http:// or https:// URL"),
+    (f"{SERVED} scenario.default_model.max_retries=-1", "scenario.default_model.max_retries must be >= 0"),
+    (f"{SERVED} scenario.default_model.timeout=0", "scenario.default_model.timeout must be > 0"),
+    (f"{SERVED} scenario.default_model.retry_backoff=0", "scenario.default_model.retry_backoff must be > 0"),
+    (f"{SERVED} scenario.default_model.max_concurrency=0", "scenario.default_model.max_concurrency must be >= 1"),
+    (f"{TEXT} scenario.default_model.top_p=0", "scenario.default_model.top_p must be in (0, 1]"),
+    (f"{TEXT} scenario.default_model.batch_size=0", "scenario.default_model.batch_size must be >= 1"),
 ]
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, str]]:
+    """The API roots of fake servers that fail in each way, by behaviour, and of one that refuses connections."""
+    with ExitStack() as stack:
+        failing = ("error_500", "malformed", "hang", "unauthorized")
+        yield {"refusing": refusing_url(), **{name: stack.enter_context(fake_server(name)).url for name in failing}}
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +160,13 @@ def test_there_are_at_least_twenty_five_cases():
 
 @pytest.mark.parametrize("overrides, fragment", CASES, ids=[overrides.rsplit(" ", 1)[-1] for overrides, _ in CASES])
 def test_bad_lm_or_text_input_is_one_line_exit_2_and_loses_nothing(
-    existing_run, folders, capsys, tmp_path, overrides, fragment  # noqa: F811 - fixtures
+    existing_run, folders, servers, capsys, tmp_path, monkeypatch, overrides, fragment  # noqa: F811 - fixtures
 ):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     before = _hashes(existing_run)
-    args = overrides.format(**{name: str(path) for name, path in folders.items()}).split()
+    names = {**{name: str(path) for name, path in folders.items()}, **servers}
+    fragment = fragment.format(**names)
+    args = overrides.format(**names).split()
     args.append(f"scenario.cache_dir={tmp_path / 'cache'}")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info, report_errors():

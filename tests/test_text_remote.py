@@ -21,6 +21,7 @@ from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 from nip_like.text.models import LocalTextModel, Sampling, TextModelConfig, create_model_folder
 from nip_like.text.remote import OpenAIChatModel
 from nip_like.text.tokenizer import build_chat_tokenizer
+from tests.fake_servers import fake_server
 
 pytest.importorskip("fastapi", reason="transformers serve needs the serving extra (installed by the dev extra)")
 
@@ -131,11 +132,13 @@ TEXT_RUN = (
 @pytest.mark.slow
 def test_a_run_samples_through_the_server_and_resumes_after_it_went_away(server, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    # No server at first: the warm start (scripted play, a local job) runs, then sampling stops the run.
-    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{free_port()}/v1")
+    # At first a server that answers the preflight but fails every chat: the warm start (scripted play, a
+    # local job) runs, then sampling stops the run.
     config = compose_config([*TEXT_RUN, "scenario.default_model.max_retries=1", "scenario.default_model.retry_backoff=0.01"])
-    with pytest.raises(ModelServerError, match="failed after 2 tries"):
-        run_experiment(config, run_dir)
+    with fake_server("chat_500") as failing:
+        monkeypatch.setenv("OPENAI_BASE_URL", failing.url)
+        with pytest.raises(ModelServerError, match="failed after 2 tries"):
+            run_experiment(config, run_dir)
     state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
     assert state["iteration"] == 0 and state["stage"] == "sample_rollouts"
     assert state["groups"]["verifier"]["model"].endswith("warm-verifier")

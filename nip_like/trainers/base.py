@@ -145,6 +145,23 @@ class Trainer(ABC):
         #: The data split the test loop plays (``python -m nip_like.evaluate --split`` changes it).
         self.test_split = "test"
 
+    @classmethod
+    def preflight(cls, config: DictConfig, scenario: Scenario) -> None:
+        """Refuse, in one line, what this trainer needs of its inputs and can check before any work (nothing by default).
+
+        Called by :func:`nip_like.experiment.preflight` after the scenario's
+        own :meth:`~nip_like.scenarios.base.Scenario.preflight`, before the run
+        folder is made: keep it cheap (no data, no weights). The text trainers
+        check that their model servers answer.
+
+        Parameters
+        ----------
+        config : DictConfig
+            The whole experiment config.
+        scenario : Scenario
+            The scenario, built but with no data loaded.
+        """
+
     @property
     def checkpoint_dir(self) -> Path:
         """Folder of ``last.pt`` (latest state) and ``best.pt`` (best evaluation)."""

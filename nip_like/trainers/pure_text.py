@@ -43,6 +43,7 @@ from nip_like.scenarios.decisions import decision_metrics
 from nip_like.text.fine_tune import FineTuneSpec
 from nip_like.text.jobs import FineTuneBackend, LocalFineTuneBackend
 from nip_like.text.models import Sampling, TextModel, build_text_model, create_model_folder
+from nip_like.text.remote import BASE_URL_ENV, check_text_model_server
 from nip_like.text.rollouts import load_rollouts, play_episodes, rollout_records, save_rollouts
 from nip_like.text.tokenizer import build_chat_tokenizer
 from nip_like.trainers.base import IterationContext, Trainer, attach_progress_bar
@@ -140,6 +141,28 @@ class PureTextRlTrainer(Trainer):
             self.state.stage = STAGES[0]
         self._models: dict[str, tuple[str, TextModel]] = {}
         self.final_metrics: dict[str, float] = {}
+
+    @classmethod
+    def preflight(cls, config, scenario) -> None:
+        """Refuse, in one line, a model group's server (``backend: openai``) that does not answer.
+
+        Each server is asked once (``GET <base_url>/models``) with the
+        group's timeout and retries
+        (:func:`~nip_like.text.remote.check_text_model_server`).
+        """
+        if not hasattr(scenario, "group_names"):
+            return  # __init__ refuses a scenario without text agents
+        checked_urls: set[str | None] = set()
+        for group in scenario.group_names():
+            model = scenario.model_config(group)
+            if model.backend != "openai":
+                continue
+            url = model.base_url or os.environ.get(BASE_URL_ENV)
+            if url in checked_urls:
+                continue
+            checked_urls.add(url)
+            where = f"scenario.models.{group}" if group in scenario.config.models else "scenario.default_model"
+            check_text_model_server(model, where)
 
     #: Each iteration plays every list as a tree branching this many ways per round (see
     #: :func:`~nip_like.text.rollouts.play_episodes`); 1 plays plain episodes.
