@@ -68,6 +68,20 @@ CASES = [
     (f"{GAME} scenario.default_agent.max_new_tokens=1000000", "is not below the context"),
     (f"{CHAT} scenario.default_agent.dtype=float16", "scenario.default_agent.dtype must be one of"),
     (f"{CHAT} scenario.default_agent.vocab_size=10", "scenario.default_agent.vocab_size must be >= 300"),
+    # memory: a lower bound of the weights, KV cache and logits against what the device has (terabytes here)
+    (
+        f"{GAME} scenario.default_agent.max_new_tokens=2000 trainer.test_batch_episodes=1000000",
+        "KV cache 1907.3 GiB of 1000000 sequences of 2000 tokens), but",
+    ),
+    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=100000000000", "lower scenario.default_agent.max_tokens_per_micro_batch"),
+    (
+        f"{GAME} scenario.view=chat scenario.default_agent.vocab_size=10000000000",
+        "cannot fit in memory: it needs at least 11920.9 GiB (weights of the agents 4768.4 GiB",
+    ),
+    (
+        f"{GAME} +scenario.agents.verifier.max_new_tokens=2000 trainer.test_batch_episodes=1000000",
+        "lower scenario.agents.verifier.max_new_tokens (2000) or trainer.num_envs / trainer.test_batch_episodes",
+    ),
     # sampling
     (f"{CHAT} scenario.default_agent.temperature=0", "scenario.default_agent.temperature must be > 0"),
     (f"{CHAT} scenario.default_agent.top_p=1.5", "scenario.default_agent.top_p must be in (0, 1]"),

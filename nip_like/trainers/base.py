@@ -11,6 +11,7 @@ anything runs.
 from __future__ import annotations
 
 import functools
+import os
 from abc import ABC, abstractmethod
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -245,6 +246,28 @@ class TensorDictTrainer(Trainer, ABC):
     Train and test loops run inside an :class:`~contextlib.ExitStack` filled by
     :meth:`_build_train_context` and :meth:`_build_test_context`.
     """
+
+    @classmethod
+    def preflight(cls, config: DictConfig, scenario: Scenario) -> None:
+        """Refuse LM agents whose memory clearly cannot fit the run's device (:func:`~nip_like.lm.memory.check_lm_memory`).
+
+        The agents are those of a scenario with language-model agents (one
+        that has ``agent_configs``); other scenarios have nothing to check.
+        """
+        agent_configs = getattr(scenario, "agent_configs", None)
+        if agent_configs is None:
+            return
+        from nip_like.lm.memory import check_lm_memory
+
+        chat_view = bool(getattr(scenario, "chat_view", False))
+        agents = {}
+        for name, agent in agent_configs().items():
+            where = f"scenario.agents.{name}" if name in config.scenario.get("agents", {}) else "scenario.default_agent"
+            agents[name] = (where, agent, int(agent.vocab_size) if chat_view else 0)
+        trainer = config.trainer
+        world_size = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # torchrun splits the batch over the ranks
+        batch = max(int(trainer.get("num_envs", 1)) // world_size, int(trainer.get("test_batch_episodes", 1)) // world_size, 1)
+        check_lm_memory(agents, batch, int(trainer.get("minibatch_size", 1)), str(config.run.device))
 
     def trainable_modules(self) -> list[nn.Module]:
         """Modules switched between train and eval mode by the contexts."""

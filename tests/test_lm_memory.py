@@ -1,0 +1,62 @@
+"""The memory preflight of LM agents (:mod:`nip_like.lm.memory`): a lower bound, refused only when clearly too large."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nip_like.lm.memory as memory
+from nip_like.errors import ConfigError
+from nip_like.lm.memory import GIB, ModelShape, available_memory, check_lm_memory, shape_of_folder
+from nip_like.lm.models import LMAgentConfig
+from tests.lm_folders import chat_model  # noqa: F401 - the fixture
+
+SHAPE = ModelShape(num_layers=2, hidden_size=64, num_kv_heads=4, head_dim=16, intermediate_size=128, vocab_size=0)
+
+
+def agents(**settings) -> dict:
+    return {"prover": ("scenario.default_agent", LMAgentConfig(**settings), 0)}
+
+
+def test_the_kv_cache_is_keys_and_values_of_every_layer_head_and_token():
+    # 2 (k, v) x 2 layers x 4 heads x 16 dims x 10 sequences x 100 tokens x 4 bytes
+    assert SHAPE.kv_cache_bytes(10, 100, 4) == 2 * 2 * 4 * 16 * 10 * 100 * 4
+
+
+def test_a_batch_is_refused_just_above_the_memory_and_passes_just_below(monkeypatch):
+    needed = SHAPE.kv_cache_bytes(1000, 500, 4) + SHAPE.parameters * 4
+    monkeypatch.setattr(memory, "available_memory", lambda device: (needed, "a test budget"))
+    check_lm_memory(agents(max_new_tokens=500), 1000, 8, "cpu")
+    with pytest.raises(ConfigError) as error:
+        check_lm_memory(agents(max_new_tokens=501), 1000, 8, "cpu")
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("scenario.default_agent: agent prover cannot fit in memory")
+    assert "KV cache" in message and "(a test budget)" in message and "lower scenario.default_agent.max_new_tokens (501)" in message
+
+
+def test_the_logits_of_a_scoring_pass_count_with_the_token_budget(monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda device: (GIB, "a test budget"))
+    vocab = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6), 50_000)}
+    with pytest.raises(ConfigError, match=r"logits of a scoring pass 558\.8 GiB.*lower scenario\.default_agent\.max_tokens_per_micro_batch"):
+        check_lm_memory(vocab, 4, 8, "cpu")
+
+
+def test_unknown_memory_checks_nothing(monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda device: None)
+    check_lm_memory(agents(max_new_tokens=10**6), 10**6, 8, "cpu")
+
+
+def test_the_cpu_figure_is_memavailable():
+    free, source = available_memory("cpu")
+    assert free > 0 and "MemAvailable" in source
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_figure_is_the_free_memory():
+    free, source = available_memory("cuda")
+    assert 0 < free <= torch.cuda.get_device_properties(0).total_memory and "free on cuda" in source
+
+
+def test_a_folders_shape_is_read_from_its_config(chat_model):
+    shape = shape_of_folder(chat_model("qwen2"))
+    assert shape.num_layers >= 1 and shape.head_dim * shape.num_kv_heads <= shape.hidden_size and shape.vocab_size > 0
