@@ -23,6 +23,7 @@ from nip_like.errors import ConfigError, ModelServerError
 from nip_like.experiment import run_experiment
 from nip_like.text.models import Sampling, TextModelConfig
 from nip_like.text.remote import OpenAIChatModel, check_text_model_server
+from tests.conftest import run_cli
 from tests.fake_servers import fake_server, refusing_url
 from nip_like.trainers.pure_text import PureTextRlTrainer
 from tests.test_bad_inputs import _hashes
@@ -184,3 +185,23 @@ def test_a_server_failing_mid_run_stops_it_in_one_line_keeps_its_files_and_resum
     assert "test/accuracy" in metrics
     rollouts = "rollouts/iteration_0000.jsonl"
     assert _hashes(run_dir)[rollouts] == before[rollouts]
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_a_server_that_does_not_answer_before_it_makes_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    with fake_server("error_500") as server:
+        result = run_cli(
+            [
+                "preset=none", "scenario=duplicates_chat", "protocol=nip", "trainer=expert_iteration", "scenario.num_lists=60",
+                "scenario.default_model.backend=openai", f"scenario.default_model.base_url={server.url}",
+                "scenario.default_model.max_retries=2", "scenario.default_model.retry_backoff=0.01",
+                f"scenario.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}",
+            ]
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        f"error: scenario.default_model: text-model server {server.url} (GET /models) failed after 3 tries (timeout 60 s): HTTP 500"
+    ), result.stderr
+    assert server.kinds() == ["models"] * 3 and not run_dir.exists()

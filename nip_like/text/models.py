@@ -54,9 +54,9 @@ class TextModelConfig:
     model: Optional[str] = None  # openai: the served model's name; null sends the current model's folder (transformers serve loads it)
     api_key_env: str = "OPENAI_API_KEY"  # openai: environment variable holding the key (a local server needs none)
     max_concurrency: int = checked(8, ge=1)  # openai: requests in flight at once
-    max_retries: int = checked(3, ge=0)  # openai: retries of a request that failed to connect, timed out or met a 429/5xx
+    max_retries: int = checked(3, ge=0)  # openai: retries of a request (and of the preflight's GET /models) that failed to connect, timed out, met a 429/5xx or got malformed JSON; then one error line
     retry_backoff: float = checked(0.5, gt=0)  # openai: seconds before the first retry, doubled each time
-    timeout: float = checked(60.0, gt=0)  # openai: seconds before a request counts as failed
+    timeout: float = checked(60.0, gt=0)  # openai: seconds a request may wait for the server before it counts as failed
 
 
 @dataclass(frozen=True)
