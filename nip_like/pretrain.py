@@ -160,6 +160,25 @@ def held_out_accuracy(scenario, agents: AgentModules, agent: str, data: TensorDi
     return (predicted == data.get(TARGET_KEY)).float().mean().item()
 
 
+def without_deferred_adapters(value: Any) -> Any:
+    """``value`` with every ``lora`` entry left out that cannot change a warm start, recursively.
+
+    Adapters that are off (``r: 0``) or added after the warm start
+    (``warm_start: full``) leave the warm-started weights as they are without
+    them, so a LoRA run and a full fine-tuning run of the same agents share
+    their warm start.
+    """
+    if isinstance(value, dict):
+        return {
+            key: without_deferred_adapters(item)
+            for key, item in value.items()
+            if not (key == "lora" and isinstance(item, dict) and (not item.get("r") or item.get("warm_start") == "full"))
+        }
+    if isinstance(value, list):
+        return [without_deferred_adapters(item) for item in value]
+    return value
+
+
 def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any]:
     """Everything that determines a pretrained agent (hashed into its cache file name).
 
@@ -169,7 +188,7 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
     """
     return {
         "data_version": getattr(scenario, "pretrain_data_version", None),
-        "scenario": without_locations(OmegaConf.to_container(config.scenario, resolve=True)),
+        "scenario": without_deferred_adapters(without_locations(OmegaConf.to_container(config.scenario, resolve=True))),
         "protocol": without_locations(OmegaConf.to_container(config.protocol, resolve=True)),
         "pretrain": {
             **{

@@ -312,6 +312,16 @@ def test_keep_best_pretraining_reports_the_held_out_accuracy_of_the_kept_weights
     assert again.pretrain_metrics["pretrain/verifier/val_accuracy"] == kept
 
 
+def test_adapters_added_after_the_warm_start_share_it_with_full_fine_tuning(tmp_path):
+    from nip_like.pretrain import pretrain_key
+
+    full = lm_smoke_config(tmp_path)
+    later = lm_smoke_config(tmp_path, "scenario.default_agent.lora.r=8", "scenario.default_agent.lora.warm_start=full")
+    during = lm_smoke_config(tmp_path, "scenario.default_agent.lora.r=8")
+    assert pretrain_key(later, "prover") == pretrain_key(full, "prover")
+    assert pretrain_key(during, "prover") != pretrain_key(full, "prover")  # the warm start then trains the adapters
+
+
 def test_per_agent_pretraining_learning_rates_are_checked_and_keep_other_agents_cached(tmp_path):
     from nip_like.pretrain import pretrain_key
 
