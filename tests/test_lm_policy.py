@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TemperatureLogitsW
 from nip_like.errors import ConfigError
 from nip_like.lm import LMAgentConfig, LMPolicy, build_lm, build_lm_policy, build_tokenizer, load_agent, save_agent
 from nip_like.lm.sampling import SamplingSettings, processed_log_probs
-from nip_like.lm.policy import position_ids
+from nip_like.lm.policy import position_ids, trim_left_padding, trim_padding_columns
 from nip_like.lm.tokenizer import SPECIAL_TOKENS
 
 ALPHABET = ["a", "b", "c", "d", "0", "1"]
@@ -341,6 +341,28 @@ def test_left_padding_and_batching_do_not_change_the_log_probs(tokenizer, archit
             alone_ids, alone_mask, out["tokens"][row : row + 1, :n], out["token_mask"][row : row + 1, :n]
         )
         assert (alone[0] - batched[row, :n]).abs().max() < 1e-5
+
+
+def test_empty_slots_inside_and_after_prompts_are_trimmed_without_changing_the_scores(tokenizer, monkeypatch):
+    """A fixed layout with empty slots (the token view's prompts) is scored over its real columns and its last one."""
+    policy = make_policy(tokenizer, value_head=True)
+    ids, mask = prompts(tokenizer, ["a b c d", "1 0", "0 0 1"])
+    # Two empty slots inside every row, three at the end: 5 columns are padding everywhere.
+    ids = torch.cat([ids[:, :2], torch.full((3, 2), PAD), ids[:, 2:], torch.full((3, 3), PAD)], dim=-1)
+    mask = torch.cat([mask[:, :2], torch.zeros(3, 2, dtype=torch.bool), mask[:, 2:], torch.zeros(3, 3, dtype=torch.bool)], dim=-1)
+    trimmed_ids, trimmed_mask = trim_padding_columns(ids, mask)
+    assert trimmed_ids.shape[1] == mask.any(0).sum() + 1  # the last column stays: it predicts the first token
+    kept = mask.any(0)
+    kept[-1] = True
+    assert torch.equal(trimmed_ids, ids[:, kept]) and torch.equal(trimmed_mask, mask[:, kept])
+    out = policy.sample(ids, mask, torch.Generator().manual_seed(5))
+    args = (ids, mask, out["tokens"], out["token_mask"])
+    scores = policy.evaluate(*args)
+    monkeypatch.setattr("nip_like.lm.policy.trim_padding_columns", trim_left_padding)  # the full width, as before
+    untrimmed = policy.evaluate(*args)
+    for name in ("token_log_probs", "entropy", "value"):
+        assert torch.allclose(scores[name], untrimmed[name], atol=1e-6), name
+    assert torch.allclose(scores["token_log_probs"], out["token_log_probs"], atol=1e-5)
 
 
 def test_gradients_flow_through_log_probs_and_entropy(tokenizer):

@@ -71,6 +71,27 @@ def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     return ids[:, first:], mask[:, first:]
 
 
+def trim_padding_columns(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop every column of ``(B, P)`` prompts that is padding in every row, but the last column.
+
+    Besides the leading padding of left-padded prompts (:func:`trim_left_padding`),
+    this drops the empty slots inside or at the end of fixed layouts (the
+    token view's prompts: a prover that speaks first has 8 empty slots of 26).
+    Positions are counted over real tokens and padding is never attended to,
+    so the outputs at the remaining columns do not change (the teacher-forced
+    scores come out bitwise equal on CPU); the pass gets shorter. The last
+    column stays even where it is padding everywhere: its output predicts the
+    message's first token.
+    """
+    keep = mask.any(0)
+    if not bool(keep.any()):
+        return ids, mask
+    keep[-1] = True
+    if bool(keep.all()):
+        return ids, mask
+    return ids[:, keep], mask[:, keep]
+
+
 def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int]) -> list[torch.Tensor]:
     """Rows in groups whose padded size stays within a token budget, sorted by length.
 
@@ -403,7 +424,7 @@ class LMPolicy(nn.Module):
         if with_value and self.value_head is None:
             raise RuntimeError("this policy has no value head (value_head=False)")
         self._check_prompts(prompt_ids, prompt_mask)
-        prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
+        prompt_ids, prompt_mask = trim_padding_columns(prompt_ids, prompt_mask)
         lengths = prompt_mask.sum(-1) + token_mask.sum(-1)
         groups = micro_batches(lengths, prompt_ids.shape[1] + tokens.shape[1], self.max_tokens_per_micro_batch)
         if len(groups) == 1:
@@ -415,7 +436,7 @@ class LMPolicy(nn.Module):
         # at a time, while the loss still sees every row: the gradient equals the one-pass gradient.
         parts = []
         for rows in groups:
-            group = trim_left_padding(prompt_ids[rows], prompt_mask[rows])
+            group = trim_padding_columns(prompt_ids[rows], prompt_mask[rows])
             width = int(token_mask[rows].sum(-1).max())
             inputs = (*group, tokens[rows, :width], token_mask[rows, :width])
             self._scored_tokens[0] += int(lengths[rows].sum())
