@@ -251,6 +251,8 @@ class Fit:
     state: Optional[dict]
     train_accuracy: float
     val_accuracy: Optional[float]
+    fit_seconds: float = 0.0
+    held_out_seconds: float = 0.0
 
 
 def _fit(
@@ -271,19 +273,24 @@ def _fit(
     seed = int(config.seed) if restart == 0 else derive_seed(int(config.seed), f"pretrain/{agent}/order/{restart}")
     generator = torch.Generator().manual_seed(seed)
     best: Optional[Fit] = None
-    accuracy = 0.0
+    accuracy, fit_seconds, held_out_seconds = 0.0, 0.0, 0.0
     for _ in _epochs(config, agent):
+        started = time.perf_counter()
         _, accuracy, _ = fit_epoch(
             scenario, agents, agent, train, optimizer, options.minibatch_size, generator,
             options.max_grad_norm, scheduler,
         )
+        fit_seconds += time.perf_counter() - started
         if held_out is not None:
+            started = time.perf_counter()
             score = held_out_accuracy(scenario, agents, agent, held_out)
             if best is None or score > best.score:
                 best = Fit(score, copy.deepcopy(network.state_dict()), accuracy, score)
-    if best is not None:
-        return best
-    return Fit(accuracy, None, accuracy, None)
+            held_out_seconds += time.perf_counter() - started
+    if best is None:
+        best = Fit(accuracy, None, accuracy, None)
+    best.fit_seconds, best.held_out_seconds = fit_seconds, held_out_seconds
+    return best
 
 
 def fresh_weights(scenario, agent: str, seed: int) -> dict:
@@ -324,7 +331,11 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     -------
     dict
         ``pretrain/<agent>/train_accuracy`` and ``pretrain/<agent>/from_cache`` per agent, and
-        ``timers/pretrain``: the seconds the warm start took (making the data, fitting, or loading).
+        ``timers/pretrain``: the seconds the warm start took (making the data, fitting, or loading);
+        for a warm start made in this run, also the seconds of its parts: ``timers/pretrain/data``
+        (the demonstrations or labels of both splits), ``timers/pretrain/<agent>/fit`` (the
+        optimiser's epochs) and ``timers/pretrain/<agent>/held_out`` (scoring every epoch on the
+        validation split for ``keep_best``).
     """
     started = time.perf_counter()
     options = config.trainer.pretrain
@@ -360,11 +371,13 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 warnings.warn(f"rebuilding the pretrained {agent}: {error}", stacklevel=2)
                 cached = None
         if cached is None:
+            data_started = time.perf_counter()
             if loaded["train"] is None:
                 loaded["train"] = split_data(scenario, "train", int(config.seed), device)
             train = agent_data(scenario, loaded["train"], agent, "trainer.pretrain.agents")
             if options.keep_best and loaded["val"] is None:
                 loaded["val"] = split_data(scenario, "val", int(config.seed), device)
+            metrics["timers/pretrain/data"] = metrics.get("timers/pretrain/data", 0.0) + time.perf_counter() - data_started
             held_out = agent_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
             restarts = int(options.restarts)
             kept, chosen, scores = None, 0, []
@@ -373,6 +386,10 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                     seed = derive_seed(int(config.seed), f"pretrain/{agent}/{restart}")
                     network.load_state_dict(fresh_weights(scenario, agent, seed))
                 fit = _fit(config, scenario, agents, agent, train, held_out, restart)
+                metrics[f"timers/pretrain/{agent}/fit"] = metrics.get(f"timers/pretrain/{agent}/fit", 0.0) + fit.fit_seconds
+                metrics[f"timers/pretrain/{agent}/held_out"] = (
+                    metrics.get(f"timers/pretrain/{agent}/held_out", 0.0) + fit.held_out_seconds
+                )
                 scores.append(fit.score)
                 if kept is None or fit.score > kept.score:
                     if fit.state is None and restart < restarts - 1:  # the next restart overwrites the network
