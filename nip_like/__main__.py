@@ -27,7 +27,7 @@ from nip_like.cli import (
     check_group_options,
     report_errors,
     report_job_errors,
-    select_user_objective,
+    select_user_components,
 )
 from nip_like.config import register_configs
 from nip_like.errors import ConfigError
@@ -69,9 +69,9 @@ def main() -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         with report_errors():
-            # A trainer in the user's file registers its objective's schema when imported: before composing.
+            # A trainer, scenario or protocol in the user's file registers its schema when imported: before composing.
             check_group_options(sys.argv[1:])
-            sys.argv[1:] = select_user_objective(sys.argv[1:])
+            sys.argv[1:] = select_user_components(sys.argv[1:])
             sys.argv[1:] = distributed.hydra_overrides(sys.argv[1:])
             _run()
     except KeyboardInterrupt:  # before or after the run (a run reports its own interruption)

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Iterator, NoReturn, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.experimental.callback import Callback
@@ -19,6 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nip_like.errors import ConfigError, NipLikeError, RunInterrupted, SweepJobError
+
+if TYPE_CHECKING:
+    from nip_like.registry import Registry
 
 #: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
 #: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
@@ -78,25 +81,50 @@ def run_dataset_command(path: Path, load: Callable[[], T], summarise: Callable[[
     return 0
 
 
+def _config_dir_flags(arguments: list[str]) -> tuple[list[Path], list[str]]:
+    """The folders of the ``--config-dir`` (``-cd``) flags of a command line, and the other arguments."""
+    folders: list[Path] = []
+    rest: list[str] = []
+    items = iter(arguments)
+    for item in items:
+        if item in ("--config-dir", "-cd"):
+            folder = next(items, None)
+            if folder is not None:
+                folders.append(Path(folder))
+        elif item.startswith("--config-dir="):
+            folders.append(Path(item.split("=", 1)[1]))
+        else:
+            rest.append(item)
+    return folders, rest
+
+
+def _search_path_entries(arguments: list[str]) -> list[str]:
+    """The entries of a ``hydra.searchpath=[...]`` override of a command line (``file://...``, ``pkg://...``)."""
+    entries: list[str] = []
+    for item in arguments:
+        if item.lstrip("+").startswith("hydra.searchpath="):
+            entries += [entry.strip().strip("'\"") for entry in item.split("=", 1)[1].strip("[]").split(",")]
+    return [entry for entry in entries if entry]
+
+
 def _config_dirs(arguments: list[str]) -> list[Path] | None:
     """The config folders a command line composes from: the package's, ``--config-dir`` and file search paths.
 
     ``None`` when a search path is not a plain folder (a ``pkg://`` entry): its
     options cannot be listed here.
     """
-    folders = [CONFIG_DIR]
-    for index, item in enumerate(arguments):
-        if item in ("--config-dir", "-cd") and index + 1 < len(arguments):
-            folders.append(Path(arguments[index + 1]))
-        elif item.startswith("--config-dir="):
-            folders.append(Path(item.split("=", 1)[1]))
-        elif item.lstrip("+").startswith("hydra.searchpath="):
-            for entry in item.split("=", 1)[1].strip("[]").split(","):
-                entry = entry.strip().strip("'\"")
-                if not entry.startswith("file://"):
-                    return None
-                folders.append(Path(entry[len("file://"):]))
+    flagged, rest = _config_dir_flags(arguments)
+    folders = [CONFIG_DIR, *flagged]
+    for entry in _search_path_entries(rest):
+        if not entry.startswith("file://"):
+            return None
+        folders.append(Path(entry[len("file://"):]))
     return folders
+
+
+def _is_dotted(value: str) -> bool:
+    """Whether an override's value names a class by dotted path (one value, not a sweep or an interpolation)."""
+    return "." in value and not any(mark in value for mark in ",${}[]'\"")
 
 
 def check_group_options(arguments: list[str]) -> None:
@@ -105,76 +133,163 @@ def check_group_options(arguments: list[str]) -> None:
     The options are the YAML files of the group in the package's config folder
     and in any ``--config-dir`` or ``hydra.searchpath`` folder of the command
     line. Hydra's own message would also list the schema nodes the registries
-    store (``nip_schema``, ...), which are not options to choose.
+    store (``nip_schema``, ...), which are not options to choose. A dotted
+    path chosen in a group whose choice may name a class (``scenario=my_module.MyScenario``)
+    is left to :func:`select_user_components`.
 
     Raises
     ------
     ConfigError
         Naming the group, the option and the options there are.
     """
+    from nip_like.registry import REGISTRIES
+
     folders = _config_dirs(arguments)
     if folders is None:
         return
+    class_groups = {registry.config_group: registry for registry in REGISTRIES.values() if registry.group_names_class}
     for item in arguments:
         key, sep, value = item.partition("=")
         group = key.lstrip("+")
         if not sep or "." in group or key.startswith(("~", "-")) or "," in value or value == "null":
             continue
-        groups = [folder / group for folder in folders if (folder / group).is_dir()]
-        if not groups:
+        if group in class_groups and _is_dotted(value):
             continue
-        options = sorted({path.stem for folder in groups for path in folder.glob("*.yaml") if not path.stem.startswith("_")})
-        if value not in options:
-            raise ConfigError(f"unknown {group} {value!r}; choose one of {options}")
+        options = _group_options(group, folders)
+        if options and value not in options:
+            own = f" or {class_groups[group].own_class_hint()}" if group in class_groups else ""
+            raise ConfigError(f"unknown {group} {value!r}; choose one of {options}{own}")
 
 
-def select_user_objective(overrides: list[str]) -> list[str]:
-    """Import a trainer named by dotted path, and select its objective's options if it registered some.
+def _group_options(group: str, folders: list[Path]) -> list[str]:
+    """The options of config group ``group``: the names of its YAML files in ``folders``, sorted."""
+    return sorted(
+        {
+            path.stem
+            for folder in folders
+            if (folder / group).is_dir()
+            for path in (folder / group).glob("*.yaml")
+            if not path.stem.startswith("_")
+        }
+    )
 
-    ``trainer.trainer_type=my_module.MyTrainer`` names a class in the user's
-    own file. If that class registers itself with an objective schema
-    (``@register_trainer("mine", objective=MyConfig)``), importing it before
-    the config is composed puts the schema in Hydra's ConfigStore, and this
-    adds ``trainer/objective=mine`` (unless the overrides already choose
-    ``trainer/objective``), so that ``trainer.objective`` holds its options.
+
+def select_user_components(arguments: list[str]) -> list[str]:
+    """Import the classes of the user's own named by dotted path, and select their options.
+
+    A component class in the user's own file is named by its dotted path:
+    ``trainer.trainer_type=my_module.MyTrainer``, ``scenario=my_module.MyScenario``
+    (or ``scenario.name=...``), ``protocol=my_module.MyProtocol`` (or
+    ``protocol.name=...``). Importing the module before the config is
+    composed lets it register its options schema
+    (``@register_scenario("mine", MyConfig)``) in Hydra's ConfigStore. Then
+    the component's options group (``trainer/objective``, ``scenario``,
+    ``protocol``) is set to the options registered for the class, unless the
+    overrides choose that group otherwise: the YAML file named after the
+    registered name if a config folder of the command line holds one
+    (``scenario/mine.yaml`` under ``--config-dir``), else the schema node
+    (``mine_schema``). A class that registers nothing takes the options of
+    its nearest registered base class (a subclass of the duplicates scenario:
+    ``scenario=duplicates``). The class key (``scenario.name``) keeps the
+    dotted path, as ``trainer.trainer_type`` does, so a run's saved config
+    names the class, importable again on resume.
 
     Parameters
     ----------
-    overrides : list of str
-        Hydra overrides.
+    arguments : list of str
+        Hydra overrides (command-line flags such as ``--config-dir`` are kept).
 
     Returns
     -------
     list of str
-        The overrides, with ``trainer/objective=<name>`` added when it applies.
+        The overrides, with the dotted group choices replaced and the options selected.
+
+    Raises
+    ------
+    ConfigError
+        If a dotted path does not import, names no class of the component's
+        base class, or names one that has no registered options where the
+        group choice needs them.
     """
-    from nip_like.registry import TRAINERS
+    from nip_like.registry import REGISTRIES
 
-    chosen = any(item.split("=", 1)[0].lstrip("+~") == "trainer/objective" for item in overrides)
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key.lstrip("+") == "trainer.trainer_type" and "." in value and "," not in value:
-            entry = TRAINERS.entry(value)
-            if entry.schema is not None and entry.name in TRAINERS.names() and not chosen:
-                return [*overrides, f"trainer/objective={entry.name}"]
-    return list(overrides)
+    overrides = list(arguments)
+    folders = _config_dirs(overrides) or [CONFIG_DIR]
+    for registry in REGISTRIES.values():
+        overrides = _select_user_component(registry, overrides, folders)
+    return overrides
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
+def _select_user_component(registry: Registry, overrides: list[str], folders: list[Path]) -> list[str]:
+    """:func:`select_user_components` for the components of one registry.
+
+    The overrides it adds take the place of the one that names the class, so
+    that they stay among the overrides, before any flag (``--cfg job``).
+    """
+    group, class_key = registry.config_group, registry.class_key
+    naming_keys = {class_key, group} if registry.group_names_class else {class_key}
+    found = [
+        (index, value)
+        for index, (key, sep, value) in enumerate(item.partition("=") for item in overrides)
+        if sep and key.lstrip("+") in naming_keys and _is_dotted(value)
+    ]
+    if not found:
+        return list(overrides)
+    index, dotted = found[-1]
+    entry = registry.registered_entry(registry.entry(dotted).cls)
+    rest = [item for number, item in enumerate(overrides) if number != index]
+    keys = [item.partition("=")[0].lstrip("+~") for item in rest]
+    added = [f"{class_key}={dotted}"] if class_key not in keys else []
+    if group not in keys:
+        if entry is not None and entry.schema is not None:
+            options = _group_options(group, folders)
+            added.insert(0, f"{group}={entry.name if entry.name in options else registry.node_name(entry.name)}")
+        elif registry.group_names_class:
+            raise ConfigError(
+                f"{registry.kind} {dotted!r} has no options schema: register it with "
+                f"@register_{registry.kind}(\"<name>\", <Schema>) or subclass a registered {registry.kind} "
+                f"(one of {registry.names()})"
+            )
+    return [*rest[:index], *added, *rest[index:]]
+
+
+def compose_config(overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:
     """Compose the experiment config from ``configs/`` with ``overrides``, as ``python -m nip_like`` would.
 
-    For scripts and notebooks: no run folder is made and nothing runs.
+    For scripts and notebooks: no run folder is made and nothing runs. As on
+    the command line, a class of your own named by dotted path
+    (``scenario=my_module.MyScenario``, ``trainer.trainer_type=...``) is
+    imported first (:func:`select_user_components`), and a config folder of
+    your own adds options to the groups (``scenario/mine.yaml``).
 
     Parameters
     ----------
     overrides : list of str
-        Hydra overrides (``key=value``, ``group=option``).
+        Hydra overrides (``key=value``, ``group=option``); a command line's
+        ``--config-dir <folder>`` (``-cd``) flags are taken as ``config_dir``.
+    config_dir : str or Path, optional
+        A config folder searched after the package's, like ``--config-dir``.
+
+    Raises
+    ------
+    ConfigError
+        If a config folder does not exist, or an option or class is unknown.
     """
     from nip_like.config import register_configs
 
+    folders, overrides = _config_dir_flags(list(overrides))
+    folders += [Path(config_dir)] if config_dir is not None else []
+    for folder in folders:
+        if not folder.is_dir():
+            raise ConfigError(f"config folder {str(folder)!r} not found (--config-dir)")
+    if folders:
+        # Hydra's compose API has no --config-dir: its folders join the search path instead.
+        entries = [*_search_path_entries(overrides), *(f"file://{folder.resolve()}" for folder in folders)]
+        overrides = [item for item in overrides if not item.lstrip("+").startswith("hydra.searchpath=")]
+        overrides.append("hydra.searchpath=[" + ",".join(f"'{entry}'" for entry in entries) + "]")
     register_configs()
-    check_group_options(list(overrides))
-    overrides = select_user_objective(list(overrides))
+    check_group_options(overrides)
+    overrides = select_user_components(overrides)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=overrides)
 

@@ -72,16 +72,34 @@ class Registry(Generic[T]):
     config_group : str
         The Hydra config group the schemas are stored in (``"protocol"``,
         ``"trainer/objective"``).
+    base : str
+        The dotted path of the class every component subclasses
+        (``nip_like.scenarios.base.Scenario``); a class named by dotted path
+        must subclass it. Imported when first needed.
+    class_key : str, optional
+        The config key that names the component's class (``scenario.name``,
+        ``trainer.trainer_type``); by default ``<config_group>.name``, and then
+        the group's choice may name the class too (``scenario=my_module.MyScenario``).
     node_suffix : str
         Appended to a name to make its ConfigStore node's name; the YAML file of
         the same name extends that node (``nip.yaml`` starts from
         ``nip_schema``). Empty when no YAML file shares the group.
     """
 
-    def __init__(self, kind: str, package: str, config_group: str, node_suffix: str = "_schema") -> None:
+    def __init__(
+        self,
+        kind: str,
+        package: str,
+        config_group: str,
+        base: str,
+        class_key: str | None = None,
+        node_suffix: str = "_schema",
+    ) -> None:
         self.kind = kind
         self.package = package
         self.config_group = config_group
+        self.base = base
+        self.class_key = class_key or f"{config_group.replace('/', '.')}.name"
         self.node_suffix = node_suffix
         self._entries: dict[str, Entry] = {}
         self._builtins_loaded = False
@@ -153,14 +171,57 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         if "." in name:
-            cls = _import_dotted(name, self.kind)
+            cls = _import_dotted(name, self.kind, self.choices)
+            base = _import_dotted(self.base, self.kind, self.choices)
+            if not issubclass(cls, base):
+                raise ConfigError(f"{self.kind} {name!r} is not a subclass of {base.__name__}; {self.choices()}")
             for entry in self._entries.values():
                 if entry.cls is cls:
                     return entry
             return Entry(name, cls, getattr(cls, SCHEMA_ATTRIBUTE, None))
-        raise ConfigError(
-            f"unknown {self.kind} {name!r}; choose one of {self.names()} or give a dotted path such as my_module.MyClass"
+        raise ConfigError(f"unknown {self.kind} {name!r}; {self.choices()}")
+
+    @property
+    def group_names_class(self) -> bool:
+        """Whether the config group's choice may name the class by dotted path (``scenario=my_module.MyScenario``)."""
+        return self.class_key == f"{self.config_group}.name"
+
+    def own_class_hint(self) -> str:
+        """How to name a component class of your own, for error messages."""
+        base = self.base.rpartition(".")[2]
+        return f"give the dotted path of a {base} subclass of your own, such as my_module.My{base}"
+
+    def choices(self) -> str:
+        """What a component may be named by, for error messages: the registered names or a dotted path."""
+        return (
+            f"choose one of {self.names()} or {self.own_class_hint()} "
+            "(its module importable: in the current folder or on PYTHONPATH)"
         )
+
+    def registered_entry(self, cls: type) -> Entry | None:
+        """The entry of ``cls``, or of its nearest registered base class whose options it takes.
+
+        A subclass of a registered component that registers nothing itself
+        inherits its parent's schema; its options are the parent's, stored
+        under the parent's name.
+
+        Parameters
+        ----------
+        cls : type
+            The component class.
+
+        Returns
+        -------
+        Entry or None
+            ``None`` if neither the class nor a base class with the same schema is registered.
+        """
+        self.load_builtins()
+        schema = getattr(cls, SCHEMA_ATTRIBUTE, None)
+        for ancestor in cls.__mro__:
+            for entry in self._entries.values():
+                if entry.cls is ancestor and entry.schema is schema:
+                    return entry
+        return None
 
     def get(self, name: str) -> T:
         """Return the class registered as ``name`` or found at that dotted path (see :meth:`entry`)."""
@@ -232,7 +293,17 @@ def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
     ConfigError
         Naming the unknown key, the badly typed field, or the value its field
         does not allow (:func:`nip_like.allowed.check_values`).
+
+    Notes
+    -----
+    An entry typed by another schema is checked by its values: a section
+    composed from a built-in schema (``DuplicatesConfig``) is checked against
+    a subclass of it that a user's component registers, which OmegaConf would
+    refuse to merge as "not a subclass".
     """
+    given = OmegaConf.get_type(value) if isinstance(value, DictConfig) else None
+    if given is not None and given is not dict and not issubclass(given, schema):
+        value = OmegaConf.to_container(value)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), value)
     except Exception as error:  # OmegaConf raises several error types
@@ -242,24 +313,32 @@ def typed_entry(schema: type, value: Any, where: str) -> DictConfig:
     return merged
 
 
-def _import_dotted(path: str, kind: str) -> type:
+def _import_dotted(path: str, kind: str, choices: Callable[[], str]) -> type:
+    """Import the class at dotted path ``path``; if there is none, a one-line error ending in ``choices()``."""
     module_name, _, attribute = path.rpartition(".")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"cannot import {kind} {path!r}: {error}") from error
+        raise ConfigError(f"cannot import {kind} {path!r}: {error}; {choices()}") from error
     cls = getattr(module, attribute, None)
     if not isinstance(cls, type):
-        raise ConfigError(f"{kind} {path!r}: module {module_name!r} has no class {attribute!r}")
+        raise ConfigError(f"{kind} {path!r}: module {module_name!r} has no class {attribute!r}; {choices()}")
     return cls
 
 
 #: Trainers; a trainer's schema is that of its objective's options (``trainer.objective``).
-TRAINERS: Registry = Registry("trainer", "nip_like.trainers", "trainer/objective", node_suffix="")
+TRAINERS: Registry = Registry(
+    "trainer",
+    "nip_like.trainers",
+    "trainer/objective",
+    base="nip_like.trainers.base.Trainer",
+    class_key="trainer.trainer_type",
+    node_suffix="",
+)
 #: Interaction protocols (``protocol``).
-PROTOCOLS: Registry = Registry("protocol", "nip_like.protocols", "protocol")
+PROTOCOLS: Registry = Registry("protocol", "nip_like.protocols", "protocol", base="nip_like.protocols.base.Protocol")
 #: Scenarios (``scenario``).
-SCENARIOS: Registry = Registry("scenario", "nip_like.scenarios", "scenario")
+SCENARIOS: Registry = Registry("scenario", "nip_like.scenarios", "scenario", base="nip_like.scenarios.base.Scenario")
 
 #: Every table, for ConfigStore filling and the docs.
 REGISTRIES: dict[str, Registry] = {registry.kind: registry for registry in (TRAINERS, PROTOCOLS, SCENARIOS)}
