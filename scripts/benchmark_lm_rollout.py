@@ -20,7 +20,7 @@ side also reports how much of its time was spent in ``LMPolicy.sample`` (the
 rest is the environment, the prompts and the collector).
 
 The run is built by :func:`nip_like.experiment.build_trainer` from the preset
-(default ``lm_quick``: 64 environments, 512 frames per batch, a 96x3 prover
+(default ``lm_long``: 64 environments, 512 frames per batch, a 96x3 prover
 and a 64x2 verifier, messages of at most 3 tokens) without its warm start
 (randomly initialised agents; the throughput does not depend on the weights
 beyond the message lengths, which are counted), with evaluation, logging and
@@ -31,7 +31,7 @@ uses the previous round's batch).
 
 Run it from the repository root::
 
-    python scripts/benchmark_lm_rollout.py                              # lm_quick, about a minute on 2 cores
+    python scripts/benchmark_lm_rollout.py                              # lm_long, about a minute on 2 cores
     python scripts/benchmark_lm_rollout.py --repeats 2 --warmup 1 scenario.num_lists=2000   # smoke
     python scripts/benchmark_lm_rollout.py --output rollout.json --device cuda
 """
@@ -156,7 +156,7 @@ def median_per_token(seconds: list[float], tokens: list[int]) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; anything else is a Hydra override of the run's config."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="lm_quick", help="the run's preset (default: lm_quick)")
+    parser.add_argument("--preset", default="lm_long", help="the run's preset (default: lm_long)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--num-threads", type=int, default=2, help="torch CPU threads (default: 2)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches first (default: 2)")

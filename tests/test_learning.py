@@ -70,29 +70,12 @@ def test_main_job_verifier_decides_graph_isomorphism_with_the_prover(tmp_path):
     assert metrics["test/agents/prover/faithful_answers"] >= 0.8, metrics
 
 
-#: The lm_quick recipe shortened for CI: lists of 4 values in 0..7, small models, few iterations.
-LM_SHORT = (
-    "preset=lm_quick",
-    "scenario.length=4",
-    "scenario.num_values=8",
-    "scenario.num_lists=40000",
-    "scenario.default_agent.hidden_size=64",
-    "scenario.default_agent.num_layers=2",
-    "scenario.default_agent.intermediate_size=128",
-    "trainer.pretrain.epochs=10",
-    "trainer.pretrain.agent_epochs.verifier=5",
-    "trainer.num_iterations=4",
-    "trainer.eval.every=0",
-    "trainer.num_test_episodes=512",
-)
-
-
 @pytest.mark.slow
 def test_lm_agents_nip_verifier_beats_the_solo_verifier(tmp_path):
-    # Language-model agents on the duplicates task (docs: duplicates, Results), shortened. Alone the
-    # verifier sees no cell, so it cannot beat the majority label (half the lists); with the prover's
-    # certificate it decides almost always right.
-    common = [*LM_SHORT, f"scenario.cache_dir={tmp_path / 'data'}", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}", *QUIET]
+    # Language-model agents on the duplicates task: the lm_quick preset as it is, from empty caches
+    # (docs: duplicates, Results). Alone the verifier sees no cell, so it cannot beat the majority
+    # label (half the lists); with the prover's certificate it decides almost always right.
+    common = ["preset=lm_quick", f"scenario.cache_dir={tmp_path / 'data'}", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}", *QUIET]
     nip = run_experiment(make_config(*common), tmp_path / "nip")
     solo = run_experiment(make_config(*common, "protocol=solo_verifier"), tmp_path / "solo")
     assert nip["test/accuracy"] >= 0.9, nip
