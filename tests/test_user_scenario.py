@@ -33,6 +33,11 @@ from nip_like.protocols.prover_verifier import ProverVerifierConfig, ProverVerif
 from nip_like.registry import register_protocol, register_scenario
 from nip_like.scenarios.duplicates.scenario import DuplicatesConfig, DuplicatesScenario
 from nip_like.scenarios.hidden_bits.scenario import HiddenBitsConfig, HiddenBitsScenario
+from nip_like.trainers.dpo import DpoTrainer
+
+
+class MyDpo(DpoTrainer):
+    """A trainer that registers nothing: its objective options are DPO's."""
 
 
 @dataclass
@@ -154,6 +159,13 @@ def test_a_subclass_that_registers_nothing_takes_its_parents_options(user_module
     assert (config.scenario.name, config.scenario.num_bits) == (f"{user_module}.PlainBits", 3)
     scenario = build_scenario(config)
     assert type(scenario).__name__ == "PlainBits" and isinstance(scenario, HiddenBitsScenario)
+
+
+def test_a_trainer_subclass_that_registers_nothing_takes_its_parents_objective(user_module):
+    # The default trainer is PPO; the DPO trainer's subclass brings DPO's options, as its user-scenario twin does.
+    config = make_config(f"trainer.trainer_type={user_module}.MyDpo", "trainer.objective.beta=0.2")
+    assert OmegaConf.get_type(config.trainer.objective).__name__ == "DPOConfig"
+    assert (config.trainer.trainer_type, config.trainer.objective.beta) == (f"{user_module}.MyDpo", 0.2)
 
 
 def test_a_subclass_of_a_builtin_schema_merges(user_module):
