@@ -225,6 +225,27 @@ def test_prompts_rendered_together_are_the_template_applied_to_each(chat_model):
         assert ("LIST: " in tokenizer.decode(rendered[0])) == ("upper" in template)
 
 
+def test_a_reply_reaches_a_reader_of_another_vocabulary_as_its_text(chat_model, tmp_path):
+    # The prover speaks Qwen2's vocabulary, the verifier reads Llama's: the quote is re-encoded, not spliced.
+    config = chat_config(chat_model("qwen2"), tmp_path, f"+scenario.agents.verifier.pretrained_path={chat_model('llama')}")
+    scenario = experiment.build_scenario(config)
+    prover, verifier = scenario.chat_speakers
+    assert not verifier.reads_as_own(prover) and prover.reads_as_own(prover)
+    env = scenario.make_env(2, "train", 0, "cpu")
+    td = env.reset()
+    reply = prover.tokenizer("cells 4 and 1", add_special_tokens=False)["input_ids"] + [prover.eos_id]
+    action = torch.full((2, 2, env.reply_tokens), prover.pad_id)
+    action[:, 0, : len(reply)] = torch.tensor(reply)
+    td["agents", "action"] = action
+    after = env.step(td)["next"]
+    for episode in range(2):
+        prompt = after["agents", "prompt_ids"][episode, 1][after["agents", "prompt_mask"][episode, 1]]
+        assert "prover: cells 4 and 1" in verifier.tokenizer.decode(prompt)
+    own = verifier.tokenizer("cells 4 and 1", add_special_tokens=False)["input_ids"]
+    assert verifier.quote(prover, [reply[:-1]], 32) == [own]
+    assert all(len(quoted) <= 2 for quoted in verifier.quote(prover, [reply[:-1], reply[:1]], 2))  # the prompt width bound holds
+
+
 def test_replies_are_parsed_by_one_rule():
     assert parse_reply("Accept, the pair is there", True, 8) == (["accept"], "accept")
     assert parse_reply("accept", False, 8) == ([], "none")  # only the verifier decides

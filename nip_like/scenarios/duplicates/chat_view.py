@@ -17,7 +17,9 @@ What an agent reads
 
     A quoted reply is spliced in as the tokens its sender sampled (its first
     ``quote_tokens`` of them, without the end token), not decoded and
-    re-encoded, so a prompt's length is bounded before the game starts.
+    re-encoded, so a prompt's length is bounded before the game starts. A
+    reader whose vocabulary differs from the sender's gets the reply's text
+    encoded by its own tokenizer instead, cut to ``quote_tokens`` tokens.
 
 What an agent writes
     Free text of up to ``max_new_tokens`` tokens, ended by its tokenizer's eos
@@ -225,6 +227,7 @@ class ChatSpeaker:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_id
         self._encoded: dict[str, list[int]] = {}  # ids of recent texts (see encode)
+        self._same_vocabulary: dict[str, bool] = {}  # by sender name (see reads_as_own)
         self._layouts: dict[tuple[str, ...], Optional[str]] = {}  # chat text around the list line per layout, None: render directly
 
     def render(self, list_text: str, quotes: Sequence[tuple[str, Sequence[int]]]) -> list[int]:
@@ -293,6 +296,29 @@ class ChatSpeaker:
         if len(fresh) <= ENCODED_CACHE:
             self._encoded.update(fresh)
         return encoded
+
+    def reads_as_own(self, sender: "ChatSpeaker") -> bool:
+        """Whether ``sender``'s token ids mean the same to this speaker (one vocabulary): then quotes are spliced as they are."""
+        if sender.name not in self._same_vocabulary:
+            self._same_vocabulary[sender.name] = sender.tokenizer is self.tokenizer or (
+                sender.tokenizer.get_vocab() == self.tokenizer.get_vocab()
+            )
+        return self._same_vocabulary[sender.name]
+
+    def quote(self, sender: "ChatSpeaker", replies: Sequence[Sequence[int]], limit: int) -> list[list[int]]:
+        """``sender``'s replies as this speaker reads them, each at most ``limit`` tokens.
+
+        In one vocabulary the sampled tokens are spliced as they are (their
+        first ``limit``); otherwise each reply's text (decoded by the
+        sender's tokenizer, without special tokens) is encoded by this
+        speaker's tokenizer and cut to ``limit`` tokens, so the prompt width
+        bound holds either way.
+        """
+        if self.reads_as_own(sender):
+            return [list(reply[:limit]) for reply in replies]
+        texts = sender.tokenizer.batch_decode([list(reply[:limit]) for reply in replies], skip_special_tokens=True)
+        encoded = self.encode(texts)
+        return [encoded[text][:limit] for text in texts]
 
     def _template_text(self, list_text: str, senders: Sequence[str]) -> str:
         lines = [list_text, *(f"{sender}: {_QUOTE.format(index)}" for index, sender in enumerate(senders))]
@@ -497,15 +523,21 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         ids, mask = [], []
         for agent, speaker in enumerate(self.chat_speakers):
             readable = self.visibility[agent].tolist()
-            quotes = [
-                [
-                    (self.chat_speakers[sender].name, replies[episode][round_][sender][: min(length, self.quote_tokens)])
-                    for round_ in range(self.seen_rounds)
-                    for sender, length in enumerate(lengths[episode][round_])
-                    if length >= 0 and readable[sender]
-                ]
+            sent = [
+                (episode, round_, sender, replies[episode][round_][sender][: min(length, self.quote_tokens)])
                 for episode in range(batch)
+                for round_ in range(self.seen_rounds)
+                for sender, length in enumerate(lengths[episode][round_])
+                if length >= 0 and readable[sender]
             ]
+            read = {}  # each sent reply in this agent's tokens
+            for sender, sender_speaker in enumerate(self.chat_speakers):
+                keys = [item[:3] for item in sent if item[2] == sender]
+                quoted = speaker.quote(sender_speaker, [item[3] for item in sent if item[2] == sender], self.quote_tokens)
+                read.update(zip(keys, quoted))
+            quotes = [[] for _ in range(batch)]
+            for episode, round_, sender, _ in sent:
+                quotes[episode].append((self.chat_speakers[sender].name, read[episode, round_, sender]))
             list_texts = [list_line(values[episode], visible[episode][agent], self.indexed_list) for episode in range(batch)]
             prompts = speaker.render_many(list_texts, quotes)
             longest = max((len(prompt) for prompt in prompts), default=0)
