@@ -130,6 +130,44 @@ def _iteration_of(path: Path) -> int:
         return -1
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL ``process`` and every process below it, and wait until all have ended."""
+    victims = [*_descendants(process.pid), process.pid]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_running(pid) for pid in victims):
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path):
     args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=12", "trainer.eval.every=4", "run.checkpoint_every=1")
@@ -145,12 +183,15 @@ def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path):
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None and _iteration_of(checkpoint) < 3:
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)  # torchrun and both ranks
-    process.wait()
+    _kill_tree(process)  # torchrun and both ranks (its workers may be in sessions of their own)
     assert 0 < _iteration_of(checkpoint) < 12, "the run must be killed part-way"
     assert not (killed / "summary.json").exists()
 
     resumed = run(torchrun([str(killed), "run.progress_bar=false"], module="nip_like.resume"))
+    if resumed.returncode != 0 and "connectFullMesh failed" in resumed.stderr:
+        # Right after the kill, gloo's first connection between the new ranks is sometimes refused
+        # (seen on this machine, cause not found: docs scaling_out, "When a rank fails"); the same command a moment later resumes.
+        resumed = run(torchrun([str(killed), "run.progress_bar=false"], module="nip_like.resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = json.loads((killed / "summary.json").read_text())
     expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
