@@ -258,9 +258,9 @@ class ChatSpeaker:
         for list_text, quoted in zip(list_texts, quotes):
             layout = tuple(sender for sender, _ in quoted)
             if layout not in self._layouts:
+                around = self._template_text(_LIST_PLACEHOLDER, layout)
                 direct = self._template_text(list_text, layout)
-                substituted = self._template_text(_LIST_PLACEHOLDER, layout).replace(_LIST_PLACEHOLDER, list_text)
-                self._layouts[layout] = self._template_text(_LIST_PLACEHOLDER, layout) if direct == substituted else None
+                self._layouts[layout] = around if around.replace(_LIST_PLACEHOLDER, list_text) == direct else None
             text = self._layouts[layout]
             texts.append(self._template_text(list_text, layout) if text is None else text.replace(_LIST_PLACEHOLDER, list_text))
         pieces = [_QUOTE_PATTERN.split(text) for text in texts]  # text, index, text, index, ..., text
