@@ -279,8 +279,14 @@ def current() -> Distributed:
 
 
 def shutdown() -> None:
-    """Leave the process group (at the end of a command)."""
+    """Leave the process group (at the end of a command).
+
+    The process keeps its rank but no longer talks to the others: a later
+    :func:`current` does not join the group again (the other ranks may have
+    ended; joining would wait for them, then fail).
+    """
     global _current
-    if _current is not None and _current.enabled and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    _current = None
+    if _current is not None and _current.enabled:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        _current = Distributed(_current.rank, 1)
