@@ -22,17 +22,17 @@ from omegaconf import DictConfig
 
 from nip_like import distributed, run_lock
 from nip_like.cli import (
-    CONFIG_DIR,
     EXIT_INTERRUPTED,
     check_group_options,
     report_errors,
     report_job_errors,
     select_user_components,
 )
-from nip_like.config import register_configs
+from nip_like.config import CONFIG_DIR, register_configs
 from nip_like.errors import ConfigError
 from nip_like.experiment import format_metrics, run_experiment
 from nip_like.sweeps.multirun import run_multirun_job
+from nip_like.sweeps.progress import progress_from_environment
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
@@ -51,7 +51,7 @@ def _run(config: DictConfig) -> None:
             metrics = run_multirun_job(config, run_dir)
     else:
         with report_errors():
-            metrics = run_experiment(config, run_dir)
+            metrics = run_experiment(config, run_dir, progress=progress_from_environment)
     if metrics is not None and config.logger.print_metrics and distributed.current().is_writer:
         print(f"Final test metrics ({run_dir}):")
         print(format_metrics(metrics))

@@ -18,14 +18,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.errors import ConfigError, NipLikeError, RunInterrupted, SweepJobError
+from nip_like.config import CONFIG_DIR
+from nip_like.errors import ConfigError, NipLikeError, RunInterrupted, SweepJobError, one_line
 
 if TYPE_CHECKING:
     from nip_like.registry import Registry
-
-#: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
-#: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 #: Exit status of a run stopped by bad input.
 EXIT_BAD_INPUT = 2
@@ -414,18 +411,3 @@ def _quoting_hint() -> str:
         if sep and not value.isascii() and value[:1] not in ("'", '"'):
             return f"; quote a value with non-ASCII characters: {key}='{value}'"
     return ""
-
-
-def one_line(error: BaseException) -> str:
-    """Fold a Hydra or OmegaConf error message (and its cause) into one line."""
-    parts: list[str] = []
-    for source in (error, error.__cause__):
-        if source is None:
-            continue
-        for line in str(source).splitlines():
-            text = line.strip()
-            if text.startswith("Config search path"):
-                break
-            if text and not text.startswith(("reference_type", "object_type")) and text not in parts:
-                parts.append(text)
-    return "; ".join(parts).replace(":; ", ": ")

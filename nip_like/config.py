@@ -23,6 +23,7 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -31,6 +32,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from nip_like.allowed import Allowed, check_values, checked
 from nip_like.errors import ConfigError
 from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS
+
+#: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
+#: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 #: Top-level keys whose values change results and so identify a run.
 HYPER_PARAMETER_KEYS = ("seed", "trainer", "scenario", "protocol")

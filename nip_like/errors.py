@@ -58,3 +58,18 @@ class FineTuneError(NipLikeError):
 
 class ModelServerError(NipLikeError):
     """A text-model server is unreachable or refuses the requests."""
+
+
+def one_line(error: BaseException) -> str:
+    """Fold a Hydra or OmegaConf error message (and its cause) into one line."""
+    parts: list[str] = []
+    for source in (error, error.__cause__):
+        if source is None:
+            continue
+        for line in str(source).splitlines():
+            text = line.strip()
+            if text.startswith("Config search path"):
+                break
+            if text and not text.startswith(("reference_type", "object_type")) and text not in parts:
+                parts.append(text)
+    return "; ".join(parts).replace(":; ", ": ")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,12 +23,15 @@ from nip_like.logging import MetricLogger
 from nip_like.protocols.base import Protocol
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS
 from nip_like.scenarios.base import Scenario
-from nip_like.sweeps.progress import PROGRESS_FILE_ENV, ProgressFile
 from nip_like.trainers.base import Trainer
 
 #: Name of the resolved config a run folder keeps (read back by ``nip_like.resume``).
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
+
+#: Makes a run's progress hook (:attr:`~nip_like.trainers.base.Trainer.on_progress`) from the
+#: loop iterations completed in earlier sessions; None when nothing follows the run.
+ProgressHookFactory = Callable[[int], Optional[Callable[[int], None]]]
 
 
 def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
@@ -221,7 +223,11 @@ def _interrupted(run_dir: Path, trainer: Trainer | None, stop: StopRequested | N
 
 
 def run_experiment(
-    config: DictConfig, run_dir: Path, resume: bool = False, handle_signals: bool = True
+    config: DictConfig,
+    run_dir: Path,
+    resume: bool = False,
+    handle_signals: bool = True,
+    progress: ProgressHookFactory | None = None,
 ) -> dict[str, float]:
     """Run (or resume) an experiment in ``run_dir`` and write its ``summary.json``.
 
@@ -238,6 +244,11 @@ def run_experiment(
         again from the beginning in the same folder, its metric rows dropped.
     handle_signals : bool
         Stop at the next safe point on SIGINT or SIGTERM (:mod:`nip_like.interrupts`).
+    progress : callable, optional
+        Called once the trainer is built (and resumed) with the loop iterations
+        already completed; the hook it returns, if any, becomes the trainer's
+        ``on_progress``. A sweep hands its own in
+        (:func:`nip_like.sweeps.progress.progress_from_environment`).
 
     Returns
     -------
@@ -252,13 +263,15 @@ def run_experiment(
     run_dir = Path(run_dir)
     if not distributed.current().is_writer:  # another rank of a torchrun run: rank 0 holds the folder
         with interrupts.handle_interrupts(handle_signals):
-            return _run_locked(config, run_dir, resume)
+            return _run_locked(config, run_dir, resume, progress)
     check_run_folder(run_dir, resume)
     with run_lock.holding(run_dir), interrupts.handle_interrupts(handle_signals):
-        return _run_locked(config, run_dir, resume)
+        return _run_locked(config, run_dir, resume, progress)
 
 
-def _run_locked(config: DictConfig, run_dir: Path, resume: bool) -> dict[str, float]:
+def _run_locked(
+    config: DictConfig, run_dir: Path, resume: bool, progress: ProgressHookFactory | None
+) -> dict[str, float]:
     """:func:`run_experiment` once the folder's lock is held."""
     writer = distributed.current().is_writer
     from_scratch = resume and not (run_dir / "checkpoints" / "last.pt").is_file()
@@ -280,10 +293,9 @@ def _run_locked(config: DictConfig, run_dir: Path, resume: bool) -> dict[str, fl
                     trainer.load_checkpoint("last")
                 if writer:
                     trainer.logger.truncate_after(0 if from_scratch else trainer.state.iteration)
-            if os.environ.get(PROGRESS_FILE_ENV):
-                # A sweep's overall progress bar follows this run (see nip_like.sweeps.progress).
-                done = sum(trainer.progress_initial.values())
-                trainer.on_progress = ProgressFile(Path(os.environ[PROGRESS_FILE_ENV]), done)
+            hook = progress(sum(trainer.progress_initial.values())) if progress is not None else None
+            if hook is not None:  # e.g. a sweep's overall progress bar follows this run
+                trainer.on_progress = hook
             metrics = trainer.train()
         finally:
             trainer.logger.close()

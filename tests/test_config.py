@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import nip_like.config as config_module
-from nip_like.cli import CONFIG_DIR
-from nip_like.config import run_id
+from nip_like.config import CONFIG_DIR, run_id
 from nip_like.pretrain import pretrain_key
 from nip_like.registry import REGISTRIES
 from tests.conftest import make_config, smoke_config

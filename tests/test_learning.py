@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nip_like.cli import CONFIG_DIR
+from nip_like.config import CONFIG_DIR
 from nip_like.experiment import run_experiment
 from nip_like.registry import TRAINERS
 from nip_like.trainers import TensorDictRlTrainer

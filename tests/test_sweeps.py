@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from nip_like.errors import ConfigError
+from nip_like.experiment import build_trainer, run_experiment
 from nip_like.sweeps.grid import expand_sweep
+from nip_like.sweeps.progress import PROGRESS_FILE_ENV, progress_from_environment, read_progress
 from nip_like.sweeps.state import INCOMPLETE_DIR, JobState, inspect_job, move_aside
-from tests.conftest import popen_cli, run_cli
+from tests.conftest import popen_cli, run_cli, smoke_config
 
 #: A two-objective, two-seed sweep that uses the shared sweep settings and no sizes of its own,
 #: so that preset=smoke on the command line makes every job take a few seconds.
@@ -118,6 +120,18 @@ def test_job_states(config_dir, tmp_path):
     (dpo.folder / "summary.json").write_text(json.dumps({"run_id": "someone-else", "test_metrics": {}}))
     plan = inspect_job(dpo)
     assert plan.state == JobState.CONFLICT and "holds a run of another config" in plan.detail
+
+
+def test_a_run_writes_its_progress_through_the_hook_the_sweep_hands_in(tmp_path, monkeypatch):
+    assert progress_from_environment(0) is None  # no sweep: nothing follows the run
+    progress = tmp_path / "progress"
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(progress))
+    config = smoke_config("trainer.num_iterations=2")
+    run_experiment(config, tmp_path / "run", progress=progress_from_environment)
+    total = build_trainer(config, tmp_path / "count").get_total_num_iterations()
+    assert total > 2 and read_progress(progress) == total  # every loop's iterations, the test's too
+    run_experiment(config, tmp_path / "other")  # without the hook, the file is left alone
+    assert read_progress(progress) == total
 
 
 @pytest.mark.slow  # a subprocess: seconds of start-up

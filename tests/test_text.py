@@ -18,7 +18,8 @@ from nip_like.experiment import build_scenario
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, parse_cells, parse_decision, read_list_line
 from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 from nip_like.text.jobs import LocalFineTuneBackend
-from nip_like.text.models import LocalTextModel, Sampling, TextModelConfig, create_model_folder
+from nip_like.text.interface import Sampling, TextModelConfig
+from nip_like.text.models import LocalTextModel, create_model_folder
 from nip_like.text.rollouts import load_rollouts, play_episodes, rollout_records, save_rollouts
 from nip_like.text.tokenizer import build_chat_tokenizer
 

@@ -18,7 +18,8 @@ from nip_like.cli import compose_config
 from nip_like.errors import ModelServerError
 from nip_like.experiment import run_experiment
 from nip_like.text.fine_tune import FineTuneSpec, fine_tune
-from nip_like.text.models import LocalTextModel, Sampling, TextModelConfig, create_model_folder
+from nip_like.text.interface import Sampling, TextModelConfig
+from nip_like.text.models import LocalTextModel, create_model_folder
 from nip_like.text.remote import OpenAIChatModel
 from nip_like.text.tokenizer import build_chat_tokenizer
 from tests.fake_servers import fake_server

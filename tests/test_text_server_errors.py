@@ -21,7 +21,7 @@ import pytest
 from nip_like.cli import compose_config, report_errors
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.experiment import run_experiment
-from nip_like.text.models import Sampling, TextModelConfig
+from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.remote import OpenAIChatModel, check_text_model_server
 from tests.conftest import run_cli
 from tests.fake_servers import fake_server, refusing_url

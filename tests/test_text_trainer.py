@@ -16,7 +16,7 @@ from nip_like.errors import ConfigError, FineTuneError
 from nip_like.evaluate import evaluate_run
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, read_list_line
-from nip_like.text.models import Sampling, TextModel
+from nip_like.text.interface import Sampling, TextModel
 from nip_like.text.rollouts import play_episodes
 from nip_like.errors import RunInterrupted
 from nip_like.text.jobs import LocalFineTuneBackend

@@ -60,7 +60,7 @@ class ConfigOptions(_Table):
     header = ("option", "what it is")
 
     def rows(self) -> list[tuple[str, ...]]:
-        from nip_like.cli import CONFIG_DIR
+        from nip_like.config import CONFIG_DIR
 
         rows = []
         for path in sorted((CONFIG_DIR / self.arguments[0]).glob("*.yaml")):

@@ -26,9 +26,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.cli import CONFIG_DIR, one_line
-from nip_like.config import check_config_values, check_known_keys, register_configs, run_id
-from nip_like.errors import ConfigError, NipLikeError
+from nip_like.config import CONFIG_DIR, check_config_values, check_known_keys, register_configs, run_id
+from nip_like.errors import ConfigError, NipLikeError, one_line
 from nip_like.registry import TRAINERS
 
 #: Config group holding the sweep configs.

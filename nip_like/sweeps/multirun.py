@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from nip_like.config import run_id
 from nip_like.errors import SweepJobError
 from nip_like.experiment import run_experiment
+from nip_like.sweeps.progress import progress_from_environment
 from nip_like.sweeps.state import JobState, folder_state, move_aside
 
 
@@ -84,11 +85,11 @@ def run_multirun_job(config: DictConfig, run_dir: Path) -> dict[str, float] | No
         return None
     if state == JobState.INTERRUPTED:
         print(f"Resuming from its last checkpoint: {run_dir}")
-        return run_experiment(config, run_dir, resume=True, handle_signals=False)
+        return run_experiment(config, run_dir, resume=True, handle_signals=False, progress=progress_from_environment)
     if state == JobState.INCOMPLETE:
         # Hydra has already written this job's own files (.hydra/, the job log) into the folder.
         hydra = HydraConfig.get()
         keep = tuple(name for name in (hydra.output_subdir, f"{hydra.job.name}.log") if name)
         moved = move_aside(run_dir, Path(hydra.sweep.dir).absolute(), keep=keep)
         print(f"Restarting ({detail}; what it held moved to {moved}): {run_dir}")
-    return run_experiment(config, run_dir, handle_signals=False)
+    return run_experiment(config, run_dir, handle_signals=False, progress=progress_from_environment)

@@ -1,8 +1,9 @@
 """How a job tells a sweep how far it has got: a small file holding one number.
 
 A sweep started by ``scripts/run_sweep.py`` sets the environment variable
-:data:`PROGRESS_FILE_ENV` for each job. The job (see
-:func:`nip_like.experiment.run_experiment`) then writes into that file the
+:data:`PROGRESS_FILE_ENV` for each job. The job's entry point hands
+:func:`progress_from_environment` to :func:`nip_like.experiment.run_experiment`,
+and the job then writes into that file the
 number of loop iterations it has completed, counting those of earlier sessions
 when it resumed, after every iteration of every loop decorated with
 :func:`~nip_like.trainers.base.attach_progress_bar`. The sweep reads the files
@@ -47,6 +48,18 @@ class ProgressFile:
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         temporary.write_text(str(self.done))
         os.replace(temporary, self.path)
+
+
+def progress_from_environment(done: int) -> ProgressFile | None:
+    """The progress hook of a job that a sweep started (:data:`PROGRESS_FILE_ENV` set), else None.
+
+    Parameters
+    ----------
+    done : int
+        Iterations the job completed in earlier sessions.
+    """
+    path = os.environ.get(PROGRESS_FILE_ENV)
+    return ProgressFile(Path(path), done) if path else None
 
 
 def read_progress(path: Path) -> int | None:

@@ -1,6 +1,6 @@
-"""Text models behind one interface: chat messages in, text out, seeded sampling.
+"""Text models behind one interface (:mod:`nip_like.text.interface`): chat messages in, text out.
 
-A :class:`TextModel` answers a batch of chats (each a list of
+A :class:`~nip_like.text.interface.TextModel` answers a batch of chats (each a list of
 ``{"role", "content"}`` messages) with one reply each.
 :class:`LocalTextModel` is a transformers causal LM in this process, loaded
 from a local ``save_pretrained`` folder with its own tokenizer and chat
@@ -9,90 +9,22 @@ has on disk); :class:`~nip_like.text.remote.OpenAIChatModel` is any server
 that speaks the OpenAI chat-completions protocol (vLLM, TGI,
 ``transformers serve``, a hosted API); a scenario's scripted players are text
 models too (``backend: scripted``). :func:`build_text_model` makes the model of
-a :class:`TextModelConfig`.
+a :class:`~nip_like.text.interface.TextModelConfig`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import local_model_folder, quiet_progress
 from nip_like.lm.models import LMAgentConfig, build_lm, disable_dropout
-
-#: A chat: messages with a ``role`` (system, user, assistant) and a ``content``.
-Chat = list[dict[str, str]]
-
-#: Where a text model runs: in this process, behind a chat-completions server, or a scripted player of
-#: the scenario (fixed, never fine-tuned).
-BACKENDS = ("local", "openai", "scripted")
-
-
-@dataclass
-class TextModelConfig:
-    """A text model: where it runs, what it starts from, how it samples."""
-
-    backend: str = checked("local", choices=BACKENDS)  # local (transformers in this process) | openai (a chat-completions server) | scripted (the scenario's honest player, never trained)
-    path: Optional[str] = None  # local folder (save_pretrained, with a chat template) to start from; null builds a tiny model from config
-    architecture: str = "llama"  # transformers model type of a from-config model
-    hidden_size: int = checked(64, ge=1)  # width of a from-config model
-    num_layers: int = checked(2, ge=1)  # transformer blocks of a from-config model
-    num_heads: int = checked(4, ge=1)  # attention heads of a from-config model
-    intermediate_size: int = checked(128, ge=1)  # MLP width of a from-config model
-    max_new_tokens: int = checked(16, ge=1)  # longest reply, in tokens
-    temperature: float = checked(1.0, ge=0)  # sampling temperature; 0 = greedy
-    top_p: float = checked(1.0, gt=0, le=1)  # nucleus sampling; 1 = off
-    batch_size: int = checked(256, ge=1)  # chats per generate call (local backend)
-    base_url: Optional[str] = None  # openai: the server's API root (http://host:port/v1); null reads OPENAI_BASE_URL
-    model: Optional[str] = None  # openai: the served model's name; null sends the current model's folder (transformers serve loads it)
-    api_key_env: str = "OPENAI_API_KEY"  # openai: environment variable holding the key (a local server needs none)
-    max_concurrency: int = checked(8, ge=1)  # openai: requests in flight at once
-    max_retries: int = checked(3, ge=0)  # openai: retries of a request (and of the preflight's GET /models) that failed to connect, timed out, met a 429/5xx or got malformed JSON; then one error line
-    retry_backoff: float = checked(0.5, gt=0)  # openai: seconds before the first retry, doubled each time
-    timeout: float = checked(60.0, gt=0)  # openai: seconds a request may wait for the server before it counts as failed
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How replies are sampled: temperature (0 = greedy), nucleus, length."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-    @classmethod
-    def from_config(cls, config: TextModelConfig, greedy: bool = False) -> "Sampling":
-        """The config's settings; ``greedy`` sets the temperature to 0."""
-        temperature = 0.0 if greedy else float(config.temperature)
-        return cls(int(config.max_new_tokens), temperature, float(config.top_p))
-
-
-class TextModel(ABC):
-    """Answers chats with text."""
-
-    @abstractmethod
-    def reply(self, chats: Sequence[Chat], sampling: Sampling, seed: int) -> list[str]:
-        """One reply per chat, sampled with ``sampling``; the same seed gives the same replies.
-
-        Parameters
-        ----------
-        chats : sequence of Chat
-            The conversations, each ending where the model must answer.
-        sampling : Sampling
-            Temperature, nucleus and reply length.
-        seed : int
-            Seed of the sampling.
-        """
-
-    def close(self) -> None:
-        """Release what the model holds (connections, memory)."""
+from nip_like.text.interface import BACKENDS, Chat, Sampling, TextModel, TextModelConfig
+from nip_like.text.remote import OpenAIChatModel
 
 
 def chat_prompts(tokenizer, chats: Sequence[Chat]) -> list[str]:
@@ -202,8 +134,6 @@ def build_text_model(config: TextModelConfig, folder: str | Path, device: torch.
     if config.backend == "local":
         return LocalTextModel(folder, device, batch_size=int(config.batch_size))
     if config.backend == "openai":
-        from nip_like.text.remote import OpenAIChatModel
-
         return OpenAIChatModel.from_config(config, default_model=str(folder))
     if config.backend == "scripted":
         raise ConfigError("a scripted player is made by its scenario (scenario.scripted_model), not from a folder")

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from nip_like.checkpoint import derive_seed
 from nip_like.errors import ConfigError, ModelServerError
-from nip_like.text.models import Chat, Sampling, TextModel
+from nip_like.text.interface import Chat, Sampling, TextModel
 
 #: Where the base URL comes from when the config does not give one.
 BASE_URL_ENV = "OPENAI_BASE_URL"
@@ -98,7 +98,7 @@ class OpenAIChatModel(TextModel):
 
     @classmethod
     def from_config(cls, config, default_model: str) -> "OpenAIChatModel":
-        """The client of a :class:`~nip_like.text.models.TextModelConfig` with ``backend: openai``."""
+        """The client of a :class:`~nip_like.text.interface.TextModelConfig` with ``backend: openai``."""
         base_url = config.base_url or os.environ.get(BASE_URL_ENV)
         if not base_url:
             raise ConfigError(f"backend openai needs the server's URL: set base_url or the {BASE_URL_ENV} environment variable")

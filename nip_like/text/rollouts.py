@@ -3,7 +3,7 @@
 :func:`play_episodes` plays episodes of a chat scenario
 (:class:`~nip_like.scenarios.duplicates.chat.DuplicatesChatScenario`) through
 its token environment: at each round every acting agent's chat is rendered,
-its group's :class:`~nip_like.text.models.TextModel` answers all of them in
+its group's :class:`~nip_like.text.interface.TextModel` answers all of them in
 one batched call, the replies are parsed into the game's moves and the
 environment steps. The result is a TensorDict of batch ``(E,)`` (episodes):
 
@@ -38,7 +38,7 @@ from tensordict import NonTensorStack, TensorDict
 from torchrl.envs.utils import step_mdp
 
 from nip_like.checkpoint import derive_seed, write_text_atomic
-from nip_like.text.models import Sampling, TextModel
+from nip_like.text.interface import Sampling, TextModel
 
 
 def play_episodes(

@@ -44,7 +44,7 @@ from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text r
 )
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
 from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesScenario
-from nip_like.text.models import Chat, Sampling, TextModel, TextModelConfig
+from nip_like.text.interface import Chat, Sampling, TextModel, TextModelConfig
 
 #: Width of the token action the chat replies are translated into: two cells and ``<eos>``.
 ACTION_TOKENS = 3
@@ -65,7 +65,7 @@ class DuplicatesChatConfig(DuplicatesDataConfig):
 class DuplicatesChatScenario(DuplicatesScenario):
     """The duplicates game for text agents: same data, protocols and rules as ``duplicates``, as chat.
 
-    The agents are text models (:class:`~nip_like.text.models.TextModelConfig`),
+    The agents are text models (:class:`~nip_like.text.interface.TextModelConfig`),
     grouped by ``scenario.agent_groups`` (agents in one group share a model
     and its fine-tune jobs). It is played by the text trainers
     (``trainer=expert_iteration``, ``trainer=malt``); the tensor trainers use
