@@ -294,6 +294,19 @@ def test_decoys_name_cells_in_a_certificates_order(tmp_path):
     assert 800 < int((cells[:, 1] < 0).sum()) < 1200 and 800 < int((cells[:, 0] == cells[:, 1]).sum()) < 1200
 
 
+
+def test_decoy_weights_set_the_mix_of_decoy_kinds():
+    from nip_like.scenarios.duplicates.scenario import decoy_messages
+
+    cells = decoy_messages(4000, 4, torch.Generator().manual_seed(0), (8.0, 1.0, 1.0))
+    kinds = [int(((cells[:, 1] >= 0) & (cells[:, 0] != cells[:, 1])).sum()), int((cells[:, 1] < 0).sum()), int((cells[:, 0] == cells[:, 1]).sum())]
+    assert 3050 < kinds[0] < 3350 and 300 < kinds[1] < 500 and 300 < kinds[2] < 500, kinds
+    only_pairs = decoy_messages(500, 4, torch.Generator().manual_seed(0), (1.0, 0.0, 0.0))
+    assert bool((only_pairs[:, 0] > only_pairs[:, 1]).all())
+    with pytest.raises(ConfigError, match=r"^scenario.decoys: the weights \(pair, alone, twice\) must be >= 0 with one > 0, got \(0.0, 0.0, 0.0\)$"):
+        decoy_messages(5, 4, torch.Generator(), (0.0, 0.0, 0.0))
+
+
 def test_keep_best_pretraining_reports_the_held_out_accuracy_of_the_kept_weights(tmp_path):
     from nip_like.lm.pretrain import held_out_scores
 

@@ -73,6 +73,24 @@ class DuplicatesDataConfig(ScenarioConfig):
 
 
 @dataclass
+class DecoyWeights:
+    """How often the verifier's demonstrations show each kind of decoy (relative weights).
+
+    A decoy is what a prover sends on a negative list in honest play (see
+    :meth:`DuplicatesScenario.demonstrations`). The kinds differ in how many
+    cells they reveal, so their mix decides what the verifier can learn: with
+    few ``pair`` decoys, "two distinct cells were named" predicts *accept*
+    almost as well as comparing the two values does, and a verifier that
+    learns that shortcut accepts every list of a game whose prover always
+    names two cells.
+    """
+
+    pair: float = checked(1.0, ge=0)  # two distinct cells (the later first, like a certificate)
+    alone: float = checked(1.0, ge=0)  # one cell alone
+    twice: float = checked(1.0, ge=0)  # one cell named twice
+
+
+@dataclass
 class DuplicatesConfig(DuplicatesDataConfig):
     """The duplicates scenario (see :mod:`nip_like.scenarios.duplicates.environment`)."""
 
@@ -81,6 +99,7 @@ class DuplicatesConfig(DuplicatesDataConfig):
     view: str = checked("token", choices=VIEWS)  # token (the game's symbols, tiny models) | chat (any chat model folder: its template, free-text replies)
     quote_tokens: int = checked(32, ge=1)  # chat: tokens of a reply shown to the agents that read it
     max_prompt_tokens: int = checked(0, ge=0)  # chat: prompt width; 0 = the longest prompt the game can produce
+    decoys: DecoyWeights = field(default_factory=DecoyWeights)  # the verifier's demonstrations: mix of decoy kinds
 
 
 def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
@@ -90,13 +109,29 @@ def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
     return equal_pairs(torch.where(seen, values, unseen)) > 0
 
 
-def decoy_messages(count: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """``(count, 2)`` cells of messages that prove nothing unless by chance: a random pair (the later
-    cell first, like a certificate), one cell alone (second entry -1: the message is ``c<i> <eos>``) or
-    one cell twice, drawn evenly."""
+def decoy_messages(
+    count: int, length: int, generator: torch.Generator, weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
+) -> torch.Tensor:
+    """``(count, 2)`` cells of messages that prove nothing unless by chance.
+
+    Each is a random pair (the later cell first, like a certificate), one
+    cell alone (second entry -1: the message is ``c<i> <eos>``) or one cell
+    twice, drawn with the relative ``weights`` of these three kinds (equal
+    weights: evenly, as the demonstrations of version 3 drew them).
+
+    Raises
+    ------
+    ConfigError
+        If no weight is positive.
+    """
+    if min(weights) < 0 or sum(weights) <= 0:
+        raise ConfigError(f"scenario.decoys: the weights (pair, alone, twice) must be >= 0 with one > 0, got {tuple(weights)}")
     # The later cell first, as in a certificate, so that the order of the names tells nothing.
     pair = torch.rand(count, length, generator=generator).argsort(-1)[:, :2].sort(-1, descending=True).values
-    kind = torch.randint(3, (count,), generator=generator)
+    if len(set(weights)) == 1:
+        kind = torch.randint(3, (count,), generator=generator)
+    else:
+        kind = torch.multinomial(torch.tensor(weights, dtype=torch.float64), count, replacement=True, generator=generator)
     pair[kind == 1, 1] = -1
     pair[kind == 2, 1] = pair[kind == 2, 0]
     return pair
@@ -464,7 +499,8 @@ class DuplicatesScenario(Scenario):
         ``i``); on a negative list, and always for a prover arguing for
         *reject*, it sends a decoy: a random pair (the later cell first, as
         in a certificate, so that the order of the names tells the verifier
-        nothing), one cell alone, or one cell twice (drawn evenly). The
+        nothing), one cell alone, or one cell twice (drawn with the weights
+        of ``scenario.decoys``; evenly by default). The
         verifier passes (the empty message ``<eos>``) before its last turn and
         then decides as a sound verifier does: in the ``cells`` view it says
         ``accept <eos>`` exactly when two of the cells it has seen hold equal
@@ -526,7 +562,8 @@ class DuplicatesScenario(Scenario):
                     proves = self.protocol.prover_sides.get(name, True) & state["label"]
                     # The later cell first: a causal model can see the earlier one when it reads the later.
                     certificate = state["certificate"].clamp(min=0).flip(-1)
-                    message = decoy_messages(count, env.length, generator)
+                    decoys = self.config.decoys
+                    message = decoy_messages(count, env.length, generator, (decoys.pair, decoys.alone, decoys.twice))
                     message[proves, 0] = certificate[proves, 0]
                     message[proves, 1] = certificate[proves, 1]
                     action[:, index, :2] = torch.where(message >= 0, ids["cell0"] + message, eos)
