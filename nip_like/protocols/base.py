@@ -36,6 +36,9 @@ class Protocol(ABC):
 
     #: Names of the agents, in the order of the agent dimension.
     agent_names: tuple[str, ...] = ()
+    #: Whether the protocol has the second verifier and the simulator of a zero-knowledge protocol
+    #: (:mod:`nip_like.protocols.zero_knowledge`); a scenario that cannot play one refuses it.
+    zero_knowledge: bool = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -142,3 +145,28 @@ def check_leader_order(order: tuple[tuple[str, ...], ...], agent_names: tuple[st
         raise ValueError(f"a leader order needs at least two non-empty groups, got {order}")
     if sorted(listed) != sorted(agent_names):
         raise ValueError(f"a leader order must list every agent {list(agent_names)} once, got {order}")
+
+
+def refuse_zero_knowledge(protocol: str, zero_knowledge: bool) -> None:
+    """Refuse ``zero_knowledge: true`` on a protocol that has no zero-knowledge version, naming those that have.
+
+    Parameters
+    ----------
+    protocol : str
+        The protocol's name.
+    zero_knowledge : bool
+        The option's value.
+
+    Raises
+    ------
+    ConfigError
+        If ``zero_knowledge`` is true.
+    """
+    if zero_knowledge:
+        from nip_like.errors import ConfigError
+        from nip_like.protocols.proof import zero_knowledge_protocols
+
+        raise ConfigError(
+            f"protocol {protocol} cannot be made zero-knowledge; "
+            f"protocol.zero_knowledge=true needs one of {zero_knowledge_protocols()}"
+        )

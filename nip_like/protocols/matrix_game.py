@@ -8,7 +8,7 @@ import torch
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.protocols.base import Protocol, ProtocolConfig
+from nip_like.protocols.base import Protocol, ProtocolConfig, refuse_zero_knowledge
 from nip_like.registry import register_protocol
 
 #: The two players, in the order of the agent dimension.
@@ -23,6 +23,7 @@ class MatrixGameProtocolConfig(ProtocolConfig):
 
     name: str = "matrix_game"  # protocol name
     leader: str = checked("none", choices=LEADERS)  # none | row | column: who leads (for trainers with leaders and followers)
+    zero_knowledge: bool = False  # not available here (the interactive-proof protocols have it); true is refused
 
 
 @register_protocol("matrix_game", MatrixGameProtocolConfig)
@@ -41,12 +42,15 @@ class MatrixGameProtocol(Protocol):
         The protocol's name.
     leader : str
         ``"none"``, ``"row"`` or ``"column"``.
+    zero_knowledge : bool
+        Must be false: a matrix game has no zero-knowledge version.
     """
 
     agent_names = PLAYERS
 
-    def __init__(self, name: str = "matrix_game", leader: str = "none") -> None:
+    def __init__(self, name: str = "matrix_game", leader: str = "none", zero_knowledge: bool = False) -> None:
         super().__init__(name)
+        refuse_zero_knowledge(name, zero_knowledge)
         if leader not in LEADERS:
             raise ConfigError(f"protocol.leader must be one of {list(LEADERS)}, got {leader!r}")
         self.leader = leader

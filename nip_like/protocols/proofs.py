@@ -90,12 +90,13 @@ class MerlinArthurProtocol(FixedTurnsProofProtocol):
     prover_sides = {"prover0": True, "prover1": False}
 
     def state_spec(self, batch: torch.Size, device: torch.device) -> dict[str, object]:
-        return {SPEAKER_KEY: Unbounded(shape=batch, dtype=torch.int64, device=device)}
+        return {**super().state_spec(batch, device), SPEAKER_KEY: Unbounded(shape=batch, dtype=torch.int64, device=device)}
 
     def initial_state(self, num_episodes: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        return {SPEAKER_KEY: torch.randint(0, 2, (num_episodes,), generator=generator)}
+        speaker = torch.randint(0, 2, (num_episodes,), generator=generator)
+        return {SPEAKER_KEY: speaker, **super().initial_state(num_episodes, generator)}
 
-    def active_agents_in(self, state) -> torch.Tensor:
+    def turns_in(self, state) -> torch.Tensor:
         active = self.active_agents(state["round"]).clone()
         prover_turn = ~active[..., self.verifier_index]
         speaker = state[SPEAKER_KEY]
@@ -140,6 +141,6 @@ class SoloOpeningProtocol(ProofProtocol):
     agent_names = (VERIFIER,)
     turns = ((VERIFIER,),)
 
-    def __init__(self, name: str, *, opens: int = 1, **rewards: float) -> None:
+    def __init__(self, name: str, *, opens: int = 1, **options: float) -> None:
         self.opens = int(opens)
-        super().__init__(name, min_rounds=1, max_rounds=self.opens + 1, first_speaker="verifier", **rewards)
+        super().__init__(name, min_rounds=1, max_rounds=self.opens + 1, first_speaker="verifier", **options)

@@ -8,7 +8,7 @@ import torch
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.protocols.base import Protocol, ProtocolConfig
+from nip_like.protocols.base import Protocol, ProtocolConfig, refuse_zero_knowledge
 from nip_like.registry import register_protocol
 
 
@@ -19,6 +19,7 @@ class ProverVerifierConfig(ProtocolConfig):
     name: str = "prover_verifier"  # protocol name
     message_rounds: int = checked(2, ge=1)  # rounds in which the prover speaks before the verifier decides
     shared_reward: bool = True  # the prover is rewarded when the verifier is right (cooperative)
+    zero_knowledge: bool = False  # not available here (the interactive-proof protocols have it); true is refused
 
 
 @register_protocol("prover_verifier", ProverVerifierConfig)
@@ -27,13 +28,17 @@ class ProverVerifierProtocol(Protocol):
 
     With ``shared_reward`` the prover gets the verifier's reward (a cooperative
     game, as in the hidden-bits scenario); without it the prover gets nothing,
-    which isolates what the verifier can learn on its own.
+    which isolates what the verifier can learn on its own. It has no
+    zero-knowledge version (``zero_knowledge`` must be false).
     """
 
     agent_names = ("prover", "verifier")
 
-    def __init__(self, name: str = "prover_verifier", message_rounds: int = 2, shared_reward: bool = True) -> None:
+    def __init__(
+        self, name: str = "prover_verifier", message_rounds: int = 2, shared_reward: bool = True, zero_knowledge: bool = False
+    ) -> None:
         super().__init__(name)
+        refuse_zero_knowledge(name, zero_knowledge)
         if message_rounds < 1:
             raise ConfigError(f"protocol.message_rounds must be at least 1, got {message_rounds}")
         # Plain values: the environment asks for them at every step.

@@ -44,10 +44,21 @@ class Scenario(ABC):
     #: None for a scenario without data files.
     dataset_class: type | None = None
 
+    #: Whether the scenario can play a zero-knowledge protocol (:mod:`nip_like.protocols.zero_knowledge`).
+    supports_zero_knowledge: bool = False
+
     def __init__(self, config: DictConfig, protocol: Protocol) -> None:
         self.config = config
         self.protocol = protocol
         self._splits: dict | None = None
+        if protocol.zero_knowledge and not self.supports_zero_knowledge:
+            from nip_like.registry import SCENARIOS
+
+            able = [name for name in SCENARIOS.names() if SCENARIOS.get(name).supports_zero_knowledge]
+            raise ConfigError(
+                f"scenario {config.name} cannot play a zero-knowledge protocol; protocol.zero_knowledge=true needs one of {able}"
+            )
+
 
     #: The names of the scenario's data splits (a scenario with data files names them).
     split_names: tuple[str, ...] = ()

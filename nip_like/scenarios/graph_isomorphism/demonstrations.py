@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic, wl_rounds_to_distinguish
 
 #: Score of an answer that an isomorphism bears out (above any refinement round).
@@ -132,12 +133,16 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
             "adjacency": pairs.adjacency[index].bool(),
             "node_mask": pairs.node_mask[index].bool(),
             "label": pairs.label[index].bool(),
-            "sent": torch.full((count, env.num_steps, agents), -1),
+            "sent": torch.full((count, env.num_steps, env.transcript_agents), -1),
             "decision": torch.full((count,), -1),
         },
         batch_size=[count],
     )
     state.update(protocol.initial_state(count, generator))
+    if env.zero_knowledge:
+        # Honest play is the verifier's: no episode is the second verifier's, and the simulator waits.
+        state.update(env._new_zero_knowledge_state(count))
+        state[ADVERSARIAL_KEY] = torch.zeros(count, dtype=torch.bool)
     sizes = state["node_mask"][:, 0].sum(-1).tolist()
     graphs = [
         (adjacency[0, :size, :size].numpy(), adjacency[1, :size, :size].numpy())
@@ -146,7 +151,7 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
     labels = state["label"].tolist()
     answering = [
         position
-        for position, name in enumerate(protocol.agent_names)
+        for position, name in enumerate(protocol.transcript_agent_names)
         if position != verifier and protocol.prover_sides.get(name, True)
     ]
     marks = {position: [[] for _ in range(count)] for position in answering}

@@ -13,6 +13,7 @@ from nip_like.agents import AgentModules
 from nip_like.allowed import Allowed, checked
 from nip_like.errors import ConfigError
 from nip_like.folders import check_writable_folder
+from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.distributions import masked_log_softmax
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Scenario, ScenarioConfig
@@ -60,6 +61,7 @@ class GraphIsomorphismScenario(Scenario):
     split_names = SPLITS
 
     eval_split = "val"
+    supports_zero_knowledge = True
     #: Version of :meth:`demonstrations` (part of the warm-start cache key).
     pretrain_data_version = 1
 
@@ -137,7 +139,7 @@ class GraphIsomorphismScenario(Scenario):
         return build_graph_agents(
             self.agent_names,
             int(self.config.max_nodes),
-            steps * self.protocol.num_agents,
+            steps * len(self.protocol.transcript_agent_names),
             steps + 1,
             sizes,
             verifier=self.protocol.verifier_index,
@@ -165,8 +167,9 @@ class GraphIsomorphismScenario(Scenario):
                 "adjacency": pairs.adjacency,
                 "node_mask": pairs.node_mask,
                 "label": pairs.label,
-                "sent": torch.full((count, env.num_steps, env.num_agents), -1),
+                "sent": torch.full((count, env.num_steps, env.transcript_agents), -1),
                 "decision": torch.full((count,), -1),
+                **(env._new_zero_knowledge_state(count) if env.zero_knowledge else {}),
             },
             batch_size=[count],
         )
@@ -199,7 +202,7 @@ class GraphIsomorphismScenario(Scenario):
         answers = active & torch.cat([torch.tensor([False]), queried[:-1]]).unsqueeze(-1)
         return [
             name
-            for index, name in enumerate(self.agent_names)
+            for index, name in enumerate(self.protocol.transcript_agent_names)
             if index == verifier or (self.protocol.prover_sides.get(name, True) and bool(answers[:, index].any()))
         ]
 
@@ -272,12 +275,20 @@ class GraphIsomorphismScenario(Scenario):
         """Verifier accuracy (per episode, per datapoint, worst datapoint), precision, recall, length.
 
         Precision and recall treat *accept* (isomorphic) as the positive class.
+        Under a zero-knowledge protocol the decision metrics count the
+        verifier's episodes only, and :func:`zero_knowledge_metrics` are added.
         """
         metrics = super().episode_metrics(episodes)
         state = episodes.get("state")
-        metrics.update(decision_metrics(state["decision"], state["label"], state["pair_index"]))
         metrics["episode_length"] = state["round"].float().mean().item()
         metrics.update(self.faithful_answers(state))
+        if self.protocol.zero_knowledge:
+            metrics.update(zero_knowledge_metrics(state))
+            # The decisions are the verifier's only in its own episodes.
+            state = state[~state[ADVERSARIAL_KEY]]
+            if not state.batch_size[0]:
+                return metrics
+        metrics.update(decision_metrics(state["decision"], state["label"], state["pair_index"]))
         return metrics
 
     #: Isomorphic episodes examined per call of :meth:`faithful_answers` (each answer costs an exact search).
@@ -297,7 +308,7 @@ class GraphIsomorphismScenario(Scenario):
         ``agents/<prover>/faithful_answers`` for the provers that answered.
         """
         verifier = self.protocol.verifier_index
-        provers = [index for index in range(self.protocol.num_agents) if index != verifier]
+        provers = [index for index in range(len(self.protocol.transcript_agent_names)) if index != verifier]
         isomorphic = state["label"].nonzero().flatten()[: self.faithful_answer_episodes].tolist()
         sent, adjacency = state["sent"].cpu(), state["adjacency"].cpu()
         n, sizes = adjacency.shape[-1], state["node_mask"][:, 0].sum(-1).cpu()
@@ -325,3 +336,21 @@ class GraphIsomorphismScenario(Scenario):
             for position, prover in enumerate(provers)
             if answers[position]
         }
+
+
+def zero_knowledge_metrics(state: TensorDictBase) -> dict[str, float]:
+    """How close the simulator came to the second verifier, over the finished episodes of ``state``.
+
+    ``zero_knowledge/simulator_distance``: over the second verifier's
+    episodes, the mean per episode of the total-variation distance between
+    its action distribution and the simulator's, averaged over its turns
+    (0: the simulator reproduces it, 1: never the same action).
+    ``zero_knowledge/adversarial_share``: the share of episodes that were
+    the second verifier's (alone when there were none).
+    """
+    adversarial = state[ADVERSARIAL_KEY]
+    if not adversarial.any():
+        return {"zero_knowledge/adversarial_share": 0.0}
+    turns = state["zk_turns"][adversarial].clamp(min=1).float()
+    distance = (state["zk_distance"][adversarial] / turns).mean().item()
+    return {"zero_knowledge/simulator_distance": distance, "zero_knowledge/adversarial_share": adversarial.float().mean().item()}
