@@ -63,6 +63,7 @@ def preflight(config: DictConfig) -> None:
     """The checks that need no data, no model weights and no run folder: run before the folder is made.
 
     The config's names, types and ranges, the device, the trainer's objective,
+    what the trainer requires of the scenario (:func:`check_requirements`),
     and what the scenario can check of its inputs without loading them
     (:meth:`~nip_like.scenarios.base.Scenario.preflight`: model folders, their
     tokenizers and chat templates, sizes against a model's context), then what
@@ -81,10 +82,53 @@ def preflight(config: DictConfig) -> None:
     check_config_values(config)
     _check_device(config.run.device)
     scenario = build_scenario(config)
-    scenario.preflight()
     trainer_class = TRAINERS.get(config.trainer.trainer_type)
-    if isinstance(trainer_class, type) and issubclass(trainer_class, Trainer):
+    is_trainer = isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)
+    if is_trainer:
+        check_requirements(trainer_class, scenario, config)
+    scenario.preflight()
+    if is_trainer:
         trainer_class.preflight(config, scenario)
+
+
+def _capabilities(requirement: type | tuple[type, ...]) -> tuple[type, ...]:
+    return requirement if isinstance(requirement, tuple) else (requirement,)
+
+
+def meets(scenario_class: type, requires: tuple[type | tuple[type, ...], ...]) -> bool:
+    """Whether a scenario class has every capability of ``requires`` (a trainer's :attr:`~Trainer.requires`)."""
+    return all(issubclass(scenario_class, _capabilities(requirement)) for requirement in requires)
+
+
+def check_requirements(trainer_class: type[Trainer], scenario: Scenario, config: DictConfig) -> None:
+    """Refuse, in one line, a scenario without a capability the trainer requires (:meth:`Trainer.requirements`).
+
+    The capabilities are the classes of :mod:`nip_like.scenarios.base` and
+    :mod:`nip_like.scenarios.chat` that a scenario lists among its bases. The
+    message names what requires it, the capability, the scenario, and the
+    registered trainers whose requirements the scenario meets.
+
+    Raises
+    ------
+    ConfigError
+        The first requirement that the scenario does not meet.
+    """
+    for who, requires in trainer_class.requirements(config).items():
+        for requirement in requires:
+            options = _capabilities(requirement)
+            if isinstance(scenario, options):
+                continue
+            provides = " or ".join(capability.provides for capability in options)
+            names = " or ".join(capability.__name__ for capability in options)
+            playable = [
+                entry.name
+                for entry in TRAINERS.entries()
+                if issubclass(entry.cls, Trainer) and meets(type(scenario), entry.cls.requires)
+            ]
+            hint = f"; trainers for it: {', '.join(playable)}" if playable and who.startswith("trainer ") else ""
+            raise ConfigError(
+                f"{who} needs a scenario with {provides} ({names}); scenario {config.scenario.name!r} has none{hint}"
+            )
 
 
 def check_objective(config: DictConfig) -> None:

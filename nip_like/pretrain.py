@@ -31,17 +31,12 @@ from nip_like.config import without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.lm.pretrain import demonstration_epoch, held_out_scores, sync_value_body
+from nip_like.scenarios.base import Demonstrating, Labelled
 from nip_like.supervised import supervised_pass, warmup_schedule
 
 #: Entries of a scenario's supervised data besides the agents' observations.
 TARGET_KEY = "target_action"
 TARGET_MASK_KEY = "target_mask"
-
-
-def require_labelled_data(scenario, user: str) -> None:
-    """Fail in one line, naming ``user``, if ``scenario`` has neither ``supervised_data`` nor ``demonstrations``."""
-    if not hasattr(scenario, "supervised_data") and not hasattr(scenario, "demonstrations"):
-        raise ConfigError(f"{user} needs labelled data; scenario {scenario.config.name!r} has none")
 
 
 def decision_log_probs(agents: AgentModules, agent_index: int, batch: TensorDictBase) -> torch.Tensor:
@@ -76,9 +71,10 @@ def supervised_epoch(
     return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
 
 
-def speaks(scenario) -> bool:
-    """Whether the scenario demonstrates each agent's play (``demonstrations``) rather than giving one set of labels."""
-    return hasattr(scenario, "demonstrations")
+def speaks(scenario: Demonstrating | Labelled) -> bool:
+    """Whether the scenario demonstrates each agent's play (:class:`~nip_like.scenarios.base.Demonstrating`)
+    rather than giving one set of labels (:class:`~nip_like.scenarios.base.Labelled`)."""
+    return isinstance(scenario, Demonstrating)
 
 
 #: The entry that marks token demonstrations (a language model's prompt and message) rather than decisions.
@@ -183,11 +179,12 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
     """Everything that determines a pretrained agent (hashed into its cache file name).
 
     Besides the config and the seed, the scenario's ``pretrain_data_version``
-    (if it has one): a scenario bumps it when its labels or demonstrations
+    (:attr:`~nip_like.scenarios.base.Demonstrating.pretrain_data_version`; None
+    without a scenario): a scenario bumps it when its labels or demonstrations
     change, so that agents fitted to the old ones are not reused.
     """
     return {
-        "data_version": getattr(scenario, "pretrain_data_version", None),
+        "data_version": scenario.pretrain_data_version if scenario is not None else None,
         "scenario": without_deferred_adapters(without_locations(OmegaConf.to_container(config.scenario, resolve=True))),
         "protocol": without_locations(OmegaConf.to_container(config.protocol, resolve=True)),
         "pretrain": {
@@ -314,13 +311,17 @@ def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
     if ALL_AGENTS not in requested:
         return requested
     names = list(scenario.agent_names)
-    if hasattr(scenario, "demonstration_agents"):
+    if speaks(scenario):
         names = [name for name in names if name in scenario.demonstration_agents()]
     return list(dict.fromkeys([*names, *(name for name in requested if name != ALL_AGENTS)]))
 
 
 def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: torch.device) -> dict[str, float]:
     """Fit each agent of ``trainer.pretrain.agents`` to the labels, or load it from the cache.
+
+    The scenario is :class:`~nip_like.scenarios.base.Demonstrating` or
+    :class:`~nip_like.scenarios.base.Labelled` (the trainer requires it when
+    the option is set, :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.requirements`).
 
     A scenario with ``demonstrations`` (agents that send messages) fine-tunes
     each agent on its demonstrated messages
@@ -339,7 +340,6 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     """
     started = time.perf_counter()
     options = config.trainer.pretrain
-    require_labelled_data(scenario, "trainer.pretrain.agents")
     names = pretrained_agent_names(scenario, list(options.agents))
     unknown = sorted(set(names) - set(scenario.agent_names))
     if unknown:

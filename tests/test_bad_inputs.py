@@ -17,7 +17,7 @@ import pytest
 
 from nip_like.cli import report_errors
 from nip_like.experiment import build_trainer, run_experiment
-from tests.conftest import smoke_config
+from tests.conftest import run_cli, smoke_config
 
 #: (overrides, a fragment of the one-line error that names the field or option).
 CASES = [
@@ -78,6 +78,14 @@ CASES = [
     ("+trainer.optimizer.agent_lr.judge=0.1", "judge"),
     ("run.device=tpu", "run.device 'tpu'"),
     ("scenario.cache_dir=/dev/null/cache scenario=graph_isomorphism protocol=nip", "scenario.cache_dir"),
+    # a scenario without what the trainer requires of it (nip_like.scenarios.base capabilities)
+    ("trainer=solo_agent", "trainer solo_agent needs a scenario with demonstrations or labelled data "
+     "(Demonstrating or Labelled); scenario 'hidden_bits' has none; trainers for it: "),
+    ("trainer=expert_iteration", "trainer expert_iteration needs a scenario with text agents in chat (ChatGame); "
+     "scenario 'hidden_bits' has none"),
+    ("scenario=duplicates_chat protocol=nip", "trainer ppo needs a scenario with agents that are torch modules "
+     "(TensorGame); scenario 'duplicates_chat' has none; trainers for it: expert_iteration, malt"),
+    ("trainer.pretrain.agents=[verifier]", "trainer.pretrain.agents needs a scenario with demonstrations or labelled data"),
 ]
 
 
@@ -118,3 +126,12 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(existing_run, capsys, ov
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert fragment in err, err
     assert _hashes(existing_run) == before
+
+
+def test_a_scenario_without_what_the_trainer_requires_is_refused_before_the_run_folder_is_made(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(["preset=smoke", "trainer=solo_agent", f"hydra.run.dir={run_dir}"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: trainer solo_agent needs a scenario with demonstrations or labelled data")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert not run_dir.exists()

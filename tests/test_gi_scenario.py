@@ -159,7 +159,7 @@ def test_solo_agent_trainer_fits_the_labels_and_resumes(tmp_path, cache_dir, run
 
 
 def test_solo_agent_needs_labelled_data(tmp_path):
-    with pytest.raises(ConfigError, match="needs labelled data"):
+    with pytest.raises(ConfigError, match="needs a scenario with demonstrations or labelled data"):
         build_trainer(smoke_config("trainer=solo_agent"), tmp_path)
 
 
@@ -248,7 +248,7 @@ def test_pretraining_restarts_keep_the_best_fit_and_leave_the_global_generators_
 def test_pretraining_errors(tmp_path, cache_dir):
     with pytest.raises(ConfigError, match="pretrain.agents names \\['judge'\\]"):
         build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.pretrain.agents=[judge]"), tmp_path / "a")
-    with pytest.raises(ConfigError, match="needs labelled data"):
+    with pytest.raises(ConfigError, match="needs a scenario with demonstrations or labelled data"):
         build_trainer(smoke_config("trainer.pretrain.agents=[verifier]"), tmp_path / "b")
 
 

@@ -166,3 +166,19 @@ def test_no_list_of_component_names_outside_the_registry():
                     if len(found) >= 3:
                         offending.append(f"{path.relative_to(REPO_ROOT)}:{number} names {kind}s {sorted(found)}")
     assert not offending, "\n".join(offending)
+
+
+# ------------------------------------------------- what trainers require of scenarios
+def test_every_built_in_trainer_has_a_built_in_scenario_that_meets_its_requirements():
+    from nip_like.experiment import meets
+    from nip_like.scenarios.chat import ChatGame
+    from nip_like.scenarios.duplicates.chat import DuplicatesChatScenario
+
+    scenarios = [entry.cls for entry in SCENARIOS.entries()]
+    for entry in TRAINERS.entries():
+        assert entry.cls.requires, f"trainer {entry.name} declares nothing it requires"
+        assert [cls for cls in scenarios if meets(cls, entry.cls.requires)], entry.name
+    # A scenario never inherits a method it must refuse: the chat game has no tensor agents to make.
+    assert issubclass(DuplicatesChatScenario, ChatGame) and not hasattr(DuplicatesChatScenario, "make_agents")
+    assert meets(DuplicatesChatScenario, TRAINERS.get("expert_iteration").requires)
+    assert not meets(DuplicatesChatScenario, TRAINERS.get("ppo").requires)

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nip_like.cli import compose_config
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario
+from nip_like.experiment import build_scenario, build_trainer
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, parse_cells, parse_decision, read_list_line
 from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 from nip_like.text.jobs import LocalFineTuneBackend
@@ -152,9 +152,11 @@ def test_rollouts_round_trip_through_their_jsonl_file(tmp_path):
     assert json.loads(path.read_text().splitlines()[1])["turns"][0]["chat"][0]["role"] == "system"
 
 
-def test_the_chat_scenario_refuses_tensor_trainers_and_unknown_groups():
-    with pytest.raises(ConfigError, match="text trainer"):
-        chat_scenario("protocol=nip").make_agents()
+def test_the_chat_scenario_refuses_tensor_trainers_and_unknown_groups(tmp_path):
+    assert not hasattr(chat_scenario("protocol=nip"), "make_agents")  # nothing inherited that it must refuse
+    with pytest.raises(ConfigError, match="trainer ppo needs a scenario with agents that are torch modules .TensorGame.; "
+                       "scenario 'duplicates_chat' has none; trainers for it: expert_iteration, malt"):
+        build_trainer(compose_config(["preset=none", "scenario=duplicates_chat", "protocol=nip", "trainer=ppo"]), tmp_path)
     with pytest.raises(ConfigError, match="scenario duplicates_chat needs an interactive-proof protocol"):
         chat_scenario("protocol=prover_verifier")
     with pytest.raises(ConfigError, match="agent_groups names"):

@@ -1,10 +1,31 @@
-"""The scenario base: everything a trainer needs from a task."""
+"""The scenario base and the capabilities a trainer may require of a scenario.
+
+:class:`Scenario` is what every trainer needs of a task: its protocol, data
+splits, environments and metrics. What only some trainers need is a
+capability, a small base class that a scenario lists among its bases and
+whose methods it implements:
+
+* :class:`TensorGame`: agents that are torch modules (:meth:`TensorGame.make_agents`),
+  for the tensor trainers (the RL loop's, ``solo_agent``);
+* :class:`Demonstrating`: demonstrations of the agents' play, for a warm start
+  (``trainer.pretrain.agents``) and the ``solo_agent`` baseline;
+* :class:`Labelled`: supervised data (each datapoint with its correct decision), for the same;
+* :class:`~nip_like.scenarios.chat.ChatGame`: text agents in chat, for the
+  text trainers (``expert_iteration``, ``malt``).
+
+A trainer declares what it requires (:attr:`nip_like.trainers.base.Trainer.requires`),
+and :func:`nip_like.experiment.preflight` checks it once, before any work,
+as BenchMARL's ``supports_*()`` do. Example::
+
+    class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled): ...
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import MISSING, DictConfig
@@ -25,7 +46,10 @@ class ScenarioConfig:
 
 
 class Scenario(ABC):
-    """A task: its environments, its agents and how to score its episodes.
+    """A task: its environments and how to score its episodes.
+
+    Its agents come with a capability: :class:`TensorGame` (torch modules)
+    or :class:`~nip_like.scenarios.chat.ChatGame` (text models).
 
     Parameters
     ----------
@@ -58,7 +82,6 @@ class Scenario(ABC):
             raise ConfigError(
                 f"scenario {config.name} cannot play a zero-knowledge protocol; protocol.zero_knowledge=true needs one of {able}"
             )
-
 
     #: The names of the scenario's data splits (a scenario with data files names them).
     split_names: tuple[str, ...] = ()
@@ -144,10 +167,6 @@ class Scenario(ABC):
             rollouts, for objectives that compare episodes that started alike).
         """
 
-    @abstractmethod
-    def make_agents(self) -> AgentModules:
-        """Build the agents' policy and value modules (on the CPU)."""
-
     def optimal_rewards(self) -> dict[str, float] | None:
         """Return each agent's best achievable expected episode return, if known."""
         return None
@@ -213,3 +232,69 @@ class Scenario(ABC):
         metrics = {f"agents/{name}/reward": returns[:, index].mean().item() for index, name in enumerate(self.agent_names)}
         metrics["reward"] = returns.mean().item()
         return metrics
+
+
+class TensorGame(Scenario):
+    """Capability: the agents are torch modules that the scenario builds (the tensor trainers' scenarios)."""
+
+    #: What the capability gives, for the one-line error of a trainer that requires it.
+    provides: ClassVar[str] = "agents that are torch modules"
+
+    @abstractmethod
+    def make_agents(self) -> AgentModules:
+        """Build the agents' policy and value modules (on the CPU)."""
+
+    def lm_agent_configs(self) -> dict[str, tuple[str, Any, int]]:
+        """The language-model agents, for the memory check before a run (none by default).
+
+        Returns
+        -------
+        dict
+            By agent name: the config path that sets the agent
+            (``scenario.agents.verifier``), its
+            :class:`~nip_like.lm.models.LMAgentConfig`, and the vocabulary of
+            the model folder it plays from in the chat view (0 in the token
+            view). See :func:`~nip_like.lm.memory.check_lm_memory`.
+        """
+        return {}
+
+
+class Demonstrating(ABC):
+    """Capability: the scenario demonstrates its agents' play (what a warm start fits them to)."""
+
+    provides: ClassVar[str] = "demonstrations"
+
+    #: Version of :meth:`demonstrations`, part of the warm-start cache key: bump it when they
+    #: change, so that agents fitted to the old ones are not reused.
+    pretrain_data_version: ClassVar[int | None] = None
+
+    @abstractmethod
+    def demonstration_agents(self) -> list[str]:
+        """The agents that :meth:`demonstrations` gives play for."""
+
+    @abstractmethod
+    def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
+        """Each demonstrated agent's play on ``split``, by agent name.
+
+        Either token demonstrations (``"prompt_ids"``, ``"prompt_mask"``,
+        ``"tokens"``, ``"token_mask"``: a language model's prompt and message)
+        or decision datapoints laid out as :meth:`Labelled.supervised_data`.
+        """
+
+
+class Labelled(ABC):
+    """Capability: the scenario's datapoints come with the correct decision (supervised data)."""
+
+    provides: ClassVar[str] = "labelled data"
+
+    #: Version of :meth:`supervised_data`, part of the warm-start cache key (see
+    #: :attr:`Demonstrating.pretrain_data_version`).
+    pretrain_data_version: ClassVar[int | None] = None
+
+    @abstractmethod
+    def supervised_data(self, split: str) -> TensorDictBase:
+        """Every agent's first observation of each datapoint of ``split``, with ``"target_action"`` and ``"target_mask"``."""
+
+    def supervised_metrics(self, predicted: torch.Tensor, data: TensorDictBase) -> dict[str, float]:
+        """Scenario-specific measures of predicted decisions ``(E,)`` on ``data`` (none by default)."""
+        return {}

@@ -15,7 +15,7 @@ import os
 from abc import ABC, abstractmethod
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 from omegaconf import DictConfig
@@ -28,7 +28,7 @@ from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.config import run_id
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
-from nip_like.scenarios.base import Scenario
+from nip_like.scenarios.base import Scenario, TensorGame
 
 _PROGRESS_TOTAL = "_nip_like_progress_total"
 
@@ -132,6 +132,11 @@ class Trainer(ABC):
         Where metrics go.
     """
 
+    #: What the trainer needs of its scenario: capabilities of :mod:`nip_like.scenarios.base`
+    #: (a tuple among them: any one of those), checked before any work by
+    #: :func:`nip_like.experiment.check_requirements`.
+    requires: ClassVar[tuple[type | tuple[type, ...], ...]] = ()
+
     def __init__(self, config: DictConfig, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
         self.config = config
         self.scenario = scenario
@@ -145,6 +150,16 @@ class Trainer(ABC):
         self.progress_initial: dict[str, int] = {}
         #: The data split the test loop plays (``python -m nip_like.evaluate --split`` changes it).
         self.test_split = "test"
+
+    @classmethod
+    def requirements(cls, config: DictConfig) -> dict[str, tuple[type | tuple[type, ...], ...]]:
+        """What the trainer needs of its scenario under ``config``, by what needs it.
+
+        By default the trainer's :attr:`requires`, under ``trainer <name>``; a
+        trainer whose options need more adds them under the option's path
+        (``trainer.pretrain.agents``).
+        """
+        return {f"trainer {config.trainer.trainer_type}": cls.requires}
 
     @classmethod
     def preflight(cls, config: DictConfig, scenario: Scenario) -> None:
@@ -247,23 +262,21 @@ class TensorDictTrainer(Trainer, ABC):
     :meth:`_build_train_context` and :meth:`_build_test_context`.
     """
 
+    requires = (TensorGame,)
+
     @classmethod
-    def preflight(cls, config: DictConfig, scenario: Scenario) -> None:
+    def preflight(cls, config: DictConfig, scenario: TensorGame) -> None:
         """Refuse LM agents whose memory clearly cannot fit the run's device (:func:`~nip_like.lm.memory.check_lm_memory`).
 
-        The agents are those of a scenario with language-model agents (one
-        that has ``agent_configs``); other scenarios have nothing to check.
+        The agents are the scenario's language-model agents
+        (:meth:`~nip_like.scenarios.base.TensorGame.lm_agent_configs`); a scenario
+        without any has nothing to check.
         """
-        agent_configs = getattr(scenario, "agent_configs", None)
-        if agent_configs is None:
+        agents = scenario.lm_agent_configs()
+        if not agents:
             return
         from nip_like.lm.memory import check_lm_memory
 
-        chat_view = bool(getattr(scenario, "chat_view", False))
-        agents = {}
-        for name, agent in agent_configs().items():
-            where = f"scenario.agents.{name}" if name in config.scenario.get("agents", {}) else "scenario.default_agent"
-            agents[name] = (where, agent, int(agent.vocab_size) if chat_view else 0)
         trainer = config.trainer
         world_size = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # torchrun splits the batch over the ranks
         batch = max(int(trainer.get("num_envs", 1)) // world_size, int(trainer.get("test_batch_episodes", 1)) // world_size, 1)

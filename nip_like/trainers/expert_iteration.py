@@ -10,7 +10,6 @@ from tensordict import TensorDict
 from nip_like.allowed import checked
 from nip_like.checkpoint import derive_seed
 from nip_like.registry import register_trainer
-from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT
 from nip_like.text.fine_tune import FineTuneSpec
 from nip_like.trainers.pure_text import FineTuneOptions, PureTextRlTrainer, TextTrainingConfig, sft_record
 
@@ -67,7 +66,7 @@ class ExpertIterationTrainer(PureTextRlTrainer):
         deciding = set(deciding.values())
         for index, turn in enumerate(turns):
             if index in deciding and rng.random() < share:
-                kept[turn["group"]].append(sft_record(turn, ACCEPT if turn["label"] else REJECT))
+                kept[turn["group"]].append(sft_record(turn, self.scenario.accept_word if turn["label"] else self.scenario.reject_word))
                 continue
             if self.options.selection == "threshold":
                 keep = turn["return"] >= float(self.options.reward_threshold)

@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from nip_like.allowed import checked
 from nip_like.checkpoint import derive_seed, write_text_atomic
 from nip_like.errors import ConfigError, FineTuneError
+from nip_like.scenarios.chat import ChatGame
 from nip_like.scenarios.decisions import decision_metrics
 from nip_like.text.fine_tune import FineTuneSpec
 from nip_like.text.jobs import FineTuneBackend, LocalFineTuneBackend
@@ -124,13 +125,10 @@ class PureTextRlTrainer(Trainer):
         replies and groups the agents.
     """
 
-    def __init__(self, config, scenario, run_dir, logger) -> None:
+    requires = (ChatGame,)
+
+    def __init__(self, config, scenario: ChatGame, run_dir, logger) -> None:
         super().__init__(config, scenario, run_dir, logger)
-        if not hasattr(scenario, "group_names"):
-            raise ConfigError(
-                f"trainer {config.trainer.trainer_type} trains text agents: use a chat scenario "
-                f"(scenario=duplicates_chat), not {config.scenario.name}"
-            )
         self.options = config.trainer.objective
         self.num_iterations = int(config.trainer.num_iterations)
         self.seed = int(config.seed)
@@ -143,15 +141,13 @@ class PureTextRlTrainer(Trainer):
         self.final_metrics: dict[str, float] = {}
 
     @classmethod
-    def preflight(cls, config, scenario) -> None:
+    def preflight(cls, config, scenario: ChatGame) -> None:
         """Refuse, in one line, a model group's server (``backend: openai``) that does not answer.
 
         Each server is asked once (``GET <base_url>/models``) with the
         group's timeout and retries
         (:func:`~nip_like.text.remote.check_text_model_server`).
         """
-        if not hasattr(scenario, "group_names"):
-            return  # __init__ refuses a scenario without text agents
         checked_urls: set[str | None] = set()
         for group in scenario.group_names():
             model = scenario.model_config(group)

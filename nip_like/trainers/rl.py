@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
@@ -37,7 +37,7 @@ from nip_like.objectives.masking import per_agent_mean
 from nip_like.objectives.reference import ReferencePolicy, divergence_from_reference
 from nip_like.pretrain import pretrain_agents
 from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
-from nip_like.scenarios.base import Scenario
+from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 
 
@@ -104,7 +104,15 @@ class TensorDictRlTrainer(TensorDictTrainer):
     The attributes above are ready when :meth:`_get_loss_module_and_gae` runs.
     """
 
-    def __init__(self, config, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
+    @classmethod
+    def requirements(cls, config: DictConfig) -> dict[str, tuple[type | tuple[type, ...], ...]]:
+        """:attr:`requires`, and with ``trainer.pretrain.agents`` demonstrations or labelled data to fit them to."""
+        requirements = super().requirements(config)
+        if config.trainer.pretrain.agents:
+            requirements["trainer.pretrain.agents"] = ((Demonstrating, Labelled),)
+        return requirements
+
+    def __init__(self, config, scenario: TensorGame, run_dir: Path, logger: MetricLogger) -> None:
         super().__init__(config, scenario, run_dir, logger)
         self.trainer_config = config.trainer
         self.device = torch.device(config.run.device)

@@ -20,10 +20,10 @@ from nip_like.pretrain import (
     is_token_data,
     policy_network,
     predicted_decisions,
-    require_labelled_data,
     split_data,
 )
 from nip_like.registry import register_trainer
+from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 
 
@@ -67,9 +67,10 @@ class SoloAgentTrainer(TensorDictTrainer):
     test split: a baseline of what the agent can learn without interaction.
     """
 
+    requires = (TensorGame, (Demonstrating, Labelled))
+
     def __init__(self, config, scenario, run_dir, logger) -> None:
         super().__init__(config, scenario, run_dir, logger)
-        require_labelled_data(scenario, "trainer solo_agent")
         tc = config.trainer
         self.agent = str(tc.objective.agent)
         if self.agent not in scenario.agent_names:
@@ -109,7 +110,7 @@ class SoloAgentTrainer(TensorDictTrainer):
         predicted = predicted_decisions(self.agents, self.agent_index, data)
         target = data.get(TARGET_KEY)
         metrics = {"accuracy": (predicted == target).float().mean().item()}
-        if hasattr(self.scenario, "supervised_metrics"):
+        if isinstance(self.scenario, Labelled):
             metrics.update(self.scenario.supervised_metrics(predicted, data))
         return {f"{prefix}/{k}": v for k, v in metrics.items()}
 

@@ -43,7 +43,8 @@ from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text r
     read_list_line,
 )
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
-from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesScenario
+from nip_like.scenarios.chat import ChatGame
+from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesGame
 from nip_like.text.interface import Chat, Sampling, TextModel, TextModelConfig
 
 #: Width of the token action the chat replies are translated into: two cells and ``<eos>``.
@@ -62,7 +63,7 @@ class DuplicatesChatConfig(DuplicatesDataConfig):
 
 
 @register_scenario("duplicates_chat", DuplicatesChatConfig)
-class DuplicatesChatScenario(DuplicatesScenario):
+class DuplicatesChatScenario(DuplicatesGame, ChatGame):
     """The duplicates game for text agents: same data, protocols and rules as ``duplicates``, as chat.
 
     The agents are text models (:class:`~nip_like.text.interface.TextModelConfig`),
@@ -72,6 +73,9 @@ class DuplicatesChatScenario(DuplicatesScenario):
     ``scenario=duplicates``, on the same lists when ``num_lists``,
     ``dataset_seed`` and the split fractions agree.
     """
+
+    accept_word = ACCEPT
+    reject_word = REJECT
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
@@ -87,12 +91,6 @@ class DuplicatesChatScenario(DuplicatesScenario):
     def message_tokens(self) -> int:
         return ACTION_TOKENS
 
-    def make_agents(self):
-        raise ConfigError(
-            "scenario duplicates_chat has text agents: train it with a text trainer (trainer=expert_iteration or "
-            "trainer=malt), or use scenario=duplicates for the tensor trainers"
-        )
-
     def preflight(self) -> None:
         """Check each local text model's folder and its chat template, without loading weights."""
         for group in self.group_names():
@@ -103,16 +101,9 @@ class DuplicatesChatScenario(DuplicatesScenario):
                 if not getattr(tokenizer, "chat_template", None):
                     raise ConfigError(f"{where}.path: the tokenizer in {model.path} has no chat_template, which text models need")
 
-    def check_lengths(self, prompt_length: int) -> None:
-        """Nothing to check: text models are sized by ``scenario.models`` and play the token game's moves."""
-
     def groups(self) -> dict[str, str]:
         """Each agent's model group (``scenario.agent_groups``, else the agent's own name)."""
         return {name: str(self.config.agent_groups.get(name, name)) for name in self.agent_names}
-
-    def group_names(self) -> list[str]:
-        """The model groups, in the order of their first agent."""
-        return list(dict.fromkeys(self.groups().values()))
 
     def model_config(self, group: str) -> TextModelConfig:
         """The text model of ``group`` (``scenario.models.<group>``, else ``scenario.default_model``;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +25,7 @@ from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.models import LMAgentConfig, architecture_context, build_lm_policy, load_tokenizer, model_context
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.base import Demonstrating, Scenario, ScenarioConfig, TensorGame
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics
 from nip_like.scenarios.duplicates.data import (
     DuplicateLists,
@@ -137,22 +138,18 @@ def decoy_messages(
     return pair
 
 
-@register_scenario("duplicates", DuplicatesConfig)
-class DuplicatesScenario(Scenario):
-    """Decide whether a list holds a duplicate pair, seeing only the cells that messages name.
+class DuplicatesGame(Scenario):
+    """The duplicates game without its agents: data, roles and the token game's environment.
 
-    The agents are causal language models (one per agent, built from
-    ``scenario.default_agent`` or ``scenario.agents.<name>``) sharing a
-    word-level tokenizer of the game's symbols. The lists are generated once
-    per generation config, cached and split like the graph data; periodic
+    The base of :class:`DuplicatesScenario` (language-model agents, for the
+    tensor trainers) and :class:`~nip_like.scenarios.duplicates.chat.DuplicatesChatScenario`
+    (text agents, for the text trainers). The lists are generated once per
+    generation config, cached and split like the graph data; periodic
     evaluation plays the validation split, the test loop the test split.
     """
 
     dataset_class = DuplicateLists
     split_names = SPLITS
-    #: Version of :meth:`demonstrations` (part of the warm-start cache key): 3 = sound verifier, decoys
-    #: named in a certificate's order.
-    pretrain_data_version = 3
 
     eval_split = "val"
 
@@ -189,11 +186,6 @@ class DuplicatesScenario(Scenario):
         role = self.role(agent)
         return str(self.config.system_prompts.get(role, SYSTEM_PROMPTS[role]))
 
-    @property
-    def chat_view(self) -> bool:
-        """Whether the agents play in chat (``scenario.view=chat``) rather than over the game's symbols."""
-        return self.config.get("view", "token") == "chat"
-
     # -------------------------------------------------------------------- data
     def splits(self) -> dict[str, DuplicateLists]:
         """The train, validation and test lists (generated or read from the cache once)."""
@@ -213,8 +205,68 @@ class DuplicatesScenario(Scenario):
 
     @cached_property
     def tokenizer(self):
-        """The agents' shared word-level tokenizer of the game's symbols."""
+        """The word-level tokenizer of the game's symbols (the token agents' shared tokenizer)."""
         return build_tokenizer(self.symbols.alphabet())
+
+    @property
+    @abstractmethod
+    def message_tokens(self) -> int:
+        """``T``: the longest message an agent can send, in the game's symbols."""
+
+    def make_env(
+        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
+    ) -> DuplicatesEnv:
+        common = dict(
+            verifier_view=str(self.config.verifier_view), num_envs=num_envs, device=device, seed=seed, group_size=group_size
+        )
+        game_ids = self.symbols.ids(self.tokenizer)
+        env = self.game_env(self.split(split), game_ids, common)
+        self.check_lengths(env.prompt_length)
+        return env
+
+    def game_env(self, lists: DuplicateLists, game_ids: dict[str, int], common: dict[str, Any]) -> DuplicatesEnv:
+        """The environment of :meth:`make_env` on ``lists``: the token game (``common``: its shared options)."""
+        return DuplicatesEnv(
+            self.protocol,
+            lists,
+            game_ids,
+            vocab_size=len(self.tokenizer),
+            message_tokens=self.message_tokens,
+            **common,
+        )
+
+    def check_lengths(self, prompt_length: int) -> None:
+        """Refuse, in one line, agents whose prompt plus message cannot fit (nothing to check by default).
+
+        Parameters
+        ----------
+        prompt_length : int
+            ``P``, the prompt width of the game's environment.
+        """
+
+
+@register_scenario("duplicates", DuplicatesConfig)
+class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
+    """Decide whether a list holds a duplicate pair, seeing only the cells that messages name.
+
+    The agents are causal language models (one per agent, built from
+    ``scenario.default_agent`` or ``scenario.agents.<name>``) sharing a
+    word-level tokenizer of the game's symbols (``scenario.view=token``), or
+    playing in chat through their own tokenizers (``scenario.view=chat``).
+    """
+
+    #: Version of :meth:`demonstrations` (part of the warm-start cache key): 3 = sound verifier, decoys
+    #: named in a certificate's order.
+    pretrain_data_version = 3
+
+    @property
+    def chat_view(self) -> bool:
+        """Whether the agents play in chat (``scenario.view=chat``) rather than over the game's symbols."""
+        return self.config.get("view", "token") == "chat"
+
+    def agent_config_path(self, name: str) -> str:
+        """The config path that sets agent ``name``: ``scenario.agents.<name>`` or ``scenario.default_agent``."""
+        return f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
 
     def agent_configs(self) -> dict[str, LMAgentConfig]:
         """Each agent's language-model config (``scenario.agents.<name>`` or ``scenario.default_agent``)."""
@@ -248,7 +300,7 @@ class DuplicatesScenario(Scenario):
         return configs
 
     def _built_chat_model(self, agent: LMAgentConfig, name: str) -> Path:
-        where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+        where = self.agent_config_path(name)
         family = str(agent.architecture)
         if family not in CHAT_FAMILIES:
             raise ConfigError(
@@ -282,42 +334,27 @@ class DuplicatesScenario(Scenario):
             for name, agent in self.chat_agent_configs.items()
         ]
 
-    def make_env(
-        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
-    ) -> DuplicatesEnv:
-        common = dict(
-            verifier_view=str(self.config.verifier_view), num_envs=num_envs, device=device, seed=seed, group_size=group_size
+    def game_env(self, lists: DuplicateLists, game_ids: dict[str, int], common: dict[str, Any]) -> DuplicatesEnv:
+        """The token game, or in the chat view the game rendered through each agent's chat template."""
+        if not self.chat_view:
+            return super().game_env(lists, game_ids, common)
+        return DuplicatesChatViewEnv(
+            self.protocol,
+            lists,
+            game_ids,
+            self.chat_speakers,
+            num_values=self.symbols.num_values,
+            reply_tokens=self.message_tokens,
+            quote_tokens=int(self.config.quote_tokens),
+            prompt_tokens=int(self.config.max_prompt_tokens),
+            indexed_list=self.config.list_format == "indexed",
+            **common,
         )
-        game_ids = self.symbols.ids(self.tokenizer)
-        if self.chat_view:
-            env = DuplicatesChatViewEnv(
-                self.protocol,
-                self.split(split),
-                game_ids,
-                self.chat_speakers,
-                num_values=self.symbols.num_values,
-                reply_tokens=self.message_tokens,
-                quote_tokens=int(self.config.quote_tokens),
-                prompt_tokens=int(self.config.max_prompt_tokens),
-                indexed_list=self.config.list_format == "indexed",
-                **common,
-            )
-        else:
-            env = DuplicatesEnv(
-                self.protocol,
-                self.split(split),
-                game_ids,
-                vocab_size=len(self.tokenizer),
-                message_tokens=self.message_tokens,
-                **common,
-            )
-        self.check_lengths(env.prompt_length)
-        return env
 
     def preflight(self) -> None:
         """Check each agent's model folder (and, in the chat view, its chat template) and its sizes, without weights."""
         for name, agent in self.agent_configs().items():
-            where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+            where = self.agent_config_path(name)
             if agent.pretrained_path is None:
                 context = architecture_context(str(agent.architecture), f"{where}.architecture")
             else:
@@ -347,7 +384,7 @@ class DuplicatesScenario(Scenario):
         """
         agents = self.chat_agent_configs if self.chat_view else self.agent_configs()
         for name, agent in agents.items():
-            where = f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
+            where = self.agent_config_path(name)
             longest = prompt_length + int(agent.max_new_tokens)
             budget = agent.max_tokens_per_micro_batch
             if budget is not None and budget < longest:
@@ -365,6 +402,13 @@ class DuplicatesScenario(Scenario):
                     )
 
     # ------------------------------------------------------------------ agents
+    def lm_agent_configs(self) -> dict[str, tuple[str, LMAgentConfig, int]]:
+        """Each agent's config path and config, and in the chat view the vocabulary of its model folder."""
+        return {
+            name: (self.agent_config_path(name), agent, int(agent.vocab_size) if self.chat_view else 0)
+            for name, agent in self.agent_configs().items()
+        }
+
     def make_agents(self) -> AgentModules:
         policies = {}
         if self.chat_view:

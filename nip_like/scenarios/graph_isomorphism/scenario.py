@@ -16,7 +16,7 @@ from nip_like.folders import check_writable_folder
 from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.distributions import masked_log_softmax
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.base import Demonstrating, Labelled, ScenarioConfig, TensorGame
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
@@ -48,7 +48,7 @@ class GraphIsomorphismConfig(ScenarioConfig):
 
 
 @register_scenario("graph_isomorphism", GraphIsomorphismConfig)
-class GraphIsomorphismScenario(Scenario):
+class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
     """Decide whether two graphs are isomorphic, helped (or misled) by provers.
 
     The dataset is generated once per generation config and cached

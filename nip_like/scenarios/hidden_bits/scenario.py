@@ -12,7 +12,7 @@ from nip_like.allowed import checked
 from nip_like.agents import AgentModules, AgentNetConfig, build_actor_critic, mlp
 from nip_like.errors import ConfigError
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.base import ScenarioConfig, TensorGame
 from nip_like.scenarios.hidden_bits.environment import HiddenBitsEnv
 
 
@@ -28,7 +28,7 @@ class HiddenBitsConfig(ScenarioConfig):
 
 
 @register_scenario("hidden_bits", HiddenBitsConfig)
-class HiddenBitsScenario(Scenario):
+class HiddenBitsScenario(TensorGame):
     """A prover must convey a hidden bit string to a verifier.
 
     The seconds-long smoke scenario, and the yardstick of learning tests: its

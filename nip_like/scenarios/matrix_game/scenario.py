@@ -26,7 +26,7 @@ from nip_like.errors import ConfigError
 from nip_like.keys import ACTION_MASK_KEY, LOGITS_KEY, OBSERVATION_KEY
 from nip_like.protocols.matrix_game import PLAYERS
 from nip_like.registry import register_scenario
-from nip_like.scenarios.base import Scenario, ScenarioConfig
+from nip_like.scenarios.base import ScenarioConfig, TensorGame
 from nip_like.scenarios.matrix_game.environment import MatrixGameEnv
 
 #: Matching pennies: the row player wins when the coins match, the column player when they differ.
@@ -87,7 +87,7 @@ class ConstantValue(nn.Module):
 
 
 @register_scenario("matrix_game", MatrixGameConfig)
-class MatrixGameScenario(Scenario):
+class MatrixGameScenario(TensorGame):
     """A one-shot two-player game from a payoff table; the policies' parameters are their logits.
 
     Needs the ``matrix_game`` protocol (two players acting at once, once).
