@@ -62,7 +62,9 @@ def test_rollout_and_framework_updates(run_main, tmp_path, capsys):
         assert all(tokens > 0 for tokens in rollout[side]["tokens"])
         assert rollout[side]["median_seconds_per_token"] > 0
     assert rollout["ratio"] > 0 and rollout["target_ratio"] == pytest.approx(1.10)
-    assert isinstance(rollout["meets_target"], bool)
+    per_token = {side: rollout[side]["median_seconds_per_token"] for side in ("nip_like", "generate")}
+    assert rollout["ratio"] == pytest.approx(per_token["nip_like"] / per_token["generate"])
+    assert rollout["meets_target"] is (rollout["ratio"] <= rollout["target_ratio"])
     assert rollout["same_messages"] is True  # same distribution, same seed, on the CPU
 
     for objective in ("GRPO", "DPO"):
