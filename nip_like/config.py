@@ -32,6 +32,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from nip_like.allowed import Allowed, check_values, checked
 from nip_like.errors import ConfigError
 from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS
+from nip_like.text.jobs import JobsConfig
 
 #: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
 #: repository's top-level ``configs`` is a link to it), so that an installed wheel runs.
@@ -41,9 +42,10 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 HYPER_PARAMETER_KEYS = ("seed", "trainer", "scenario", "protocol")
 
 #: Field names, at any depth of the hyper-parameter sections, that say where
-#: things are kept, not what they are: caches are keyed by their contents, so
-#: moving one changes no result (``scenario.cache_dir``, ``trainer.pretrain.cache_dir``).
-LOCATION_KEYS = ("cache_dir",)
+#: things are kept or run, not what they are: caches are keyed by their contents, so
+#: moving one changes no result (``scenario.cache_dir``, ``trainer.pretrain.cache_dir``),
+#: and a fine-tune job trains the same on any executor (``trainer.jobs``).
+LOCATION_KEYS = ("cache_dir", "jobs")
 
 
 @dataclass
@@ -124,6 +126,7 @@ class TrainerConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
+    jobs: JobsConfig = field(default_factory=JobsConfig)  # where the text trainers' fine-tune jobs run (submitit: local | slurm); a run setting, not in the run id
 
 
 @dataclass

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,6 @@ from nip_like.errors import ConfigError
 from nip_like.experiment import build_scenario, build_trainer
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, parse_cells, parse_decision, read_list_line
 from nip_like.text.fine_tune import FineTuneSpec, fine_tune
-from nip_like.text.jobs import LocalFineTuneBackend
 from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.models import LocalTextModel, create_model_folder
 from nip_like.text.rollouts import load_rollouts, play_episodes, rollout_records, save_rollouts
@@ -218,44 +214,6 @@ def test_a_bad_dataset_line_is_named(tmp_path, model_folder):
     data.write_text(json.dumps({"prompt": []}) + "\n")
     with pytest.raises(ConfigError, match="missing chosen, rejected"):
         fine_tune(FineTuneSpec("x", "dpo", str(model_folder), str(data), str(tmp_path / "out")))
-
-
-# ------------------------------------------------------------------ local jobs
-@pytest.mark.slow
-def test_a_local_job_runs_once_and_a_failed_one_names_its_error_and_log(tmp_path, model_folder):
-    backend = LocalFineTuneBackend(tmp_path / "jobs")
-    data = write_jsonl(tmp_path / "sft.jsonl", sft_records(8))
-    spec = FineTuneSpec("good", "sft", str(model_folder), str(data), str(tmp_path / "models" / "good"), num_threads=1)
-    assert backend.status("good").state == "pending"
-    assert backend.submit(spec).state == "running"
-    status = backend.wait(["good"], poll_seconds=0.1, timeout=120)["good"]
-    assert status.state == "succeeded" and Path(status.model, "config.json").is_file()
-    # Submitted again (a resumed run), it is not run twice.
-    assert backend.submit(spec).state == "succeeded"
-    assert (tmp_path / "jobs" / "good" / "log.txt").read_text().count("--- started") == 1
-    assert len((tmp_path / "jobs" / "good" / "metrics.jsonl").read_text().splitlines()) == 1
-
-    broken = FineTuneSpec("bad", "sft", str(tmp_path / "missing"), str(data), str(tmp_path / "models" / "bad"), num_threads=1)
-    backend.submit(broken)
-    status = backend.wait(["bad"], poll_seconds=0.1, timeout=120)["bad"]
-    assert status.state == "failed" and "\n" not in status.error and status.log.endswith("log.txt")
-    assert "Traceback" in Path(status.log).read_text()
-
-
-def test_a_killed_worker_is_reported_failed_not_running(tmp_path, model_folder):
-    backend = LocalFineTuneBackend(tmp_path / "jobs")
-    data = write_jsonl(tmp_path / "sft.jsonl", sft_records(64))
-    spec = FineTuneSpec("slow", "sft", str(model_folder), str(data), str(tmp_path / "out"), epochs=10_000, num_threads=1)
-    backend.submit(spec)
-    status_file = tmp_path / "jobs" / "slow" / "status.json"
-    deadline = time.monotonic() + 60
-    while not status_file.is_file() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(json.loads(status_file.read_text())["pid"], signal.SIGKILL)
-    status = backend.wait(["slow"], poll_seconds=0.1, timeout=30)["slow"]
-    assert status.state == "failed" and "ended without finishing" in status.error
-    # A fresh backend (a resumed run) sees the same.
-    assert LocalFineTuneBackend(tmp_path / "jobs").status("slow").state == "failed"
 
 
 def test_a_tree_of_replies_shares_each_node_among_its_leaves():

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 from pathlib import Path
 
 import pytest
@@ -19,8 +17,9 @@ from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, read_lis
 from nip_like.text.interface import Sampling, TextModel
 from nip_like.text.rollouts import play_episodes
 from nip_like.errors import RunInterrupted
-from nip_like.text.jobs import LocalFineTuneBackend
+from nip_like.text.jobs import SubmititFineTuneBackend
 from nip_like.trainers.pure_text import STAGES, PureTextRlTrainer
+from tests.test_text_jobs import attempts, kill_when_started
 
 TINY = (
     "preset=text_quick",
@@ -60,7 +59,7 @@ def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(tmp_path):
     # The warm start and the first iteration's job changed both groups' models; the last iteration has no job.
     for group in ("prover", "verifier"):
         assert state["groups"][group]["model"].endswith(f"models/{group}/it0000-{group}")
-        assert (run_dir / "fine_tune" / f"{run_id(config(KEEP_ALL))}-warm-{group}" / "status.json").is_file()
+        assert (run_dir / "fine_tune" / f"{run_id(config(KEEP_ALL))}-warm-{group}" / "job.json").is_file()
     assert not list((run_dir / "fine_tune").glob("*-it0001-*"))
     # Every iteration's rollouts and tests are readable JSONL; the tests ran at the first and last iteration.
     for iteration in (0, 1):
@@ -113,9 +112,10 @@ def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, m
         stages_seen.append((state["iteration"], state["stage"]))
     assert len(set(stages_seen)) == len(stages_seen), "each resume went one stage further"
     assert run_experiment(config(KEEP_ALL), run_dir, resume=True) == reference
-    # Nothing was done twice: one log start per job, one rollouts file per iteration.
-    for log in (run_dir / "fine_tune").glob("*/log.txt"):
-        assert log.read_text().count("--- started") == 1
+    # Nothing was done twice: one attempt per job (a job still running at a stop was adopted), one rollouts file
+    # per iteration.
+    for job in (run_dir / "fine_tune").iterdir():
+        assert len(attempts(job)) == 1, job
     assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == (
         tmp_path / "reference" / "rollouts" / "iteration_0000.jsonl"
     ).read_text()
@@ -124,22 +124,22 @@ def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, m
 @pytest.mark.slow
 def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollouts(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    original = LocalFineTuneBackend.submit
+    original = SubmititFineTuneBackend.submit
 
     def submit_and_kill(self, spec):
         status = original(self, spec)
         if "-it0000-" in spec.job_id:
-            # The worker dies (killed, out of memory) before it finishes.
-            os.killpg(int((self.folder(spec.job_id) / "pid").read_text()), signal.SIGKILL)
+            # The job is killed from outside (as by the OOM killer) once it has started.
+            kill_when_started(self, spec.job_id)
         return status
 
-    monkeypatch.setattr(LocalFineTuneBackend, "submit", submit_and_kill)
+    monkeypatch.setattr(SubmititFineTuneBackend, "submit", submit_and_kill)
     with pytest.raises(FineTuneError) as error:
         run_experiment(config(KEEP_ALL), run_dir)
     message = str(error.value)
-    assert "\n" not in message and "ended without finishing" in message
+    assert "\n" not in message and "ended without a result" in message
     log = Path(message.split("log: ")[1])
-    assert log.name == "log.txt" and log.is_file()
+    assert log.name.endswith("_0_log.out") and log.is_file() and "--- started" in log.read_text()
     state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
     assert state["iteration"] == 0 and state["stage"] == "create_fine_tune_jobs"
     rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text()
@@ -147,7 +147,29 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
     metrics = run_experiment(config(KEEP_ALL), run_dir, resume=True)
     assert metrics == run_experiment(config(KEEP_ALL), tmp_path / "reference")
     assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == rollouts
-    assert log.read_text().count("--- started") == 2  # the retry ran the job again
+    assert len(attempts(log.parent)) == 2  # the retry ran the job again, with a log of its own
+
+
+@pytest.mark.slow
+def test_a_resumed_run_adopts_the_jobs_that_are_still_running(tmp_path, monkeypatch):
+    overrides = (KEEP_ALL, "trainer.objective.warm_start_episodes=0", "trainer.objective.fine_tune.epochs=200")
+    run_dir = tmp_path / "run"
+    # Stopped right after the first iteration's jobs were submitted (sampling, statistics, test, jobs).
+    stop_after_stages(monkeypatch, 4)
+    with pytest.raises(RunInterrupted):
+        run_experiment(config(*overrides), run_dir)
+    monkeypatch.undo()
+    state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
+    assert state["stage"] == "await_fine_tune_jobs"
+    jobs = [state["groups"][group]["job_id"] for group in ("prover", "verifier")]
+    # The jobs went on without the trainer; the resumed run re-attaches them and waits, it does not start them again.
+    assert [SubmititFineTuneBackend(run_dir / "fine_tune").status(job).state for job in jobs] == ["running", "running"]
+    assert "test/accuracy" in run_experiment(config(*overrides), run_dir, resume=True)
+    for job in jobs:
+        assert len(attempts(run_dir / "fine_tune" / job)) == 1
+    state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
+    for group in ("prover", "verifier"):
+        assert state["groups"][group]["model"].endswith(f"models/{group}/it0000-{group}")
 
 
 @pytest.mark.slow

@@ -1,34 +1,37 @@
-"""The worker process of a local fine-tune job: ``python -m nip_like.text.worker JOB_FOLDER``.
+"""What a fine-tune job runs: :func:`run_job`, submitted through submitit by :mod:`nip_like.text.jobs`.
 
-Reads ``JOB_FOLDER/spec.json`` (a :class:`~nip_like.text.fine_tune.FineTuneSpec`),
-runs it, and keeps ``JOB_FOLDER/status.json`` current (written atomically):
-``running`` with its process id while it trains, then ``succeeded`` with the
-model's folder, or ``failed`` with a one-line error (the traceback goes to the
-job's log). Each optimiser step's metrics are appended to
-``JOB_FOLDER/metrics.jsonl``.
+It reads ``JOB_FOLDER/spec.json`` (a :class:`~nip_like.text.fine_tune.FineTuneSpec`),
+runs it, appends each optimiser step's metrics to ``JOB_FOLDER/metrics.jsonl``
+and returns the model's folder, which submitit keeps as the job's result. A
+failure prints its traceback to the job's log and is raised again as
+:class:`JobFailed`, whose message is one line: submitit records it as the
+job's error.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
+import time
 import traceback
 from pathlib import Path
 
-from nip_like.checkpoint import write_text_atomic
-from nip_like.cli import one_line
+from nip_like.errors import one_line
 
 
-def write_status(folder: Path, **status) -> None:
-    """Replace the job's ``status.json``."""
-    write_text_atomic(json.dumps(status), folder / "status.json")
+class JobFailed(Exception):
+    """A fine-tune job failed; the message is its error in one line (the traceback is in the job's log)."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the job in the folder given on the command line; 0 on success, 1 on failure."""
-    folder = Path((argv if argv is not None else sys.argv[1:])[0])
-    write_status(folder, status="running", pid=os.getpid())
+def run_job(folder: str) -> str:
+    """Run the job in ``folder``; the fine-tuned model's folder.
+
+    Raises
+    ------
+    JobFailed
+        With the error in one line, whatever went wrong.
+    """
+    folder = Path(folder)
+    print(f"--- started {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
     try:
         from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 
@@ -41,14 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"job {spec.job_id}: {spec.method} of {spec.base_model} on {spec.dataset}", flush=True)
             output = fine_tune(spec, log)
-        print(f"job {spec.job_id}: saved {output}", flush=True)
-        write_status(folder, status="succeeded", pid=os.getpid(), model=str(output))
-        return 0
-    except BaseException as error:  # noqa: BLE001 - every failure must be reported, then re-raised for the log
+    except Exception as error:  # noqa: BLE001 - every failure is reported in one line, its traceback in the log
         traceback.print_exc()
-        write_status(folder, status="failed", pid=os.getpid(), error=one_line(error) or type(error).__name__)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise JobFailed(one_line(error) or type(error).__name__) from None
+    print(f"job {spec.job_id}: saved {output}", flush=True)
+    return str(output)

@@ -42,7 +42,7 @@ from nip_like.errors import ConfigError, FineTuneError
 from nip_like.scenarios.chat import ChatGame
 from nip_like.scenarios.decisions import decision_metrics
 from nip_like.text.fine_tune import FineTuneSpec
-from nip_like.text.jobs import FineTuneBackend, LocalFineTuneBackend
+from nip_like.text.jobs import FineTuneBackend, JobsConfig, SubmititFineTuneBackend, check_executor
 from nip_like.text.models import Sampling, TextModel, build_text_model, create_model_folder
 from nip_like.text.remote import BASE_URL_ENV, check_text_model_server
 from nip_like.text.rollouts import load_rollouts, play_episodes, rollout_records, save_rollouts
@@ -57,7 +57,7 @@ TEST_SCHEMES = ("none", "all", "last", "first_and_last")
 
 @dataclass
 class FineTuneOptions:
-    """How each fine-tune job trains (the local backend's worker)."""
+    """How each fine-tune job trains (:func:`~nip_like.text.worker.run_job`; where it runs is ``trainer.jobs``)."""
 
     epochs: int = checked(2, ge=1)  # passes over the job's dataset
     lr: float = checked(3e-4, gt=0)  # AdamW learning rate
@@ -133,7 +133,8 @@ class PureTextRlTrainer(Trainer):
         self.num_iterations = int(config.trainer.num_iterations)
         self.seed = int(config.seed)
         self.device = str(config.run.device)
-        self.backend: FineTuneBackend = LocalFineTuneBackend(self.run_dir / "fine_tune")
+        self.jobs = config.trainer.get("jobs") or JobsConfig()  # a run folder from before trainer.jobs has none
+        self.backend: FineTuneBackend = SubmititFineTuneBackend(self.run_dir / "fine_tune", self.jobs)
         self.state = TextTrainState(groups={group: GroupState(model="") for group in scenario.group_names()})
         if int(self.options.warm_start_episodes) == 0:
             self.state.stage = STAGES[0]
@@ -142,12 +143,16 @@ class PureTextRlTrainer(Trainer):
 
     @classmethod
     def preflight(cls, config, scenario: ChatGame) -> None:
-        """Refuse, in one line, a model group's server (``backend: openai``) that does not answer.
+        """Refuse, in one line, a job executor this machine lacks or a model group's server (``backend: openai``) that does not answer.
+
+        ``trainer.jobs.executor: slurm`` needs SLURM's commands on ``PATH``
+        (:func:`~nip_like.text.jobs.check_executor`).
 
         Each server is asked once (``GET <base_url>/models``) with the
         group's timeout and retries
         (:func:`~nip_like.text.remote.check_text_model_server`).
         """
+        check_executor(config.trainer.get("jobs") or JobsConfig())
         checked_urls: set[str | None] = set()
         for group in scenario.group_names():
             model = scenario.model_config(group)
@@ -218,11 +223,19 @@ class PureTextRlTrainer(Trainer):
             num_threads=self._job_threads(),
         )
 
-    def _job_threads(self) -> int:
-        """Threads per job: ``run.num_threads``, else the cores shared among the groups' concurrent jobs."""
+    def _job_threads(self) -> int | None:
+        """Threads per job.
+
+        On SLURM ``trainer.jobs.cpus_per_task``, else ``run.num_threads``, else
+        torch's default on the job's node; locally ``run.num_threads``, else
+        this machine's cores shared among the groups' concurrent jobs.
+        """
+        slurm = str(self.jobs.executor) == "slurm"
+        if slurm and self.jobs.cpus_per_task:
+            return int(self.jobs.cpus_per_task)
         if self.config.run.num_threads:
             return int(self.config.run.num_threads)
-        return max(1, (os.cpu_count() or 1) // len(self.state.groups))
+        return None if slurm else max(1, (os.cpu_count() or 1) // len(self.state.groups))
 
     def write_dataset(self, name: str, records: list[dict]) -> Path:
         """Write fine-tune records (JSONL) to ``datasets/<name>.jsonl``, atomically."""
