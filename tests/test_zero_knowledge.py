@@ -256,3 +256,30 @@ def test_a_zero_knowledge_request_that_cannot_be_met_is_one_line_exit_2(tmp_path
     if "cannot" in fragment:  # the message names what can
         assert str(ZK_PROTOCOLS) in err or "['graph_isomorphism']" in err, err
     assert not (tmp_path / "run").exists()  # before any work
+
+
+class Interrupted(Exception):
+    """Stops a run mid-way."""
+
+
+@pytest.mark.slow
+def test_an_interrupted_zk_run_resumes_to_the_same_final_metrics(tmp_path, cache_dir, monkeypatch):
+    # The episodes' zero-knowledge state (who plays, the simulator's messages, the distances) resumes exactly.
+    from nip_like.trainers.rl import TensorDictRlTrainer
+
+    overrides = ("trainer.num_iterations=4", "run.checkpoint_every=1", "logger=csv", "trainer.eval.every=3")
+    reference = run_experiment(gi_config(cache_dir, *overrides), tmp_path / "reference")
+    original = TensorDictRlTrainer._train_iteration
+
+    def stop_at_three(self):
+        if self.state.iteration == 3:
+            raise Interrupted
+        return original(self)
+
+    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", stop_at_three)
+    with pytest.raises(Interrupted):
+        run_experiment(gi_config(cache_dir, *overrides), tmp_path / "resumed")
+    monkeypatch.undo()
+    resumed = run_experiment(gi_config(cache_dir, *overrides), tmp_path / "resumed", resume=True)
+    assert resumed == reference
+    assert "test/zero_knowledge/simulator_distance" in resumed

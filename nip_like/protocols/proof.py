@@ -12,6 +12,7 @@ simulator (:mod:`nip_like.protocols.zero_knowledge`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -158,7 +159,7 @@ class ProofProtocol(Protocol):
                 f"protocol {self.name} cannot be made zero-knowledge (it has no prover); "
                 f"protocol.zero_knowledge=true needs one of {zero_knowledge_protocols()}"
             )
-        defaults = {"zk_simulator_reward": 1.0, "zk_prover_reward": 1.0, "zk_adversarial_share": 0.5}
+        defaults = {field.name: field.default for field in dataclasses.fields(ProofRewardsConfig)}
         given = {"zk_simulator_reward": simulator_reward, "zk_prover_reward": prover_reward, "zk_adversarial_share": adversarial_share}
         ignored = [key for key, value in given.items() if value != defaults[key]]
         if ignored and not zero_knowledge:
