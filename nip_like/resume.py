@@ -22,6 +22,7 @@ from nip_like.cli import EXIT_INTERRUPTED, OneLineArgumentParser, report_errors
 from nip_like.config import ExperimentConfig
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import CONFIG_FILE, format_metrics, run_experiment
+from nip_like.sweeps.progress import progress_from_environment
 
 #: Config sections a resumed run may change.
 RESUME_OVERRIDABLE = ("run.", "logger.")
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with report_errors():
             config = load_run_config(args.run_dir, args.overrides)
-            metrics = run_experiment(config, args.run_dir, resume=True)
+            # A sweep's job resumed this way still reports to the sweep's progress bar.
+            metrics = run_experiment(config, args.run_dir, resume=True, progress=progress_from_environment)
     except KeyboardInterrupt:  # before the run started (a run reports its own interruption)
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

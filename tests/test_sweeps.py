@@ -134,6 +134,29 @@ def test_a_run_writes_its_progress_through_the_hook_the_sweep_hands_in(tmp_path,
     assert read_progress(progress) == total
 
 
+
+
+def test_a_job_resumed_by_nip_like_resume_reports_its_progress_too(tmp_path, monkeypatch):
+    from nip_like import resume
+    from nip_like.trainers.rl import TensorDictRlTrainer
+
+    config = smoke_config("trainer.num_iterations=3", "run.checkpoint_every=1", "run.progress_bar=false")
+    original = TensorDictRlTrainer._train_iteration
+
+    def stop_at_two(self):
+        if self.state.iteration == 2:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", stop_at_two)
+    with pytest.raises(BaseException):
+        run_experiment(config, tmp_path / "run", handle_signals=False)
+    monkeypatch.undo()
+    progress = tmp_path / "progress"
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(progress))
+    assert resume.main([str(tmp_path / "run"), "logger.print_metrics=false"]) == 0
+    total = build_trainer(config, tmp_path / "count").get_total_num_iterations()
+    assert read_progress(progress) == total  # the iterations done before the stop count too
 @pytest.mark.slow  # a subprocess: seconds of start-up
 def test_dry_run_lists_jobs_and_touches_nothing(config_dir, tmp_path):
     out = tmp_path / "sweep"
