@@ -206,7 +206,7 @@ def test_the_chat_view_renders_prompts_through_each_agents_template(chat_model, 
 
 def test_prompts_rendered_together_are_the_template_applied_to_each(chat_model):
     tokenizer = AutoTokenizer.from_pretrained(chat_model("qwen2"), local_files_only=True)
-    lists = [list_line([value, 5, value, 1], [True, index % 2 == 0, True, True], indexed=True) for index, value in enumerate(range(6))]
+    lists = [list_line([value, 5, value, 1], [True, index % 2 == 0, True, True], list_format="indexed") for index, value in enumerate(range(6))]
     quotes = [[], [("prover", [7, 8])], [("prover", [7]), ("verifier", [9, 10, 11])]] * 2
     for template in (tokenizer.chat_template, tokenizer.chat_template.replace("message['content']", "message['content'] | upper")):
         tokenizer.chat_template = template  # the second rewrites contents: rendered prompt by prompt
@@ -253,9 +253,13 @@ def test_replies_are_parsed_by_one_rule():
     assert parse_reply("4 4 2", False, 8) == ([], "none")
     assert parse_reply("9 2", False, 8) == ([], "none")
     assert parse_reply("no idea", True, 8) == ([], "none")
-    assert read_list_line(list_line([3, 5, 3], [True, False, True], indexed=True)) == [3, None, 3]
-    assert list_line([3, 5, 3], [True, False, True], indexed=True) == "list: 0=3 1=? 2=3"
+    assert read_list_line(list_line([3, 5, 3], [True, False, True], list_format="indexed")) == [3, None, 3]
+    assert list_line([3, 5, 3], [True, False, True], list_format="indexed") == "list: 0=3 1=? 2=3"
     assert read_list_line(list_line([3, 5, 3], [True, False, True])) == [3, None, 3]
+    # The seen format writes the seen cells only: the values to compare side by side.
+    assert list_line([3, 5, 3, 4], [False, True, False, True], list_format="seen") == "list: 1=5 3=4"
+    assert read_list_line("list: 1=5 3=4") == [None, 5, None, 4]
+    assert list_line([3, 5], [True, True], list_format="seen") == list_line([3, 5], [True, True], list_format="indexed")
 
 
 def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat_model, tmp_path):

@@ -147,8 +147,7 @@ class DuplicatesChatScenario(DuplicatesGame, ChatGame):
             The episode's replies so far, ``[round][agent]`` (``None``: no turn).
         """
         name = self.agent_names[agent]
-        indexed = self.config.list_format == "indexed"
-        lines = [list_line(state["values"][episode].tolist(), visible_cells[episode, agent].tolist(), indexed)]
+        lines = [list_line(state["values"][episode].tolist(), visible_cells[episode, agent].tolist(), self.config.list_format)]
         for round_replies in replies:
             for sender, reply in enumerate(round_replies):
                 if reply is not None and bool(env.visibility[agent, sender]):

@@ -179,25 +179,45 @@ def parse_reply(text: str, is_verifier: bool, length: int) -> tuple[list[str], s
     return [], "none"
 
 
-#: How the ``list:`` line writes a cell: its value alone, or its index and value (``2=7``).
-LIST_FORMATS = ("plain", "indexed")
+#: How the ``list:`` line writes the list: every cell's value (``?`` where hidden), the same with
+#: each cell's index (``2=7``), or only the cells the reader has seen, with their indices.
+LIST_FORMATS = ("plain", "indexed", "seen")
 
 
-def list_line(values: Sequence[int], visible: Sequence[bool], indexed: bool = False) -> str:
-    """``"list: 3 ? 7 ..."``: each cell's value, ``?`` where hidden; ``indexed``: ``"list: 0=3 1=? 2=7 ..."``."""
+def list_line(values: Sequence[int], visible: Sequence[bool], list_format: str = "plain") -> str:
+    """The ``list:`` line of a prompt in ``list_format`` (one of :data:`LIST_FORMATS`).
+
+    ``plain``: ``"list: 3 ? 7 5"``; ``indexed``: ``"list: 0=3 1=? 2=7 3=5"``;
+    ``seen``: ``"list: 0=3 2=7 3=5"`` (a reader who has seen every cell gets
+    the ``indexed`` line). In ``seen`` the values to compare stand side by
+    side, which small models learn to read far sooner than the ``?`` of the
+    other formats (docs: own_language_model).
+    """
+    if list_format == "seen":
+        return "list: " + " ".join(f"{index}={value}" for index, (value, seen) in enumerate(zip(values, visible)) if seen)
     cells = (str(value) if seen else HIDDEN_TEXT for value, seen in zip(values, visible))
-    if indexed:
+    if list_format == "indexed":
         cells = (f"{index}={cell}" for index, cell in enumerate(cells))
     return "list: " + " ".join(cells)
 
 
 def read_list_line(text: str) -> list[Optional[int]]:
-    """The cells of the ``list:`` line of a chat message (``None`` where hidden; either format); empty if there is none."""
+    """The cells of the ``list:`` line of a chat message (``None`` where hidden; any format); empty if there is none.
+
+    In the ``seen`` format the list ends at its last seen cell.
+    """
     for line in text.splitlines():
         if line.startswith("list:"):
-            cells = [cell.rpartition("=")[2] for cell in line[len("list:") :].split()]
+            cells = line[len("list:") :].split()
+            if cells and all("=" in cell for cell in cells):
+                placed: dict[int, Optional[int]] = {}
+                for cell in cells:
+                    index, _, value = cell.partition("=")
+                    placed[int(index)] = None if value == HIDDEN_TEXT else int(value)
+                return [placed.get(index) for index in range(max(placed) + 1)]
             return [None if cell == HIDDEN_TEXT else int(cell) for cell in cells]
     return []
+
 
 
 @dataclass
@@ -348,8 +368,8 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         Tokens of a reply shown to the agents who read it.
     prompt_tokens : int
         ``P``; 0 sizes it to the longest prompt the game can produce.
-    indexed_list : bool
-        Write each cell of the ``list:`` line with its index (``2=7``).
+    list_format : str
+        How the ``list:`` line is written (:data:`LIST_FORMATS`).
     verifier_view, num_envs, device, seed, group_size
         As for :class:`~nip_like.scenarios.duplicates.environment.DuplicatesEnv`.
     """
@@ -364,7 +384,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         reply_tokens: int,
         quote_tokens: int = 32,
         prompt_tokens: int = 0,
-        indexed_list: bool = False,
+        list_format: str = "plain",
         verifier_view: str = "cells",
         num_envs: int = 1,
         device: torch.device | str = "cpu",
@@ -379,7 +399,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         self.reply_vocab = max(len(speaker.tokenizer) for speaker in self.chat_speakers)
         self._num_values = int(num_values)
         self._prompt_tokens = int(prompt_tokens)
-        self.indexed_list = bool(indexed_list)
+        self.list_format = str(list_format)
         # Moves are stored in game symbols (message_tokens); prompts and replies are in the agents' vocabularies.
         super().__init__(
             protocol, lists, game_ids, vocab_size=self.reply_vocab, message_tokens=MOVE_TOKENS,
@@ -406,7 +426,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         longest_name = max((other.name for other in self.chat_speakers), key=len)
         quotes = [(longest_name, [0] * self.quote_tokens)] * (readable * self.seen_rounds)
         # A margin for text that merges differently beside other values.
-        longest_list = list_line([widest] * self.length, [True] * self.length, self.indexed_list)
+        longest_list = list_line([widest] * self.length, [True] * self.length, self.list_format)
         return len(speaker.render(longest_list, quotes)) + 8
 
     # ----------------------------------------------------------------- specs
@@ -538,7 +558,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
             quotes = [[] for _ in range(batch)]
             for episode, round_, sender, _ in sent:
                 quotes[episode].append((self.chat_speakers[sender].name, read[episode, round_, sender]))
-            list_texts = [list_line(values[episode], visible[episode][agent], self.indexed_list) for episode in range(batch)]
+            list_texts = [list_line(values[episode], visible[episode][agent], self.list_format) for episode in range(batch)]
             prompts = speaker.render_many(list_texts, quotes)
             longest = max((len(prompt) for prompt in prompts), default=0)
             if longest > width:

@@ -70,7 +70,7 @@ class DuplicatesDataConfig(ScenarioConfig):
     cache_dir: str = "~/.cache/nip_like/datasets"  # where generated datasets are cached
     verifier_view: str = checked("cells", choices=VERIFIER_VIEWS)  # cells (only revealed cells) | full (the whole list)
     system_prompts: dict[str, str] = field(default_factory=lambda: dict(SYSTEM_PROMPTS))  # chat: the system prompt of each role (verifier, accept, reject); set one with scenario.system_prompts.verifier="..."
-    list_format: str = checked("plain", choices=LIST_FORMATS)  # chat: plain ("list: 3 ? 7") | indexed ("list: 0=3 1=? 2=7")
+    list_format: str = checked("plain", choices=LIST_FORMATS)  # chat: plain ("list: 3 ? 7") | indexed ("list: 0=3 1=? 2=7") | seen ("list: 0=3 2=7")
 
 
 @dataclass
@@ -347,7 +347,7 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
             reply_tokens=self.message_tokens,
             quote_tokens=int(self.config.quote_tokens),
             prompt_tokens=int(self.config.max_prompt_tokens),
-            indexed_list=self.config.list_format == "indexed",
+            list_format=self.config.list_format,
             **common,
         )
 
