@@ -34,7 +34,7 @@ from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import build_trainer, format_metrics
 from nip_like.resume import load_run_config
 from nip_like.text.rollouts import rollout_records
-from nip_like.trainers.pure_text import PureTextRlTrainer
+from nip_like.trainers.text import PureTextRlTrainer
 
 #: Checkpoints a run writes; "tested" is the one its test loop used.
 CHECKPOINTS = ("tested", "best", "last")

@@ -25,7 +25,7 @@ from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.remote import OpenAIChatModel, check_text_model_server
 from tests.conftest import run_cli
 from tests.fake_servers import fake_server, refusing_url
-from nip_like.trainers.pure_text import PureTextRlTrainer
+from nip_like.trainers.text import PureTextRlTrainer
 from tests.test_bad_inputs import _hashes
 
 CHAT = [{"role": "user", "content": "list: 1 2 1"}]

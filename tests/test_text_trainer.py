@@ -18,7 +18,7 @@ from nip_like.text.interface import Sampling, TextModel
 from nip_like.text.rollouts import play_episodes
 from nip_like.errors import RunInterrupted
 from nip_like.text.jobs import SubmititFineTuneBackend
-from nip_like.trainers.pure_text import STAGES, PureTextRlTrainer
+from nip_like.trainers.text import STAGES, PureTextRlTrainer
 from tests.test_text_jobs import attempts, kill_when_started
 
 TINY = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tensordict import TensorDict
 
 from nip_like.text.fine_tune import FineTuneSpec
-from nip_like.trainers.pure_text import PureTextRlTrainer, sft_record
+from nip_like.trainers.text import PureTextRlTrainer, sft_record
 
 
 class LabelDistillationTrainer(PureTextRlTrainer):

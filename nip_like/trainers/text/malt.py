@@ -10,7 +10,8 @@ from tensordict import TensorDict
 from nip_like.allowed import checked
 from nip_like.registry import register_trainer
 from nip_like.text.fine_tune import FineTuneSpec
-from nip_like.trainers.pure_text import FineTuneOptions, PureTextRlTrainer, TextTrainingConfig
+from nip_like.trainers.text.options import FineTuneOptions, TextTrainingConfig
+from nip_like.trainers.text.pure_text import PureTextRlTrainer
 
 
 def _malt_jobs() -> FineTuneOptions:

@@ -11,7 +11,9 @@ from nip_like.allowed import checked
 from nip_like.checkpoint import derive_seed
 from nip_like.registry import register_trainer
 from nip_like.text.fine_tune import FineTuneSpec
-from nip_like.trainers.pure_text import FineTuneOptions, PureTextRlTrainer, TextTrainingConfig, sft_record
+from nip_like.trainers.text.fine_tune_jobs import sft_record
+from nip_like.trainers.text.options import FineTuneOptions, TextTrainingConfig
+from nip_like.trainers.text.pure_text import PureTextRlTrainer
 
 SELECTIONS = ("threshold", "sample")
 
