@@ -9,7 +9,8 @@ from tensordict import TensorDict
 from nip_like.cli import report_errors
 from nip_like.experiment import build_scenario, build_trainer, run_experiment
 from nip_like.logging import read_csv_metric
-from nip_like.protocols.proof import ProofProtocol, zero_knowledge_protocols
+from nip_like.protocols.base import zero_knowledge_protocols
+from nip_like.protocols.proof import ProofProtocol
 from nip_like.protocols.zero_knowledge import (
     ADVERSARIAL_KEY,
     ADVERSARIAL_VERIFIER,

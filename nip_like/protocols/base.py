@@ -43,6 +43,11 @@ class Protocol(ABC):
     def __init__(self, name: str) -> None:
         self.name = name
 
+    @classmethod
+    def has_zero_knowledge_version(cls) -> bool:
+        """Whether ``zero_knowledge: true`` may be set on this protocol (no by default; the proof protocols with a prover)."""
+        return False
+
     @property
     def num_agents(self) -> int:
         """Number of agents."""
@@ -164,9 +169,15 @@ def refuse_zero_knowledge(protocol: str, zero_knowledge: bool) -> None:
     """
     if zero_knowledge:
         from nip_like.errors import ConfigError
-        from nip_like.protocols.proof import zero_knowledge_protocols
 
         raise ConfigError(
             f"protocol {protocol} cannot be made zero-knowledge; "
             f"protocol.zero_knowledge=true needs one of {zero_knowledge_protocols()}"
         )
+
+
+def zero_knowledge_protocols() -> list[str]:
+    """The registered protocols that ``zero_knowledge: true`` can be set on (:meth:`Protocol.has_zero_knowledge_version`)."""
+    from nip_like.registry import PROTOCOLS
+
+    return [name for name in PROTOCOLS.names() if PROTOCOLS.get(name).has_zero_knowledge_version()]

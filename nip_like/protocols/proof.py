@@ -20,7 +20,7 @@ from torchrl.data import Binary
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.protocols.base import Protocol, ProtocolConfig
+from nip_like.protocols.base import Protocol, ProtocolConfig, zero_knowledge_protocols
 from nip_like.protocols.zero_knowledge import (
     ADVERSARIAL_KEY,
     ADVERSARIAL_VERIFIER,
@@ -178,10 +178,15 @@ class ProofProtocol(Protocol):
     def _has_provers(cls) -> bool:
         return any(agent != VERIFIER for agent in cls.agent_names)
 
+    @classmethod
+    def has_zero_knowledge_version(cls) -> bool:
+        """Whether ``zero_knowledge: true`` is allowed: the protocol has a prover whose knowledge could leak."""
+        return cls._has_provers()
+
     @property
     def can_be_zero_knowledge(self) -> bool:
-        """Whether ``zero_knowledge: true`` is allowed: the protocol has a prover whose knowledge could leak."""
-        return self._has_provers()
+        """Whether ``zero_knowledge: true`` is allowed on this protocol (:meth:`has_zero_knowledge_version`)."""
+        return self.has_zero_knowledge_version()
 
     @property
     def transcript_agent_names(self) -> tuple[str, ...]:
@@ -372,10 +377,3 @@ class FixedTurnsProofProtocol(ProofProtocol):
         super().__init__(
             name, min_rounds=1, max_rounds=self.fixed_rounds, first_speaker=self.fixed_first_speaker, **options
         )
-
-
-def zero_knowledge_protocols() -> list[str]:
-    """The registered protocols that ``zero_knowledge: true`` can be set on (those with a prover)."""
-    from nip_like.registry import PROTOCOLS
-
-    return [name for name in PROTOCOLS.names(subclass_of=ProofProtocol) if PROTOCOLS.get(name)._has_provers()]
