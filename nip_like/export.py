@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from nip_like.cli import OneLineArgumentParser, report_errors
+from nip_like.dependency_warnings import dependency_warnings_once
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import VALUE_HEAD_FILE, quiet_progress, save_agent
 
@@ -65,7 +66,8 @@ def export_agent(folder: Path, out: Path) -> Path:
         raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
-        merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
+        with dependency_warnings_once():
+            merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     value_head = load_value_head(folder, merged) if (folder / VALUE_HEAD_FILE).is_file() else None
     return save_agent(out, merged, tokenizer, value_head)

@@ -19,6 +19,7 @@ from typing import Iterable, Iterator, Optional
 from torch import nn
 
 from nip_like.allowed import checked
+from nip_like.dependency_warnings import dependency_warnings_once
 from nip_like.errors import ConfigError
 
 
@@ -54,6 +55,7 @@ def add_lora(model: nn.Module, options) -> nn.Module:
         architecture has no default targets and none are given.
     """
     from peft import LoraConfig, get_peft_model
+    from transformers.pytorch_utils import Conv1D
 
     get = options.get if hasattr(options, "get") else lambda name, default=None: getattr(options, name, default)
     if int(get("r", 0)) < 1:
@@ -67,10 +69,13 @@ def add_lora(model: nn.Module, options) -> nn.Module:
         lora_alpha=float(get("alpha", 16.0)),
         lora_dropout=float(get("dropout", 0.0)),
         target_modules=targets,
+        # GPT-2's projections are transformers' Conv1D, whose weight is stored (in, out): peft needs to be told.
+        fan_in_fan_out=any(isinstance(module, Conv1D) for module in model.modules()),
         task_type="CAUSAL_LM",
     )
     try:
-        return get_peft_model(model, config)
+        with dependency_warnings_once():
+            return get_peft_model(model, config)
     except ValueError as error:
         layers = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
         raise ConfigError(
