@@ -31,7 +31,7 @@ from nip_like.config import without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.lm.pretrain import demonstration_epoch, held_out_scores, sync_value_body
-from nip_like.scenarios.base import Demonstrating, Labelled
+from nip_like.scenarios.base import Demonstrating, Labelled, code_key
 from nip_like.supervised import supervised_pass, warmup_schedule
 
 #: Entries of a scenario's supervised data besides the agents' observations.
@@ -181,9 +181,15 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
     Besides the config and the seed, the scenario's ``pretrain_data_version``
     (:attr:`~nip_like.scenarios.base.Demonstrating.pretrain_data_version`; None
     without a scenario): a scenario bumps it when its labels or demonstrations
-    change, so that agents fitted to the old ones are not reused.
+    change, so that agents fitted to the old ones are not reused. A scenario
+    class of the user's own adds ``"code"``, its
+    :func:`~nip_like.scenarios.base.code_key` (its qualified name and a hash of
+    its source, or its ``code_version``), so that editing its demonstrations
+    never loads a fit to the old ones; a built-in scenario's key has no such entry.
     """
+    code = code_key(type(scenario)) if scenario is not None else None
     return {
+        **({"code": code} if code is not None else {}),
         "data_version": scenario.pretrain_data_version if scenario is not None else None,
         "scenario": without_deferred_adapters(without_locations(OmegaConf.to_container(config.scenario, resolve=True))),
         "protocol": without_locations(OmegaConf.to_container(config.protocol, resolve=True)),

@@ -13,6 +13,10 @@ whose methods it implements:
 * :class:`~nip_like.scenarios.chat.ChatGame`: text agents in chat, for the
   text trainers (``expert_iteration``, ``malt``).
 
+:class:`GeneratedData` is the data of a scenario drawn from a spec, cached and
+split, with its extension points (``data_spec``, ``generate``,
+``split_fractions``).
+
 A trainer declares what it requires (:attr:`nip_like.trainers.base.Trainer.requires`),
 and :func:`nip_like.experiment.preflight` checks it once, before any work,
 as BenchMARL's ``supports_*()`` do. Example::
@@ -22,6 +26,11 @@ as BenchMARL's ``supports_*()`` do. Example::
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import sys
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +44,72 @@ from nip_like.agents import AgentModules
 from nip_like.errors import ConfigError
 from nip_like.keys import EPISODE_RETURN_KEY
 from nip_like.protocols.base import Protocol
+from nip_like.scenarios.datasets import load_or_build, stratified_split
 from nip_like.scenarios.environment import InteractionEnv
+
+
+def user_classes(cls: type) -> list[type]:
+    """The classes of ``cls``'s method resolution order that are the user's: outside nip_like and the standard library."""
+    return [
+        base
+        for base in cls.__mro__
+        if base.__module__.partition(".")[0] not in ("nip_like", *sys.stdlib_module_names)
+    ]
+
+
+#: The user classes whose unreadable source has been warned about (once per class and process).
+_UNREADABLE: set[str] = set()
+
+
+def code_key(cls: type) -> dict[str, Any] | None:
+    """What keys the caches built from scenario class ``cls`` besides its config: its code, if it is the user's.
+
+    A built-in scenario (every class of its method resolution order in
+    nip_like or the standard library) has None: its caches are versioned
+    with the package (``pretrain_data_version``, the data's ``generator_version``).
+    A user's scenario has its qualified name (``module.Class``) and either
+    its explicit :attr:`Scenario.code_version`, when set, or a hash of the
+    source (:func:`inspect.getsource`) of each of its classes outside
+    nip_like. A class whose source cannot be read (defined in an interactive
+    session, say) is keyed by its name alone, with a one-line warning, once,
+    that names ``code_version``.
+
+    Returns
+    -------
+    dict or None
+        ``{"class": ..., "version": ...}``, ``{"class": ..., "source": <16 hex digits or None>}``, or None.
+    """
+    users = user_classes(cls)
+    if not users:
+        return None
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    version = getattr(cls, "code_version", None)
+    if version is not None:
+        return {"class": name, "version": str(version)}
+    digest = hashlib.sha256()
+    for base in users:
+        try:
+            digest.update(inspect.getsource(base).encode())
+        except (OSError, TypeError) as error:
+            if name not in _UNREADABLE:
+                _UNREADABLE.add(name)
+                warnings.warn(
+                    f"cannot read the source of {base.__module__}.{base.__qualname__} ({error}): caches built from "
+                    f"scenario {name} are keyed by its name alone; set {cls.__qualname__}.code_version and change it "
+                    f"when its code changes",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return {"class": name, "source": None}
+    return {"class": name, "source": digest.hexdigest()[:16]}
+
+
+def code_tag(cls: type) -> str:
+    """``""`` for a built-in scenario class, else ``"_"`` and 12 hex digits of its :func:`code_key` (for cache file names)."""
+    key = code_key(cls)
+    if key is None:
+        return ""
+    return "_" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -70,6 +144,11 @@ class Scenario(ABC):
 
     #: Whether the scenario can play a zero-knowledge protocol (:mod:`nip_like.protocols.zero_knowledge`).
     supports_zero_knowledge: bool = False
+
+    #: The version of a user's scenario code (a subclass in the user's own file). None: the caches built
+    #: from it (data, warm start) are keyed by a hash of its source (:func:`code_key`); set, by this
+    #: version instead, which the user changes when the code changes what the caches hold.
+    code_version: ClassVar[str | int | None] = None
 
     def __init__(self, config: DictConfig, protocol: Protocol) -> None:
         self.config = config
@@ -232,6 +311,61 @@ class Scenario(ABC):
         metrics = {f"agents/{name}/reward": returns[:, index].mean().item() for index, name in enumerate(self.agent_names)}
         metrics["reward"] = returns.mean().item()
         return metrics
+
+
+class GeneratedData(Scenario):
+    """A scenario whose dataset is drawn from a spec, cached under ``scenario.cache_dir`` and split (the proof scenarios).
+
+    The extension points of the data: :meth:`data_spec` (what is drawn, from
+    the config), :meth:`generate` (how) and :meth:`split_fractions` (the
+    splits). The dataset is drawn once per spec and code, kept in the cache
+    file :meth:`data_cache_path`, and cut into label-stratified splits
+    (:func:`~nip_like.scenarios.datasets.stratified_split`). The config has
+    ``cache_dir``, ``val_fraction`` and ``test_fraction``; ``split_names``
+    are ``train``, ``val`` and ``test``.
+    """
+
+    split_names = ("train", "val", "test")
+    eval_split = "val"
+
+    @abstractmethod
+    def data_spec(self) -> Any:
+        """What :meth:`generate` draws (a :class:`~nip_like.scenarios.datasets.DatasetSpec`), from the config.
+
+        Called once, in ``__init__``, as ``self.spec``; its ``key()`` names the
+        cache file. A subclass returns a spec of its own (a subclass with more
+        fields) when its data depend on options the default spec lacks.
+        """
+
+    @abstractmethod
+    def generate(self, spec: Any) -> Any:
+        """Draw the whole dataset of ``spec`` (a :attr:`dataset_class`), before the splits, from ``spec.seed`` alone."""
+
+    @abstractmethod
+    def base_cache_path(self) -> Path:
+        """The cache file of the built-in scenario's data for ``self.spec`` (named by the spec's key)."""
+
+    def split_fractions(self) -> dict[str, float]:
+        """The share of the dataset in each split of :attr:`split_names` (they sum to 1): from ``val_fraction`` and ``test_fraction``."""
+        val, test = float(self.config.val_fraction), float(self.config.test_fraction)
+        return {"train": 1.0 - val - test, "val": val, "test": test}
+
+    def data_cache_path(self) -> Path:
+        """:meth:`base_cache_path`, whose name, for a scenario class of the user's own, also holds its :func:`code_tag`.
+
+        So data drawn by an earlier version of a user's :meth:`generate` are
+        never read back; a built-in scenario's file name is the spec's alone.
+        """
+        path = self.base_cache_path()
+        return path.with_name(f"{path.stem}{code_tag(type(self))}{path.suffix}")
+
+    def splits(self) -> dict:
+        """The splits of :meth:`split_fractions`, label-stratified, of the dataset of :meth:`generate` (drawn or read from the cache once)."""
+        if self._splits is None:
+            spec = self.spec
+            data = load_or_build(self.dataset_class, self.data_cache_path(), spec, lambda: self.generate(spec))
+            self._splits = stratified_split(data, self.split_fractions(), seed=spec.seed)
+        return self._splits
 
 
 class TensorGame(Scenario):

@@ -25,14 +25,14 @@ from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.models import LMAgentConfig, architecture_context, build_lm_policy, load_tokenizer, model_context
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Demonstrating, Scenario, ScenarioConfig, TensorGame
+from nip_like.scenarios.base import Demonstrating, GeneratedData, ScenarioConfig, TensorGame
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics
 from nip_like.scenarios.duplicates.data import (
     DuplicateLists,
     DuplicateSpec,
+    cache_path,
     equal_pairs,
-    load_or_generate,
-    split_lists,
+    generate_lists,
 )
 from nip_like.scenarios.duplicates.chat_view import (
     LIST_FORMATS,
@@ -47,7 +47,6 @@ from nip_like.scenarios.duplicates.environment import (
     VERIFIER_VIEWS,
     DuplicatesEnv,
     DuplicateSymbols,
-    named_cells,
 )
 
 SPLITS = ("train", "val", "test")
@@ -138,7 +137,7 @@ def decoy_messages(
     return pair
 
 
-class DuplicatesGame(Scenario):
+class DuplicatesGame(GeneratedData):
     """The duplicates game without its agents: data, roles and the token game's environment.
 
     The base of :class:`DuplicatesScenario` (language-model agents, for the
@@ -146,12 +145,16 @@ class DuplicatesGame(Scenario):
     (text agents, for the text trainers). The lists are generated once per
     generation config, cached and split like the graph data; periodic
     evaluation plays the validation split, the test loop the test split.
+
+    A certificate task of your own on lists of values (docs: own_scenario)
+    overrides what differs: :meth:`data_spec`, :meth:`split_fractions` and
+    :meth:`generate` (the data), and, in :class:`DuplicatesScenario`,
+    :meth:`~DuplicatesScenario.verifier_accepts`, :meth:`~DuplicatesScenario.decoys`
+    and :meth:`~DuplicatesScenario.certificate_cells` (the warm start's honest play).
     """
 
     dataset_class = DuplicateLists
     split_names = SPLITS
-
-    eval_split = "val"
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
@@ -161,13 +164,7 @@ class DuplicatesGame(Scenario):
                 f"scenario.length ({config.length}) must be at most scenario.num_values ({config.num_values}) "
                 f"so that lists without a duplicate exist"
             )
-        self.spec = DuplicateSpec(
-            num_lists=int(config.num_lists),
-            length=int(config.length),
-            num_values=int(config.num_values),
-            seed=int(config.dataset_seed),
-            positive_fraction=float(config.positive_fraction),
-        )
+        self.spec = self.data_spec()
         self.symbols = DuplicateSymbols(int(config.length), int(config.num_values), tuple(protocol.agent_names))
         check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
         unknown = sorted(set(config.system_prompts) - set(SYSTEM_PROMPTS))
@@ -187,13 +184,39 @@ class DuplicatesGame(Scenario):
         return str(self.config.system_prompts.get(role, SYSTEM_PROMPTS[role]))
 
     # -------------------------------------------------------------------- data
-    def splits(self) -> dict[str, DuplicateLists]:
-        """The train, validation and test lists (generated or read from the cache once)."""
-        if self._splits is None:
-            lists = load_or_generate(self.spec, Path(self.config.cache_dir).expanduser())
-            val, test = float(self.config.val_fraction), float(self.config.test_fraction)
-            self._splits = split_lists(lists, {"train": 1.0 - val - test, "val": val, "test": test}, seed=self.spec.seed)
-        return self._splits
+    def data_spec(self) -> DuplicateSpec:
+        """What :meth:`generate` draws, from the config (called once, in ``__init__``, as ``self.spec``).
+
+        Its ``key()`` names the data's cache file. A subclass returns a spec
+        of its own (a subclass of :class:`~nip_like.scenarios.duplicates.data.DuplicateSpec`
+        with more fields, say) when its data depend on options the default
+        spec does not hold.
+        """
+        config = self.config
+        return DuplicateSpec(
+            num_lists=int(config.num_lists),
+            length=int(config.length),
+            num_values=int(config.num_values),
+            seed=int(config.dataset_seed),
+            positive_fraction=float(config.positive_fraction),
+        )
+
+    def generate(self, spec: DuplicateSpec) -> DuplicateLists:
+        """Draw the whole dataset of ``spec`` (before the splits); the same spec must give the same lists.
+
+        The contract: ``spec.num_lists`` lists of ``spec.length`` values in
+        ``0 .. spec.num_values-1``, each with its exact ``label`` (the claim
+        the verifier decides holds) and, for a positive list, the
+        ``certificate``: the two cells whose values prove it (``(-1, -1)``
+        for a negative list). Draw everything from ``spec.seed``. By default,
+        lists with or without one duplicate pair
+        (:func:`~nip_like.scenarios.duplicates.data.generate_lists`).
+        """
+        return generate_lists(spec)
+
+    def base_cache_path(self) -> Path:
+        """The data's cache file: ``duplicate_lists_<spec key>.pt`` in ``scenario.cache_dir``."""
+        return cache_path(self.spec, Path(self.config.cache_dir).expanduser())
 
     def check_dataset(self, data: DuplicateLists, path: Path) -> None:
         length, values = int(self.config.length), int(self.config.num_values)
@@ -223,6 +246,22 @@ class DuplicatesGame(Scenario):
         env = self.game_env(self.split(split), game_ids, common)
         self.check_lengths(env.prompt_length)
         return env
+
+    @cached_property
+    def reading_env(self) -> DuplicatesEnv:
+        """An environment of the scenario (one episode of the evaluation split), whose parser :meth:`parse_messages` uses."""
+        return self.make_env(1, self.eval_split, 0, "cpu")
+
+    def parse_messages(self, messages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Which two cells ``(..., T)`` stored messages (``("state", "messages")``) name: the environment's own parser.
+
+        The transcripts read the cells a message revealed with it, so they
+        show what the game did: :meth:`DuplicatesEnv.named_cells
+        <nip_like.scenarios.duplicates.environment.DuplicatesEnv.named_cells>`
+        of the environment :meth:`game_env` builds (a subclass that changes how
+        messages are read overrides that method of its environment, not this one).
+        """
+        return self.reading_env.named_cells(messages)
 
     def game_env(self, lists: DuplicateLists, game_ids: dict[str, int], common: dict[str, Any]) -> DuplicatesEnv:
         """The environment of :meth:`make_env` on ``lists``: the token game (``common``: its shared options)."""
@@ -484,9 +523,8 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         """
         state = episodes.get("state")[:limit].cpu()
         returns = episodes.get(keys.EPISODE_RETURN_KEY)[:limit].squeeze(-1).cpu()
-        ids = self.symbols.ids(self.tokenizer)
         pad = self.tokenizer.pad_token_id
-        names, first, second = named_cells(state["messages"], ids["cell0"], self.symbols.length)
+        names, first, second = (part.cpu() for part in self.parse_messages(state["messages"]))
         records = []
         for episode in range(state.batch_size[0]):
             values = state["values"][episode]
@@ -526,6 +564,39 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         return records
 
     # ------------------------------------------------------ demonstrations
+    def verifier_accepts(self, values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """The sound decision rule the verifier's demonstrations follow in the ``cells`` view: ``(B,)`` bool.
+
+        The contract: accept only when the ``seen`` cells ``(B, L)`` of the
+        lists ``values`` ``(B, L)`` prove the claim (sound: no decoy can make
+        it accept a negative list), and whenever they hold the cells of the
+        honest certificate (:meth:`certificate_cells`; complete). By default:
+        two distinct seen cells hold equal values (:func:`equal_pair_seen`).
+        In the ``full`` view the verifier reads the whole list and is shown the label.
+        """
+        return equal_pair_seen(values, seen)
+
+    def decoys(self, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """``(count, 2)`` cells of the messages a prover sends when it has no certificate to give.
+
+        The contract: cells in ``0 .. length-1``, a second entry of ``-1``
+        for a message that names one cell alone; draw only from
+        ``generator``. Good decoys look like certificates in every way but
+        the values (the verifier's demonstrations teach it to reject them),
+        so that it learns to check the values, not a shortcut. By default
+        :func:`decoy_messages` with the weights of ``scenario.decoys``.
+        """
+        weights = self.config.decoys
+        return decoy_messages(count, length, generator, (weights.pair, weights.alone, weights.twice))
+
+    def certificate_cells(self, certificate: torch.Tensor) -> torch.Tensor:
+        """``(B, 2)`` cells an honest prover names, in order, for the datasets' ``certificate`` ``(B, 2)`` of positive lists.
+
+        By default the later cell first (``c<j> c<i>`` for ``i < j``: a causal
+        model reading cell ``j`` has already seen cell ``i``).
+        """
+        return certificate.clamp(min=0).flip(-1)
+
     def demonstration_agents(self) -> list[str]:
         """The agents :meth:`demonstrations` gives messages for: the verifier and the accept-side provers."""
         return [
@@ -537,21 +608,23 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
     def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
         """Honest play on every list of ``split``, as (prompt, message) pairs per agent, for a warm start.
 
-        The scripted play: a prover arguing for *accept* names the duplicate
-        pair of a positive list, the later cell first (``c<j> c<i> <eos>``
-        for ``i < j``: a causal model reading cell ``j`` has already seen cell
-        ``i``); on a negative list, and always for a prover arguing for
-        *reject*, it sends a decoy: a random pair (the later cell first, as
-        in a certificate, so that the order of the names tells the verifier
-        nothing), one cell alone, or one cell twice (drawn with the weights
-        of ``scenario.decoys``; evenly by default). The
-        verifier passes (the empty message ``<eos>``) before its last turn and
-        then decides as a sound verifier does: in the ``cells`` view it says
-        ``accept <eos>`` exactly when two of the cells it has seen hold equal
-        values, so decoys and lone cells are rejected whatever the label; in
-        the ``full`` view it decides by the label (it reads the whole list).
-        Every list is played once, through the environment's own prompts and
-        rules.
+        The scripted play: a prover arguing for *accept* names the cells of
+        :meth:`certificate_cells` of a positive list (the duplicate pair, the
+        later cell first: ``c<j> c<i> <eos>``); on a negative list, and
+        always for a prover arguing for *reject*, it sends one of
+        :meth:`decoys` (by default a random pair, the later cell first, as in
+        a certificate, so that the order of the names tells the verifier
+        nothing, one cell alone, or one cell twice, drawn with the weights of
+        ``scenario.decoys``). The verifier passes (the empty message
+        ``<eos>``) before its last turn and then decides as a sound verifier
+        does: in the ``cells`` view it says ``accept <eos>`` exactly when
+        :meth:`verifier_accepts` the cells it has seen (by default: two of
+        them hold equal values), so decoys and lone cells are rejected
+        whatever the label; in the ``full`` view it decides by the label (it
+        reads the whole list). Every list is played once, through the
+        environment's own prompts and rules (its public ``new_state``,
+        ``policy_inputs``, ``scripted_replies`` and ``advance``), so a subclass
+        that overrides these hooks never copies this method.
 
         Returns
         -------
@@ -592,7 +665,7 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
                     if env.verifier_view == "full":
                         proven = state["label"]
                     else:
-                        proven = equal_pair_seen(state["values"], env.visible_cells(state)[:, index])
+                        proven = self.verifier_accepts(state["values"], env.visible_cells(state)[:, index])
                     decision = torch.where(proven, ids["accept"], ids["reject"])
                     action[:, index, 0] = torch.where(deciding, decision, eos)
                     action[:, index, 1] = torch.where(deciding, eos, pad)
@@ -604,10 +677,8 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
                     shown = active[:, index]
                 else:
                     proves = self.protocol.prover_sides.get(name, True) & state["label"]
-                    # The later cell first: a causal model can see the earlier one when it reads the later.
-                    certificate = state["certificate"].clamp(min=0).flip(-1)
-                    decoys = self.config.decoys
-                    message = decoy_messages(count, env.length, generator, (decoys.pair, decoys.alone, decoys.twice))
+                    certificate = self.certificate_cells(state["certificate"])
+                    message = self.decoys(count, env.length, generator)
                     message[proves, 0] = certificate[proves, 0]
                     message[proves, 1] = certificate[proves, 1]
                     action[:, index, :2] = torch.where(message >= 0, ids["cell0"] + message, eos)

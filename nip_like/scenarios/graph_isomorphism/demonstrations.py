@@ -98,7 +98,9 @@ def _random_nodes(mask: torch.Tensor, nodes: int, generator: torch.Generator) ->
     return torch.multinomial(flat, 1, generator=generator).view(mask.shape[:-1])
 
 
-def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator: torch.Generator) -> dict[str, TensorDict]:
+def play_demonstrations(
+    env, protocol, pairs, episodes_per_pair: int, generator: torch.Generator, accepts: torch.Tensor | None = None
+) -> dict[str, TensorDict]:
     """Play every pair ``episodes_per_pair`` times honestly; return each demonstrated agent's datapoints.
 
     Parameters
@@ -113,6 +115,8 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
         Episodes played on each pair (the verifier's queries differ).
     generator : torch.Generator
         Draws the queries, the undemonstrated agents' nodes and ties between equally good answers.
+    accepts : torch.Tensor, optional
+        ``(len(pairs),)`` bool: the decision the verifier is shown on each pair; by default its label.
 
     Returns
     -------
@@ -156,7 +160,8 @@ def play_demonstrations(env, protocol, pairs, episodes_per_pair: int, generator:
     ]
     marks = {position: [[] for _ in range(count)] for position in answering}
     last_query = torch.full((count,), -1)  # each episode's latest verifier node, -1 before the first
-    decision = torch.where(state["label"], env.accept_action, env.reject_action)
+    accepted = state["label"] if accepts is None else accepts.bool()[index]
+    decision = torch.where(accepted, env.accept_action, env.reject_action)
     collected: dict[int, list[TensorDict]] = {position: [] for position in range(agents)}
 
     def record(position: int, rows: torch.Tensor, target: torch.Tensor, target_mask: torch.Tensor) -> None:

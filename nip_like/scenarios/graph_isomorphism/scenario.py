@@ -16,10 +16,10 @@ from nip_like.folders import check_writable_folder
 from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.distributions import masked_log_softmax
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Demonstrating, Labelled, ScenarioConfig, TensorGame
+from nip_like.scenarios.base import Demonstrating, GeneratedData, Labelled, ScenarioConfig, TensorGame
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
-from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, load_or_generate, split_pairs
+from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, cache_path, generate_pairs
 from nip_like.scenarios.graph_isomorphism.demonstrations import play_demonstrations
 from nip_like.scenarios.graph_isomorphism.environment import GraphIsomorphismEnv
 from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
@@ -48,13 +48,17 @@ class GraphIsomorphismConfig(ScenarioConfig):
 
 
 @register_scenario("graph_isomorphism", GraphIsomorphismConfig)
-class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
+class GraphIsomorphismScenario(GeneratedData, TensorGame, Demonstrating, Labelled):
     """Decide whether two graphs are isomorphic, helped (or misled) by provers.
 
     The dataset is generated once per generation config and cached
-    (:func:`~nip_like.scenarios.graph_isomorphism.data.load_or_generate`), then
-    split into disjoint train, validation and test pairs. Periodic evaluation
-    plays the validation split; the final test loop the test split.
+    (:meth:`generate`, :meth:`data_cache_path`), then split into disjoint
+    train, validation and test pairs (:meth:`split_fractions`). Periodic
+    evaluation plays the validation split; the final test loop the test split.
+
+    A graph task of your own overrides what differs: :meth:`data_spec`,
+    :meth:`generate` and :meth:`split_fractions` (the data) and
+    :meth:`verifier_accepts` (the decisions the warm start teaches the verifier).
     """
 
     dataset_class = GraphPairs
@@ -68,7 +72,14 @@ class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
         check_proof_scenario("graph_isomorphism", config, protocol)
-        self.spec = GraphPairSpec(
+        self.spec = self.data_spec()
+        check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
+
+    # -------------------------------------------------------------------- data
+    def data_spec(self) -> GraphPairSpec:
+        """What :meth:`generate` draws, from the config (called once, in ``__init__``, as ``self.spec``); its ``key()`` names the cache file."""
+        config = self.config
+        return GraphPairSpec(
             num_pairs=int(config.num_pairs),
             seed=int(config.dataset_seed),
             min_nodes=int(config.min_nodes),
@@ -76,17 +87,21 @@ class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
             edge_probabilities=tuple(float(p) for p in config.edge_probabilities),
             wl_fractions=tuple(float(f) for f in config.wl_fractions),
         )
-        check_writable_folder(Path(config.cache_dir), "scenario.cache_dir")
 
-    # -------------------------------------------------------------------- data
-    def splits(self) -> dict[str, GraphPairs]:
-        """The train, validation and test pairs (generated or read from the cache once)."""
-        if self._splits is None:
-            pairs = load_or_generate(self.spec, Path(self.config.cache_dir).expanduser())
-            val, test = float(self.config.val_fraction), float(self.config.test_fraction)
-            fractions = {"train": 1.0 - val - test, "val": val, "test": test}
-            self._splits = split_pairs(pairs, fractions, seed=self.spec.seed)
-        return self._splits
+    def generate(self, spec: GraphPairSpec) -> GraphPairs:
+        """Draw the whole dataset of ``spec`` (before the splits); the same spec must give the same pairs.
+
+        The contract: ``spec.num_pairs`` pairs padded to ``spec.max_nodes``
+        nodes, each with its exact ``label`` and the fields of
+        :class:`~nip_like.scenarios.graph_isomorphism.data.GraphPairs`, drawn
+        from ``spec.seed`` alone. By default
+        :func:`~nip_like.scenarios.graph_isomorphism.data.generate_pairs`.
+        """
+        return generate_pairs(spec)
+
+    def base_cache_path(self) -> Path:
+        """The pairs' cache file: ``gi_pairs_<spec key>.pt`` in ``scenario.cache_dir``."""
+        return cache_path(self.spec, Path(self.config.cache_dir).expanduser())
 
     def check_dataset(self, data: GraphPairs, path: Path) -> None:
         if data.adjacency.shape[-1] != int(self.config.max_nodes):
@@ -182,13 +197,22 @@ class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
         )
         target_mask = torch.zeros(count, env.num_actions, dtype=torch.bool)
         target_mask[:, [env.reject_action, env.accept_action]] = True
-        target = torch.where(pairs.label, env.accept_action, env.reject_action)
+        target = torch.where(self.verifier_accepts(pairs), env.accept_action, env.reject_action)
         return TensorDict(
             {"agents": agents, "target_mask": target_mask, "target_action": target, "label": pairs.label},
             batch_size=[count],
         )
 
     # ------------------------------------------------------ demonstrations
+    def verifier_accepts(self, pairs: GraphPairs) -> torch.Tensor:
+        """``(len(pairs),)`` bool: the decision the warm start teaches the verifier on each pair (and the supervised target).
+
+        The contract: what a sound and complete verifier decides on the
+        pair, given all it may ask; by default the label (an isomorphic pair
+        is accepted), since the verifier's queries can tell any two graphs apart.
+        """
+        return pairs.label
+
     def demonstration_agents(self) -> list[str]:
         """The agents :meth:`demonstrations` has datapoints for: the verifier, and accept-side provers that answer queries.
 
@@ -215,7 +239,7 @@ class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
         where it may decide; a prover arguing for *accept* answers each query with its image under
         an isomorphism consistent with its earlier answers (found by the exact search), or, on a
         pair that is not isomorphic, with the node that keeps colour refinement from telling the
-        graphs apart the longest. With no prover (``solo_verifier``) this is the first-step
+        graphs apart the longest. The decision shown is :meth:`verifier_accepts`. With no prover (``solo_verifier``) this is the first-step
         decision of :meth:`supervised_data`.
 
         Returns
@@ -228,7 +252,8 @@ class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled):
         env = self.make_env(1, split, 0, "cpu")
         # A verifier that decides at once, with no prover, has nothing random to vary between episodes.
         episodes = int(self.config.demonstration_episodes) if self.protocol.num_rounds > 1 else 1
-        return play_demonstrations(env, self.protocol, self.split(split), episodes, generator)
+        pairs = self.split(split)
+        return play_demonstrations(env, self.protocol, pairs, episodes, generator, accepts=self.verifier_accepts(pairs))
 
     def supervised_metrics(self, predicted: torch.Tensor, data: TensorDictBase) -> dict[str, float]:
         """Precision and recall (accept = positive) of supervised predictions."""
