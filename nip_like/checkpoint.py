@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nip_like.errors import CheckpointError
+from nip_like.errors import CheckpointError, WriteError
 
 #: Version of the checkpoint layout; bumped when it changes (2: the checksum header).
 CHECKPOINT_FORMAT = 2
@@ -34,20 +34,37 @@ HEADER_PREFIX = b"nip_like-checkpoint "
 _MAX_HEADER = 512
 
 
+def write_failed(path: Path, error: BaseException) -> WriteError:
+    """The one-line :class:`~nip_like.errors.WriteError` of a failed atomic write of ``path`` (the previous one is kept)."""
+    while isinstance(error, WriteError) and error.__cause__ is not None:  # a file of a folder being written
+        error = error.__cause__
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else " ".join(str(error).split())
+    return WriteError(f"could not write {path}: {reason or type(error).__name__}; its previous version is kept")
+
+
 def write_text_atomic(text: str, path: Path) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and one ``os.replace``.
 
     A crash leaves the previous file or the new one, whole (the folder is
     created if needed).
+
+    Raises
+    ------
+    WriteError
+        If the file cannot be written (a full disk, say), in one line; the
+        previous file is kept and the temporary one removed.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(text)
         os.replace(temporary, path)
+    except OSError as error:
+        raise write_failed(path, error) from error
     finally:
-        temporary.unlink(missing_ok=True)
+        if temporary.exists():
+            temporary.unlink()
 
 
 def save_atomic(state: dict[str, Any], path: Path) -> None:
@@ -57,9 +74,14 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
     and header and state go to a temporary file in the same folder, which is
     flushed to disk and then replaces ``path`` in one ``os.replace``. A crash at
     any moment leaves either the previous file or the new one, whole.
+
+    Raises
+    ------
+    WriteError
+        If the file cannot be written (a full disk, say), in one line; the
+        previous file is kept and the temporary one removed.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save({"format": CHECKPOINT_FORMAT, **state}, buffer)
     payload = buffer.getbuffer()
@@ -68,12 +90,15 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
     ).encode()
     temporary = path.with_name(f".{path.name}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as handle:
             handle.write(header)
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
+    except OSError as error:
+        raise write_failed(path, error) from error
     finally:
         if temporary.exists():
             temporary.unlink()

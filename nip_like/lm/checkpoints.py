@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.checkpoint import load_checked, save_atomic, write_failed
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.value import LMValueHead
 
@@ -58,21 +59,31 @@ def save_agent(
     -------
     Path
         The folder.
+
+    Raises
+    ------
+    WriteError
+        If the files cannot be written (a full disk, say), in one line; the
+        previous folder is kept and the partial one removed.
     """
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    with quiet_progress():
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-    if value_head is not None:
-        state = {
-            "shared_body": value_head.shared_body,
-            "hidden_size": value_head.linear.in_features,
-            "state_dict": value_head.state_dict(),
-        }
-        save_atomic(state, staging / VALUE_HEAD_FILE)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        with quiet_progress():
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+        if value_head is not None:
+            state = {
+                "shared_body": value_head.shared_body,
+                "hidden_size": value_head.linear.in_features,
+                "state_dict": value_head.state_dict(),
+            }
+            save_atomic(state, staging / VALUE_HEAD_FILE)
+    except (OSError, SafetensorError) as error:  # a full disk: safetensors reports it as its own error
+        shutil.rmtree(staging, ignore_errors=True)
+        raise write_failed(folder, error) from error
     # Swap the finished folder in: a crash leaves the old folder or the new one whole (and a
     # hidden leftover that the next save removes), never a half-written agent under its name.
     previous = folder.with_name(f".{folder.name}.old")
