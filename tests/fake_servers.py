@@ -4,8 +4,12 @@
 thread and yields it: its API root ``url`` (``http://127.0.0.1:<port>/v1``),
 its record of ``requests``, and its ``behaviour`` (:data:`BEHAVIOURS`), which
 says how ``GET /v1/models`` and ``POST /v1/chat/completions`` are answered and
-which a test may change while it runs (a server that fails mid-run). The
-server stops when the block ends.
+which a test may change while it runs (a server that fails mid-run). A
+server given ``dies_after=n`` dies at its ``n + 1``-th chat request, as a
+crashed server process does: that request and every later one get no answer,
+and its port refuses connections from then on (a new server may be started on
+the same ``port``). ``reply`` may be a function of the request's JSON body (its
+``seed``, say). The server stops when the block ends.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import socket
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
+from typing import Callable, Iterator, Union
 
 #: Each behaviour: how it answers the model list and a chat request.
 BEHAVIOURS = (
@@ -60,6 +64,10 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         self.server.requests.append((kind, json.loads(body) if body else None))
+        if self.server.dead or (self.server.dies_after is not None and self.server.kinds().count("chat") > self.server.dies_after):
+            self.server.die()
+            self.close_connection = True  # no answer: the client sees the connection dropped
+            return
         behaviour = self.server.behaviour
         if behaviour == "hang":
             self.server.stopped.wait(60)
@@ -78,7 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif kind == "chat" and behaviour == "no_choices":
             self._answer(200, {"id": "x", "object": "chat.completion"})
         elif kind == "chat":
-            message = {"role": "assistant", "content": self.server.reply}
+            reply = self.server.reply
+            message = {"role": "assistant", "content": reply(json.loads(body)) if callable(reply) else reply}
             choice = {"index": 0, "message": message, "finish_reason": "stop"}
             self._answer(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "fake", "choices": [choice]})
         else:
@@ -96,9 +105,17 @@ class FakeServer(ThreadingHTTPServer):
 
     daemon_threads = True
     behaviour: str  # how it answers (BEHAVIOURS)
-    reply: str  # the content of every chat answer
+    reply: Union[str, Callable[[dict], str]]  # the content of every chat answer, or a function of the request body
     requests: list  # (kind, json_body) of each request so far; kind: models, chat or other
     stopped: threading.Event
+    dies_after: int | None = None  # the number of chat requests it answers before it dies
+    dead: bool = False
+
+    def die(self) -> None:
+        """Stop listening (its port refuses connections) and answer nothing more, as a crashed server."""
+        if not self.dead:
+            self.dead = True
+            threading.Thread(target=lambda: (self.shutdown(), self.socket.close()), daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -111,15 +128,22 @@ class FakeServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def fake_server(behaviour: str, reply: str = "accept") -> Iterator[FakeServer]:
+def fake_server(
+    behaviour: str, reply: Union[str, Callable[[dict], str]] = "accept", dies_after: int | None = None, port: int = 0
+) -> Iterator[FakeServer]:
     """Serve ``behaviour`` (one of :data:`BEHAVIOURS`) on 127.0.0.1 while the block runs.
 
     Parameters
     ----------
     behaviour : str
         How the server answers.
-    reply : str
-        The content of every chat answer (behaviours that answer chats).
+    reply : str or callable
+        The content of every chat answer (behaviours that answer chats), or
+        a function of the request's JSON body that returns it.
+    dies_after : int, optional
+        Die at the chat request after this many (see the module docstring).
+    port : int
+        The port to listen on; 0 picks a free one.
 
     Yields
     ------
@@ -128,8 +152,9 @@ def fake_server(behaviour: str, reply: str = "accept") -> Iterator[FakeServer]:
     """
     if behaviour not in BEHAVIOURS:
         raise ValueError(f"unknown behaviour {behaviour!r}; one of {BEHAVIOURS}")
-    server = FakeServer(("127.0.0.1", 0), _Handler)
+    server = FakeServer(("127.0.0.1", port), _Handler)
     server.behaviour, server.reply, server.requests, server.stopped = behaviour, reply, [], threading.Event()
+    server.dies_after = dies_after
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
