@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ from nip_like.config import run_id
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import build_trainer, format_metrics
 from nip_like.resume import load_run_config
-from nip_like.text.rollouts import rollout_records
-from nip_like.trainers.text import PureTextRlTrainer
 
 #: Checkpoints a run writes; "tested" is the one its test loop used.
 CHECKPOINTS = ("tested", "best", "last")
@@ -69,7 +66,7 @@ def evaluate_run(
     data : Path, optional
         A dataset file in the scenario's format; its examples replace ``split``.
     episodes : int, optional
-        Test episodes (default: the run's ``trainer.num_test_episodes``).
+        Test episodes (default: the run's own number, as its test played).
     overrides : list of str, optional
         ``run.*`` settings, ``key=value``.
 
@@ -99,28 +96,19 @@ def evaluate_run(
     config.logger.backends = []
     config.logger.print_metrics = False
     config.run.test_run = False
-    if episodes is not None:
-        if episodes < 1:
-            raise ConfigError(f"--episodes must be at least 1, got {episodes}")
-        config.trainer.num_test_episodes = int(episodes)
+    if episodes is not None and episodes < 1:
+        raise ConfigError(f"--episodes must be at least 1, got {episodes}")
     with tempfile.TemporaryDirectory(prefix="nip_like_evaluate_") as scratch:
         trainer = build_trainer(config, Path(scratch))
         trainer.load_state_dict(state["trainer"])
         examples = trainer.scenario.use_dataset_file(data, split) if data is not None else None
-        trainer.test_split = split  # the test loop refuses an unknown split in one line
-        if isinstance(trainer, PureTextRlTrainer):
-            # Text agents: the state names each group's model; play the split as the run's tests did.
-            trainer.scenario.split(split)
-            rollouts = trainer.play_test(split, episodes)
-            metrics = {f"test/{key}": value for key, value in trainer.rollout_metrics(rollouts).items()}
-            records = rollout_records(rollouts, trainer.scenario.agent_names)
-            transcripts = "".join(json.dumps(record) + "\n" for record in records)
-        else:
-            with ExitStack() as stack:
-                trainer._build_test_context(stack)
-                metrics = trainer._run_test_loop()
-            transcripts_file = Path(scratch) / "transcripts" / "test.jsonl"
-            transcripts = transcripts_file.read_text() if transcripts_file.is_file() else ""
+        trainer.test_split = split  # the test refuses an unknown split in one line
+        if episodes is not None:
+            trainer.test_episodes = int(episodes)
+        metrics = trainer.test()
+        transcripts_file = Path(scratch) / "transcripts" / "test.jsonl"
+        transcripts = transcripts_file.read_text() if transcripts_file.is_file() else ""
+        tested_episodes = trainer.test_episodes
     label = "data" if data is not None else split
     if label != "test":
         metrics = {f"{label}/{key.split('/', 1)[1]}": value for key, value in metrics.items()}
@@ -130,16 +118,10 @@ def evaluate_run(
         "split": split,
         "data": str(data) if data is not None else None,
         "data_examples": examples,
-        "episodes": int(episodes if episodes is not None else _test_episodes(config)),
+        "episodes": tested_episodes,
         "metrics": metrics,
         "transcripts": transcripts,
     }
-
-
-def _test_episodes(config) -> int:
-    """The episodes of a run's test: ``trainer.objective.test_episodes`` for text trainers."""
-    objective = config.trainer.get("objective") or {}
-    return int(objective.get("test_episodes", config.trainer.num_test_episodes))
 
 
 def write_evaluation(result: dict[str, Any], out: Path) -> None:
@@ -169,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default="tested", help=f"one of {', '.join(CHECKPOINTS)} (default: tested)")
     parser.add_argument("--split", default="test", help="the data split to play (default: test)")
     parser.add_argument("--data", type=Path, help="a dataset file in the scenario's format, played instead of the split")
-    parser.add_argument("--episodes", type=int, help="test episodes (default: the run's trainer.num_test_episodes)")
+    parser.add_argument("--episodes", type=int, help="test episodes (default: as many as the run's test played)")
     parser.add_argument("--out", type=Path, help="the JSON file to write (default: RUN_DIR/evaluations/<checkpoint>-<split>.json)")
     args = parser.parse_args(argv)
     with report_errors():

@@ -93,10 +93,10 @@ def measure_train(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     run_dir = Path(args.work_dir) / f"train_{num_envs}"
     trainer = build_trainer(config, run_dir)
     collect = update = 0.0
-    trainer._train_iteration()  # warm-up, untimed
+    trainer.train_iteration()  # warm-up, untimed
     started = time.perf_counter()
     for _ in range(args.iterations):
-        metrics = trainer._train_iteration()
+        metrics = trainer.train_iteration()
         collect += metrics["timers/collect"]
         update += metrics["timers/update"]
     seconds = time.perf_counter() - started

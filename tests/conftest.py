@@ -94,7 +94,7 @@ class RunProbe:
         self.initial: dict[str, list[torch.Tensor]] = {}
         self.test_rollouts: list[TensorDictBase] = []
         self._testing = False
-        build, rollout, test_loop = experiment.build_trainer, InteractionEnv.rollout, TensorDictRlTrainer._run_test_loop
+        build, rollout, test = experiment.build_trainer, InteractionEnv.rollout, TensorDictRlTrainer.test
         probe = self
 
         def build_and_record(config, run_dir):
@@ -108,16 +108,16 @@ class RunProbe:
                 probe.test_rollouts.append(result)
             return result
 
-        def flag_test_loop(trainer, *args, **kwargs):
+        def flag_test(trainer, *args, **kwargs):
             probe._testing = True
             try:
-                return test_loop(trainer, *args, **kwargs)
+                return test(trainer, *args, **kwargs)
             finally:
                 probe._testing = False
 
         monkeypatch.setattr(experiment, "build_trainer", build_and_record)
         monkeypatch.setattr(InteractionEnv, "rollout", record_rollout)
-        monkeypatch.setattr(TensorDictRlTrainer, "_run_test_loop", flag_test_loop)
+        monkeypatch.setattr(TensorDictRlTrainer, "test", flag_test)
 
     def parameters(self) -> dict[str, list[torch.Tensor]]:
         """A copy of each agent's current parameters (policy and value)."""

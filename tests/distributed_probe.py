@@ -19,7 +19,7 @@ from nip_like.trainers.rl import TensorDictRlTrainer
 split = sys.argv.index("--")
 record_dir, *failure = sys.argv[1:split]
 sys.argv[1:] = sys.argv[split + 1:]
-fill, iterate = TensorDictRlTrainer._fill_buffer, TensorDictRlTrainer._train_iteration
+fill, iterate = TensorDictRlTrainer.fill_buffer, TensorDictRlTrainer.train_iteration
 
 
 def recording_fill(self, data):
@@ -36,6 +36,6 @@ def failing_iteration(self):
     return iterate(self)
 
 
-TensorDictRlTrainer._fill_buffer = recording_fill
-TensorDictRlTrainer._train_iteration = failing_iteration
+TensorDictRlTrainer.fill_buffer = recording_fill
+TensorDictRlTrainer.train_iteration = failing_iteration
 sys.exit(main())

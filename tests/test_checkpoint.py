@@ -82,14 +82,14 @@ def _interrupt_and_resume(tmp_path, monkeypatch, objective) -> None:
     overrides = (*objective, "trainer.num_iterations=7", "run.checkpoint_every=2", "logger=csv", "trainer.eval.every=3")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
 
-    original = TensorDictRlTrainer._train_iteration
+    original = TensorDictRlTrainer.train_iteration
 
     def stop_at_five(self):
         if self.state.iteration == 5:
             raise Interrupted
         return original(self)
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", stop_at_five)
+    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stop_at_five)
     with pytest.raises(Interrupted):
         run_experiment(smoke_config(*overrides), tmp_path / "resumed")
     monkeypatch.undo()

@@ -52,14 +52,14 @@ def parameters(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def _replaying(monkeypatch, record_dir: Path) -> None:
     """Make a one-process run optimise on what rank 0 of a torchrun run recorded (data and generator state)."""
-    fill = TensorDictRlTrainer._fill_buffer
+    fill = TensorDictRlTrainer.fill_buffer
 
     def replay(self, data):
         record = torch.load(record_dir / f"{self.state.iteration + 1}.pt", weights_only=False)
         torch.set_rng_state(record["rng"])
         return fill(self, record["data"])
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_fill_buffer", replay)
+    monkeypatch.setattr(TensorDictRlTrainer, "fill_buffer", replay)
 
 
 def _two_ranks_against_one(tmp_path, monkeypatch, overrides: tuple[str, ...]) -> None:

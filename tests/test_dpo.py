@@ -236,7 +236,7 @@ def test_dpo_trainer_config_errors(tmp_path):
 def test_an_iteration_without_pairs_makes_no_update(tmp_path):
     trainer = build_trainer(smoke_config("trainer=dpo", "trainer.objective.margin=5", "trainer.eval.every=0"), tmp_path)
     before = [p.clone() for p in trainer.policy.parameters()]
-    metrics = trainer._train_iteration()
+    metrics = trainer.train_iteration()
     assert metrics["train/layout_items"] == 0
     assert metrics["train/pairs/kept"] == 0 and metrics["train/pairs/dropped"] > 0
     assert trainer.state.gradient_steps == 0

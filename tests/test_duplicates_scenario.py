@@ -242,7 +242,7 @@ def test_best_agents_reload_with_from_pretrained_and_reproduce_the_dev_metric(tm
 
     with ExitStack() as stack:
         reloaded._build_test_context(stack)
-        metrics = reloaded._evaluate()
+        metrics = reloaded.evaluate()
     assert metrics["eval/reward"] == pytest.approx(trainer.state.best_metric, abs=1e-6)
 
 

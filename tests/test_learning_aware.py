@@ -196,7 +196,7 @@ def test_each_trainer_updates_both_players_of_the_matrix_game(tmp_path, trainer)
     )
     trainer_object = build_trainer(config, tmp_path)
     before = [p.detach().clone() for p in trainer_object.policy.parameters()]
-    metrics = trainer_object._train_iteration()
+    metrics = trainer_object.train_iteration()
     assert all(not torch.equal(a, b) for a, b in zip(before, trainer_object.policy.parameters()))
     assert metrics["train/layout_items"] == 96  # one-step episodes
     assert "learning_aware/shaping_norm" in metrics and "agents/row/learning_aware/shaping_norm" in metrics
@@ -208,7 +208,7 @@ def test_each_trainer_runs_on_hidden_bits(tmp_path, trainer):
     # Per-agent MLP networks over three-step episodes (the prover twice, then the verifier).
     trainer_object = build_trainer(smoke_config(f"trainer={trainer}", "trainer.optimizer.lr=0.01"), tmp_path)
     before = {name: [p.detach().clone() for p in ps] for name, ps in trainer_object.loss_module.parameters_of.items()}
-    metrics = trainer_object._train_iteration()
+    metrics = trainer_object.train_iteration()
     for name, params in trainer_object.loss_module.parameters_of.items():
         assert any(not torch.equal(a, b) for a, b in zip(before[name], params)), name
     assert metrics["train/episode_length"] == 3.0
@@ -225,10 +225,10 @@ def test_update_schedules_and_learning_rates_reach_the_loss(tmp_path):
     )
     loss = trainer.loss_module
     assert loss.learning_rates == {"prover": pytest.approx(0.004), "verifier": pytest.approx(0.001)}
-    metrics = trainer._train_iteration()
+    metrics = trainer.train_iteration()
     assert loss.learning_agents == ("verifier",) and metrics["agents/verifier/learning_aware/shaping_norm"] == 0
     trainer.state.iteration += 1
-    metrics = trainer._train_iteration()
+    metrics = trainer.train_iteration()
     assert loss.learning_agents == ("prover", "verifier") and metrics["agents/verifier/learning_aware/shaping_norm"] > 0
 
 
@@ -339,7 +339,7 @@ def _play(tmp_path, trainer: str, iterations: int, *overrides: str) -> list[tupl
     trainer_object = build_trainer(config, tmp_path)
     path = []
     for _ in range(iterations):
-        metrics = trainer_object._train_iteration()
+        metrics = trainer_object.train_iteration()
         trainer_object.state.iteration += 1
         path.append((metrics["agents/row/policy/prob_0"], metrics["agents/column/policy/prob_0"]))
     return path

@@ -311,7 +311,7 @@ def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model
     scores = reference.scores(batch)
     torch.testing.assert_close(scores.token_log_probs, batch[keys.TOKEN_LOG_PROBS_KEY], atol=1e-5, rtol=1e-5)
 
-    metrics = trainer._train_iteration()
+    metrics = trainer.train_iteration()
     assert 0 <= metrics["train/padding_fraction"] < 1  # the update's scoring passes report their padding
     trainer.train()
     changed = {name for name, param in policy.named_parameters() if not torch.equal(param, before[name])}

@@ -27,6 +27,7 @@ from nip_like.errors import CheckpointError, ConfigError, RunInterrupted, RunInU
 from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.run_lock import LOCK_FILE, acquire, lock_holder, release
+from nip_like.scenarios.environment import InteractionEnv
 from nip_like.scenarios.graph_isomorphism.data import CacheRebuildWarning, GraphPairSpec, cache_path, load_or_generate
 from nip_like.sweeps.state import JobState, folder_state
 from nip_like.trainers.rl import TensorDictRlTrainer
@@ -84,7 +85,7 @@ def iteration_of(path: Path) -> int:
 
 def signal_self_at(monkeypatch, iteration: int, *signums: int) -> None:
     """Send ``signums`` to this process at the start of train iteration ``iteration`` (1-based)."""
-    original = TensorDictRlTrainer._train_iteration
+    original = TensorDictRlTrainer.train_iteration
 
     def signalled(self):
         if self.state.iteration == iteration - 1:
@@ -92,7 +93,7 @@ def signal_self_at(monkeypatch, iteration: int, *signums: int) -> None:
                 os.kill(os.getpid(), signum)
         return original(self)
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", signalled)
+    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", signalled)
 
 
 HOLD_LOCK = """
@@ -280,13 +281,13 @@ def test_a_signal_in_the_test_loop_stops_it_and_resume_tests_again(tmp_path, mon
     overrides = ("trainer.num_iterations=2", "trainer.eval.every=0", "logger=csv")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
     run_dir = tmp_path / "run"
-    original = TensorDictRlTrainer._run_episodes
+    original = InteractionEnv.rollout
 
-    def signalled(self, *args, **kwargs):  # without evaluation, only the test loop plays episodes
+    def signalled(self, *args, **kwargs):  # without evaluation, only the test loop plays whole episodes
         os.kill(os.getpid(), signal.SIGTERM)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_run_episodes", signalled)
+    monkeypatch.setattr(InteractionEnv, "rollout", signalled)
     with pytest.raises(RunInterrupted, match="interrupted in the test loop \\(training finished at iteration 2\\)"):
         run_experiment(smoke_config(*overrides), run_dir)
     assert not (run_dir / "summary.json").exists()
@@ -328,14 +329,14 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(tmp_pa
     class Killed(BaseException):
         pass
 
-    original = TensorDictRlTrainer._train_iteration
+    original = TensorDictRlTrainer.train_iteration
 
     def killed_at_three(self):  # as a SIGKILL would: no checkpoint, rows of two iterations logged
         if self.state.iteration == 2:
             raise Killed
         return original(self)
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", killed_at_three)
+    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", killed_at_three)
     with pytest.raises(Killed):
         run_experiment(smoke_config(*overrides), run_dir)
     monkeypatch.undo()

@@ -141,14 +141,14 @@ def test_a_job_resumed_by_nip_like_resume_reports_its_progress_too(tmp_path, mon
     from nip_like.trainers.rl import TensorDictRlTrainer
 
     config = smoke_config("trainer.num_iterations=3", "run.checkpoint_every=1", "run.progress_bar=false")
-    original = TensorDictRlTrainer._train_iteration
+    original = TensorDictRlTrainer.train_iteration
 
     def stop_at_two(self):
         if self.state.iteration == 2:
             raise KeyboardInterrupt
         return original(self)
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", stop_at_two)
+    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stop_at_two)
     with pytest.raises(BaseException):
         run_experiment(config, tmp_path / "run", handle_signals=False)
     monkeypatch.undo()

@@ -71,7 +71,7 @@ def test_layouts_of_any_size_make_whole_accumulation_windows(tmp_path, items, st
     # Preference pairs and complete episodes vary in number from batch to batch.
     trainer = build_trainer(smoke_config("trainer.optimizer.grad_accumulation_steps=2", "trainer.eval.every=0"), tmp_path)
     trainer.loss_module.layout_rollouts = lambda batch: batch.reshape(-1)[:items]
-    metrics = trainer._train_iteration()
+    metrics = trainer.train_iteration()
     assert metrics["train/layout_items"] == items
     assert trainer.state.gradient_steps == 2 * steps_per_epoch
     assert trainer.buffer.batch_size == min(items, 32)
@@ -231,14 +231,14 @@ def test_exploding_losses_and_parameters_stop_with_the_last_checkpoint_intact(tm
     assert not (tmp_path / "a" / "checkpoints" / "last.pt").exists()  # no checkpoint of the divergent state
     # Parameters pushed past the bound after a good iteration: the checkpoint of that iteration stays as it was.
     trainer = build_trainer(smoke_config("trainer.divergence_bound=50", "run.checkpoint_every=1"), tmp_path / "b")
-    trainer._train_iteration()
+    trainer.train_iteration()
     trainer.state.iteration = 1
     trainer.save_checkpoint("last")
     saved = (tmp_path / "b" / "checkpoints" / "last.pt").read_bytes()
     with torch.no_grad():
         next(trainer.agent_modules.agent_parameters("verifier")).add_(100.0)
     with pytest.raises(TrainingError, match=r"parameters of agent verifier reached magnitude 1\d\d"):
-        trainer._train_iteration()
+        trainer.train_iteration()
     assert (tmp_path / "b" / "checkpoints" / "last.pt").read_bytes() == saved
     # null switches the bound off (the non-finite check stays).
-    assert build_trainer(smoke_config("trainer.divergence_bound=null"), tmp_path / "c")._divergence_bound == math.inf
+    assert build_trainer(smoke_config("trainer.divergence_bound=null"), tmp_path / "c").update_settings.divergence_bound == math.inf

@@ -270,14 +270,14 @@ def test_an_interrupted_zk_run_resumes_to_the_same_final_metrics(tmp_path, cache
 
     overrides = ("trainer.num_iterations=4", "run.checkpoint_every=1", "logger=csv", "trainer.eval.every=3")
     reference = run_experiment(gi_config(cache_dir, *overrides), tmp_path / "reference")
-    original = TensorDictRlTrainer._train_iteration
+    original = TensorDictRlTrainer.train_iteration
 
     def stop_at_three(self):
         if self.state.iteration == 3:
             raise Interrupted
         return original(self)
 
-    monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", stop_at_three)
+    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stop_at_three)
     with pytest.raises(Interrupted):
         run_experiment(gi_config(cache_dir, *overrides), tmp_path / "resumed")
     monkeypatch.undo()

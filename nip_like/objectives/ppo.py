@@ -16,7 +16,6 @@ from torchrl.objectives.value import GAE
 
 from nip_like import keys
 from nip_like.allowed import checked
-from nip_like.errors import ConfigError
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.reference import categorical_kl
@@ -142,10 +141,10 @@ class MultiAgentPPOLoss(RolloutLoss):
         loss_aggregation: str = "token_mean",
     ) -> None:
         if variant not in PPO_VARIANTS:
-            raise ConfigError(f"trainer.objective.variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
+            raise ValueError(f"{type(self).__name__}: variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
         if loss_critic_type not in CRITIC_LOSS_TYPES:
-            raise ConfigError(
-                f"trainer.objective.loss_critic_type must be one of {list(CRITIC_LOSS_TYPES)}, got {loss_critic_type!r}"
+            raise ValueError(
+                f"{type(self).__name__}: loss_critic_type must be one of {list(CRITIC_LOSS_TYPES)}, got {loss_critic_type!r}"
             )
         super().__init__()
         self.actor_network = actor_network

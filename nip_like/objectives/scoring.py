@@ -22,7 +22,6 @@ import torch
 from tensordict import TensorDictBase
 
 from nip_like import keys
-from nip_like.errors import ConfigError
 from nip_like.objectives.masking import per_agent_mean
 
 #: How token-level terms are averaged (TRL's names): over all tokens of an agent
@@ -127,7 +126,7 @@ def aggregate(values: torch.Tensor, token_mask: torch.Tensor, active: torch.Tens
     if mode == "sequence_mean":
         per_message = masked.sum(-1) / mask.sum(-1).clamp_min(1).to(values.dtype)
         return per_agent_mean(per_message, mask.any(-1))
-    raise ConfigError(f"trainer.objective.loss_aggregation must be one of {list(AGGREGATIONS)}, got {mode!r}")
+    raise ValueError(f"aggregate: mode must be one of {list(AGGREGATIONS)}, got {mode!r}")
 
 
 def token_kl(log_probs: torch.Tensor, reference_log_probs: torch.Tensor) -> torch.Tensor:

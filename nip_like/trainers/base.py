@@ -150,6 +150,9 @@ class Trainer(ABC):
         self.progress_initial: dict[str, int] = {}
         #: The data split the test loop plays (``python -m nip_like.evaluate --split`` changes it).
         self.test_split = "test"
+        #: The episodes of a test, where the trainer plays a number of them (``python -m nip_like.evaluate
+        #: --episodes`` changes it); set by the trainer from its options, None where a test plays a whole split.
+        self.test_episodes: int | None = None
 
     @classmethod
     def requirements(cls, config: DictConfig) -> dict[str, tuple[type | tuple[type, ...], ...]]:
@@ -186,6 +189,16 @@ class Trainer(ABC):
     @abstractmethod
     def train(self) -> dict[str, float]:
         """Train, test, and return the final test metrics."""
+
+    def test(self) -> dict[str, float]:
+        """Test the current agents on :attr:`test_split`; return the ``test/...`` metrics.
+
+        Writes the test's transcripts, if the scenario has any, to
+        ``transcripts/test.jsonl`` in the run folder. :meth:`train` ends with a
+        test; ``python -m nip_like.evaluate`` calls this on a run's saved state
+        (after :meth:`load_state_dict`). A trainer without one refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no test(); python -m nip_like.evaluate needs one")
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -285,6 +298,16 @@ class TensorDictTrainer(Trainer, ABC):
     def trainable_modules(self) -> list[nn.Module]:
         """Modules switched between train and eval mode by the contexts."""
         return []
+
+    def test(self) -> dict[str, float]:
+        """Run the test loop (:meth:`_run_test_loop`, the hook a subclass writes) in the test context; its metrics."""
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            return self._run_test_loop()
+
+    def _run_test_loop(self) -> dict[str, float]:
+        """The test loop: play :attr:`test_split`, return ``test/...`` metrics (runs inside the test context)."""
+        raise NotImplementedError(f"{type(self).__name__} has no test loop (_run_test_loop)")
 
     def _autocast(self, stack: ExitStack) -> None:
         dtype = self.config.run.get("autocast_dtype")

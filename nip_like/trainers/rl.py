@@ -4,72 +4,49 @@ Collector -> advantage module (if any) -> layout of the rollouts by the loss
 module -> replay buffer (TensorDict storage) -> epochs x minibatches ->
 optimiser -> logs -> periodic evaluation and checkpoint; a test loop at the
 end. A subclass implements only :meth:`TensorDictRlTrainer._get_loss_module_and_gae`.
+
+The loop (:meth:`TensorDictRlTrainer._run_train_loop`) and one iteration
+(:meth:`TensorDictRlTrainer.train_iteration`) read top to bottom here; the
+work of each part is in a sibling module: collection
+(:mod:`~nip_like.trainers.collection`), the update
+(:mod:`~nip_like.trainers.update`), evaluation and test
+(:mod:`~nip_like.trainers.evaluation`), the checkpoint's state
+(:mod:`~nip_like.trainers.rl_state`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import warnings
 from abc import abstractmethod
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
 from omegaconf import DictConfig, OmegaConf
+from tensordict import TensorDictBase
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.data import TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 from torchrl.objectives import LossModule
 
-from nip_like import keys
-from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states, write_text_atomic
-from nip_like.errors import CheckpointError, ConfigError, TrainingError
+from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states
+from nip_like.errors import ConfigError
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
-from nip_like.objectives.masking import per_agent_mean
-from nip_like.objectives.reference import ReferencePolicy, divergence_from_reference
-from nip_like.pretrain import pretrain_agents
+from nip_like.objectives.reference import ReferencePolicy
 from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
+from nip_like.pretrain import pretrain_agents
 from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
+from nip_like.trainers import collection, evaluation, rl_state, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
-
-
-@dataclass
-class TrainState:
-    """Counters of the train loop, saved in checkpoints."""
-
-    iteration: int = 0  # completed iterations
-    frames: int = 0  # environment steps collected
-    gradient_steps: int = 0  # optimiser steps taken
-    best_metric: float | None = None  # best evaluation metric so far
-    best_iteration: int | None = None  # iteration of the best evaluation
-    evals_without_improvement: int = 0  # for early stopping
-    stopped_early: bool = False  # whether early stopping ended training
-    train_seconds: float = 0.0  # wall time spent in the train loop, over all sessions
-
-
-def finished_episodes(rollout: TensorDictBase, first_only: bool = False) -> TensorDictBase:
-    """Return the ``"next"`` entries of the last step of each finished episode.
-
-    Parameters
-    ----------
-    rollout : TensorDictBase
-        Batch shape ``(env, time)``.
-    first_only : bool
-        Keep only each environment's first finished episode (evaluation runs
-        reset finished environments and would otherwise count some twice).
-    """
-    done = rollout.get(("next", "done")).squeeze(-1)
-    if first_only:
-        done = done & (done.cumsum(-1) == 1)
-    return rollout.get("next")[done]
+from nip_like.trainers.rl_state import TrainState
+from nip_like.trainers.update import UpdateSettings
 
 
 class TensorDictRlTrainer(TensorDictTrainer):
@@ -117,23 +94,41 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.trainer_config = config.trainer
         self.device = torch.device(config.run.device)
         self.test_run = bool(config.run.test_run)
+        self.test_episodes = int(config.trainer.num_test_episodes)
         self._validate()
+        # The build order: agents -> warm start -> reference -> loss -> optimiser -> collection.
         self.agent_names = scenario.agent_names
         self.agent_modules = scenario.make_agents()
         self.agent_modules.modules().to(self.device)
         self.policy = self.agent_modules.policy
         self.value = self.agent_modules.value
-        # Optional supervised pretraining (cached); the reference below is then the pretrained policy.
-        self.pretrain_metrics = (
-            pretrain_agents(config, scenario, self.agent_modules, self.device)
+        self.pretrain_metrics = self.warm_start()
+        # The initial policy, frozen: the common reference of objective/kl.
+        self.reference_policy = ReferencePolicy(self.policy)
+        self._build_loss()
+        self._build_optimiser()
+        self._build_collection()
+        self.buffer: TensorDictReplayBuffer | None = None
+        self.state = TrainState()
+        self.final_metrics: dict[str, float] = {}
+
+    def warm_start(self) -> dict[str, float]:
+        """The build order's warm start: fit the agents of ``trainer.pretrain.agents`` (cached), before the reference is taken.
+
+        Returns the warm start's metrics (logged with the first iteration);
+        nothing without ``trainer.pretrain.agents``. Agents whose LoRA adapters
+        come after a full warm start get them here (LM agents only).
+        """
+        metrics = (
+            pretrain_agents(self.config, self.scenario, self.agent_modules, self.device)
             if self.trainer_config.pretrain.agents
             else {}
         )
-        # Agents whose LoRA adapters come after a full warm start get them now (LM agents only).
         getattr(self.policy, "after_warm_start", lambda: None)()
-        # The initial policy, frozen: the common reference of objective/kl.
-        self.reference_policy = ReferencePolicy(self.policy)
+        return metrics
 
+    def _build_loss(self) -> None:
+        """The loss module and advantage module of :meth:`_get_loss_module_and_gae`, checked; the loss contract."""
         self.loss_module, self.advantage_module = self._get_loss_module_and_gae()
         if not isinstance(self.loss_module, LossModule):
             raise ConfigError(
@@ -147,21 +142,29 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 f"trainer {self.trainer_config.trainer_type} compares episodes that started on the same datapoint: "
                 f"set trainer.group_size >= 2, got {self.trainer_config.group_size}"
             )
+
+    def _build_optimiser(self) -> None:
+        """One parameter group per agent, the learning-rate schedule, which agents each iteration trains."""
         optimizer_config = self.trainer_config.optimizer
         agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in self.agent_names}
         self.optimizer = build_optimizer(optimizer_config, agent_params)
         self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)
         self.update_schedule = AgentUpdateSchedule(self.trainer_config.agent_updates, self.agent_names)
-        # Read once: OmegaConf lookups are slow enough to show in the inner loop.
-        self._max_grad_norm = optimizer_config.max_grad_norm
-        self._accumulation = int(optimizer_config.grad_accumulation_steps)
-        self._diagnostics_every = int(config.logger.diagnostics_every)
         bound = self.trainer_config.divergence_bound
-        self._divergence_bound = float(bound) if bound is not None else math.inf
+        self.update_settings = UpdateSettings(
+            num_epochs=int(self.trainer_config.num_epochs),
+            accumulation=int(optimizer_config.grad_accumulation_steps),
+            max_grad_norm=optimizer_config.max_grad_norm,
+            divergence_bound=float(bound) if bound is not None else math.inf,
+        )
+        # Read once: OmegaConf lookups are slow enough to show in the inner loop.
+        self._diagnostics_every = int(self.config.logger.diagnostics_every)
 
-        seed = int(config.seed)
+    def _build_collection(self) -> None:
+        """The train environments and their collector; the evaluation environments are built on first use."""
+        seed = int(self.config.seed)
         # Under torchrun each rank collects its share of every batch, with its own seeds (nip_like.distributed).
-        self.train_env = scenario.make_env(
+        self.train_env = self.scenario.make_env(
             self.distributed.share(self.trainer_config.num_envs, "trainer.num_envs"),
             "train",
             self.distributed.seed(seed, "train_env"),
@@ -179,9 +182,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
             auto_register_policy_transforms=False,
         )
         self._collector_iterator = iter(self.collector)
-        self.buffer: TensorDictReplayBuffer | None = None
-        self.state = TrainState()
-        self.final_metrics: dict[str, float] = {}
 
     # ---------------------------------------------------------------- the hook
     @abstractmethod
@@ -248,7 +248,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """Test-loop iterations (1 in test-run mode)."""
         if self.test_run:
             return 1
-        return math.ceil(self.trainer_config.num_test_episodes / self.trainer_config.test_batch_episodes)
+        return math.ceil(self.test_episodes / self.trainer_config.test_batch_episodes)
 
     def trainable_modules(self) -> list[nn.Module]:
         return [self.loss_module]
@@ -265,9 +265,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         if self.trainer_config.eval.test_checkpoint == "best" and self.state.best_iteration is not None:
             best = load_checked(self.checkpoint_dir / "best.pt", self.run_id)
             self._load_loss_module_state(best["trainer"]["loss_module"])
-        with ExitStack() as stack:
-            self._build_test_context(stack)
-            self.final_metrics = self._run_test_loop()
+        self.final_metrics = self.test()
         self.logger.log(self.final_metrics, step=self.state.iteration)
         return self.final_metrics
 
@@ -278,14 +276,14 @@ class TensorDictRlTrainer(TensorDictTrainer):
         checkpoint_every = self.config.run.checkpoint_every
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
-            metrics = self._train_iteration()
+            metrics = self.train_iteration()
             self.state.iteration += 1
             iteration = self.state.iteration
             last = iteration == self.num_iterations
             if eval_every and (iteration % eval_every == 0 or last):
                 with ExitStack() as stack:
                     self._build_test_context(stack, self.trainer_config.eval.deterministic)
-                    metrics.update(self._evaluate())
+                    metrics.update(self.evaluate())
                 self._track_best(metrics)
             self.state.train_seconds += time.perf_counter() - started
             metrics["timers/iteration"] = time.perf_counter() - started
@@ -302,24 +300,32 @@ class TensorDictRlTrainer(TensorDictTrainer):
 
     _postfix_keys = ("train/reward", "eval/reward", "loss/policy")
 
-    def _train_iteration(self) -> dict[str, float]:
-        """Collect one batch and optimise on it; return the iteration's metrics."""
+    def train_iteration(self) -> dict[str, float]:
+        """Collect one batch and optimise on it; return the iteration's metrics.
+
+        One iteration of the train loop, without evaluation, checkpoint or
+        the advance of ``state.iteration`` (the loop does those). Call it
+        inside the train context (:meth:`_build_train_context`), as the loop
+        does; tests call it to look at one iteration.
+        """
         iteration = self.state.iteration
         started = time.perf_counter()
         dist = self.distributed
-        with torch.no_grad(), dist.rank_rng(int(self.config.seed)):
-            batch = next(self._collector_iterator).to(self.device)
+        # Collection: a batch, its finished episodes and their metrics.
+        batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
         collected = time.perf_counter()
         frames = batch.numel() * dist.world_size
         self.state.frames += frames
-        episodes = dist.gather_cat(finished_episodes(batch))
-        metrics = {f"train/{k}": v for k, v in self._episode_metrics(episodes).items()}
+        episodes = dist.gather_cat(collection.finished_episodes(batch))
+        metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
         if iteration == 0:
             metrics.update(self.pretrain_metrics)
         every = self._diagnostics_every
         if every and iteration % every == 0:
-            metrics.update(dist.mean(self._policy_diagnostics(batch)))
+            diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
+            metrics.update(dist.mean(diagnostics))
 
+        # The loss's layout of the batch: advantages, then its items in the replay buffer.
         with torch.no_grad():
             if self.advantage_module is not None:
                 self.advantage_module(batch)
@@ -328,8 +334,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
             data = dist.gather_cat(self.loss_contract.layout_rollouts(batch))
         metrics["train/layout_items"] = data.batch_size[0]
         metrics.update({f"train/{k}": v for k, v in dist.mean(self.loss_contract.layout_metrics()).items()})
-        self._fill_buffer(data)
+        self.fill_buffer(data)
 
+        # The update: epochs x minibatches for the agents this iteration trains, then the schedule's step.
         trained = self.update_schedule.trained_agents(iteration)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
         loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
@@ -353,161 +360,53 @@ class TensorDictRlTrainer(TensorDictTrainer):
         metrics.update(learning_rates)
         return metrics
 
-    def _policy_diagnostics(self, batch: TensorDictBase) -> dict[str, float]:
-        """KL from the initial policy and entropy of the collecting policy, over active steps.
+    def fill_buffer(self, data: TensorDictBase) -> None:
+        """Put the loss's layout of this iteration's batch in the replay buffer (:func:`~nip_like.trainers.update.fill_buffer`).
 
-        See :func:`~nip_like.objectives.reference.divergence_from_reference`:
-        exact for categorical actions, per-token estimates on the sampled
-        tokens for messages; the same for every objective.
+        A named step of :meth:`train_iteration`: the distributed tests record
+        what fills it under torchrun and replay it in one process.
         """
-        active = batch.get(keys.ACTIVE_KEY)
-        kl, entropy = divergence_from_reference(batch, self.reference_policy)
-        kl, entropy = per_agent_mean(kl, active), per_agent_mean(entropy, active)
-        metrics = {"objective/kl": kl.mean().item(), "objective/entropy": entropy.mean().item()}
-        for index, name in enumerate(self.agent_names):
-            metrics[f"agents/{name}/objective/kl"] = kl[index].item()
-            metrics[f"agents/{name}/objective/entropy"] = entropy[index].item()
-        metrics.update(self.scenario.policy_metrics(batch))
-        return metrics
-
-    def _fill_buffer(self, data: TensorDictBase) -> None:
-        # One buffer item per element of the first batch dimension (a
-        # transition, a segment, a pair, a group: whatever the loss laid out).
-        # A layout smaller than a minibatch (preference pairs can be few) is
-        # one minibatch; an empty one leaves nothing to optimise.
-        size = data.batch_size[0]
-        capacity = max(size, 1)  # a storage needs room for one item even when the layout is empty
-        minibatch_size = min(self.trainer_config.minibatch_size, capacity)
-        if self.buffer is None or self.buffer.storage.max_size != capacity or self.buffer.batch_size != minibatch_size:
-            self.buffer = TensorDictReplayBuffer(
-                storage=LazyTensorStorage(capacity, device=self.device),
-                sampler=SamplerWithoutReplacement(drop_last=True),
-                batch_size=minibatch_size,
-            )
-        self.buffer.empty()
-        if size:
-            self.buffer.extend(data)
+        self.buffer = update.fill_buffer(self.buffer, data, self.trainer_config.minibatch_size, self.device)
 
     def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
-        # Statistics stay tensors until the end of the iteration: converting
-        # them per minibatch costs more than the bookkeeping is worth.
-        num_minibatches = len(self.buffer) // self.buffer.batch_size
-        # Gradients of `accumulation` minibatches make one step; when the
-        # layout's size leaves a shorter last window, it steps on its own mean.
-        starts = range(0, num_minibatches, self._accumulation)
-        windows = [min(self._accumulation, num_minibatches - start) for start in starts]
-        window_of = [length for length in windows for _ in range(length)]
-        records = []
-        norms = []
+        """Optimise the ``trained`` agents on the buffer (:func:`~nip_like.trainers.update.optimise`); the update's statistics."""
         # LM agents count the padding of their scoring passes: only the update's are reported.
         padding_fraction = getattr(self.policy, "pop_padding_fraction", lambda: None)
         padding_fraction()
-        self.optimizer.zero_grad(set_to_none=True)
-        owns = self.distributed.owns
-        for epoch in range(self.trainer_config.num_epochs):
-            position = 0
-            for minibatch in range(num_minibatches):
-                sample = self.buffer.sample()  # every rank draws every minibatch: the same stream on each
-                if owns(position):  # under torchrun, the ranks take a window's minibatches in turn
-                    losses = self.loss_module(sample)
-                    loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
-                    if not loss.abs() <= self._divergence_bound:  # also true for NaN
-                        value = loss.item()
-                        what = f"became {value}" if not math.isfinite(value) else f"exploded to {value:.4g}"
-                        raise TrainingError(
-                            f"the loss {what} at iteration {self.state.iteration + 1}, epoch {epoch + 1}, "
-                            f"minibatch {minibatch + 1} ({self._loss_terms(losses)}){self._bound_note(value)}; "
-                            f"{self._last_checkpoint_note()}"
-                        )
-                    (loss / window_of[minibatch]).backward()
-                    records.append(losses.detach())
-                position += 1
-                if position == window_of[minibatch]:
-                    norms.append(self._optimizer_step(trained))
-                    position = 0
-        stats = {
-            self._stat_name(key): float(value.float().mean())
-            for key, value in torch.stack(records).items(include_nested=True, leaves_only=True)
-        } if records else {}
+        records, norms = update.optimise(
+            self.loss_module,
+            self.buffer,
+            self.optimizer,
+            trained,
+            self.update_settings,
+            self.distributed,
+            self.state.iteration + 1,
+            self._last_checkpoint_note,
+        )
+        self.state.gradient_steps += len(norms)
+        stats = update.update_statistics(records, self.loss_contract)
         padding = padding_fraction()
         if padding is not None:
             stats["train/padding_fraction"] = padding
         stats = self.distributed.mean(stats, weight=len(records))
         for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
             stats[f"train/grad_norm/{name}"] = values
-        self._check_parameters(trained)
+        update.check_parameters(
+            self.optimizer, trained, self.update_settings.divergence_bound, self.state.iteration + 1, self._last_checkpoint_note
+        )
         return stats
-
-    def _check_parameters(self, trained: tuple[str, ...]) -> None:
-        """Stop if a trained agent's parameters left the divergence bound (or became non-finite)."""
-        if not trained:
-            return
-        groups = [group for group in self.optimizer.param_groups if group["agent"] in trained]
-        largest = torch.stack([torch.stack([p.detach().abs().max() for p in g["params"]]).max() for g in groups])
-        worst = int(largest.nan_to_num(math.inf).argmax())
-        value = largest[worst].item()
-        if not value <= self._divergence_bound:
-            raise TrainingError(
-                f"the parameters of agent {groups[worst]['agent']} reached magnitude {value:.4g} at iteration "
-                f"{self.state.iteration + 1}{self._bound_note(value)}; {self._last_checkpoint_note()}"
-            )
-
-    def _bound_note(self, value: float) -> str:
-        if math.isfinite(value):
-            return f", beyond trainer.divergence_bound={self._divergence_bound:g} (a lower learning rate may help)"
-        return ""
-
-    def _optimizer_step(self, trained: tuple[str, ...]) -> torch.Tensor:
-        """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order)."""
-        norms = []
-        for group in self.optimizer.param_groups:
-            if group["agent"] not in trained:
-                for param in group["params"]:
-                    param.grad = None
-                continue
-            self.distributed.sum_gradients(group["params"])
-            grads = [param for param in group["params"] if param.grad is not None]
-            if self._max_grad_norm is not None:
-                norms.append(torch.nn.utils.clip_grad_norm_(grads, self._max_grad_norm))
-            else:
-                norms.append(torch.nn.utils.get_total_norm([param.grad for param in grads]))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state.gradient_steps += 1
-        return torch.stack(norms)
 
     def _last_checkpoint_note(self) -> str:
         last = self.checkpoint_dir / "last.pt"
         return f"the last checkpoint is {last}" if last.is_file() else "no checkpoint was written yet"
 
-    def _stat_name(self, key: str | tuple[str, ...]) -> str:
-        if isinstance(key, str):
-            return self.loss_contract.metric_name(key)
-        if key[0] == "agents" and len(key) == 3:
-            return f"agents/{key[1]}/{self.loss_contract.metric_name(key[2])}"
-        return "train/" + "/".join(key)
-
-    @staticmethod
-    def _loss_terms(losses: TensorDictBase) -> str:
-        return ", ".join(
-            f"{key}={float(value.detach()):.4g}" for key, value in losses.items() if key.startswith("loss_")
-        )
-
-    def _episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
-        count = episodes.batch_size.numel()  # TensorDict.numel() is 1 for an empty batch
-        if count == 0:
-            return {}
-        metrics = self.scenario.episode_metrics(episodes)
-        metrics["episodes"] = count
-        return metrics
-
     # -------------------------------------------------------------- evaluation
-    def _run_episodes(self, env, num_steps: int) -> TensorDictBase:
-        rollout = env.rollout(num_steps, self.policy, break_when_any_done=False, auto_reset=True)
-        return finished_episodes(rollout, first_only=True)
+    def evaluate(self) -> dict[str, float]:
+        """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics.
 
-    def _evaluate(self) -> dict[str, float]:
-        """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics."""
+        The same episodes at every evaluation. Call it inside the test context
+        (:meth:`_build_test_context`), as the train loop does.
+        """
         dist = self.distributed
         num_episodes = dist.share(8 if self.test_run else self.trainer_config.eval.num_episodes, "trainer.eval.num_episodes")
         if self.eval_env is None or self.eval_env.num_envs != num_episodes:
@@ -515,20 +414,22 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # The same episodes at every evaluation, and no draw from the training generators.
         self.eval_env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
         with dist.rank_rng(int(self.config.seed)):
-            episodes = self._run_episodes(self.eval_env, self.scenario.protocol.num_rounds)
+            episodes = evaluation.run_episodes(self.eval_env, self.policy, self.scenario.protocol.num_rounds)
         episodes = dist.gather_cat(episodes)  # each rank played its share
         self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
-        return {f"eval/{k}": v for k, v in self._episode_metrics(episodes).items()}
+        return {f"eval/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
 
     def _write_transcripts(self, episodes: TensorDictBase, name: str) -> None:
-        """Write the scenario's transcripts of ``episodes`` to ``transcripts/<name>.jsonl`` (if it has any)."""
-        records = self.scenario.transcripts(episodes, int(self.trainer_config.eval.transcripts))
-        if not records or not self.distributed.is_writer:
-            return
-        text = "".join(json.dumps(record) + "\n" for record in records)
-        write_text_atomic(text, self.run_dir / "transcripts" / f"{name}.jsonl")
-        readable = "\n\n".join(self.scenario.transcript_text(record) for record in records)
-        self.logger.log_text(f"transcripts/{name.split('_')[0]}", readable + "\n", step=self.state.iteration)
+        evaluation.write_transcripts(
+            self.scenario,
+            episodes,
+            name,
+            int(self.trainer_config.eval.transcripts),
+            self.run_dir,
+            self.logger,
+            self.state.iteration,
+            writer=self.distributed.is_writer,
+        )
 
     def _check_eval_metric(self) -> None:
         """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
@@ -540,34 +441,27 @@ class TensorDictRlTrainer(TensorDictTrainer):
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), ExitStack() as stack:
             self._build_test_context(stack, self.trainer_config.eval.deterministic)
-            self._require_eval_metric(self._evaluate())
-
-    def _require_eval_metric(self, metrics: dict[str, float]) -> None:
-        """Refuse a ``trainer.eval.metric`` that is not among an evaluation's ``metrics``."""
-        metric = self.trainer_config.eval.metric
-        if metric not in metrics:
-            raise ConfigError(
-                f"trainer.eval.metric {metric!r} is not among the evaluation metrics "
-                f"{sorted(k for k in metrics if k.startswith('eval/'))}"
-            )
+            evaluation.require_eval_metric(self.trainer_config.eval.metric, self.evaluate())
 
     def _track_best(self, metrics: dict[str, float]) -> None:
+        """Note the evaluation in the state (best so far, early stopping); a new best writes ``best.pt``."""
         eval_config = self.trainer_config.eval
-        self._require_eval_metric(metrics)
+        evaluation.require_eval_metric(eval_config.metric, metrics)
         value = metrics[eval_config.metric]
-        best = self.state.best_metric
-        improved = best is None or (value > best if eval_config.mode == "max" else value < best)
-        if improved:
-            self.state.best_metric = value
-            self.state.best_iteration = self.state.iteration
-            self.state.evals_without_improvement = 0
+        if evaluation.track_best(self.state, value, eval_config.mode, eval_config.early_stopping_patience):
             self.save_checkpoint("best")
-        else:
-            self.state.evals_without_improvement += 1
-            patience = eval_config.early_stopping_patience
-            if patience and self.state.evals_without_improvement >= patience:
-                self.state.stopped_early = True
         metrics["eval/best"] = self.state.best_metric
+
+    def test(self) -> dict[str, float]:
+        """Test the current agents on :attr:`test_split` in the test context; the ``test/...`` metrics.
+
+        Plays :attr:`test_episodes` episodes (one batch in test-run mode) and
+        writes their transcripts to ``transcripts/test.jsonl``. :meth:`train`
+        ends with it; ``python -m nip_like.evaluate`` calls it on a saved state.
+        """
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            return self._run_test_loop()
 
     @attach_progress_bar(lambda self: self.num_test_iterations)
     def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
@@ -580,20 +474,15 @@ class TensorDictRlTrainer(TensorDictTrainer):
             if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
                 raise StopRequested(self.state.iteration, phase="test")
             with dist.rank_rng(int(self.config.seed)):
-                played = self._run_episodes(env, self.scenario.protocol.num_rounds)
+                played = evaluation.run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
             episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
             iteration_context.step()
         all_episodes = torch.cat(episodes)
         if not self.test_run:
-            all_episodes = all_episodes[: self.trainer_config.num_test_episodes]
+            all_episodes = all_episodes[: self.test_episodes]
         self._write_transcripts(all_episodes, "test")
-        metrics = {f"test/{k}": v for k, v in self._episode_metrics(all_episodes).items()}
-        optimum = self.scenario.optimal_rewards()
-        if optimum:
-            for name, best in optimum.items():
-                if f"test/agents/{name}/reward" in metrics and best > 0:
-                    metrics[f"test/agents/{name}/optimality"] = metrics[f"test/agents/{name}/reward"] / best
-        return metrics
+        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
+        return evaluation.with_optimality(metrics, self.scenario.optimal_rewards() or {})
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self, name: str = "last") -> Path:
@@ -611,37 +500,16 @@ class TensorDictRlTrainer(TensorDictTrainer):
         return path
 
     def _frozen_keys(self) -> set[str]:
-        """Keys of the loss module's state that hold frozen agent weights (a LoRA agent's base model)."""
-        frozen = {param.data_ptr() for param in self.agent_modules.modules().parameters() if not param.requires_grad}
-        if not frozen:
-            return set()
-        return {key for key, value in self.loss_module.state_dict(keep_vars=True).items() if value.data_ptr() in frozen}
-
-    def _loss_module_state(self) -> dict[str, Any]:
-        """The loss module's state without frozen agent weights, which the model folders hold already."""
-        frozen = self._frozen_keys()
-        return {key: value for key, value in self.loss_module.state_dict().items() if key not in frozen}
+        return rl_state.frozen_keys(self.agent_modules.modules(), self.loss_module)
 
     def _load_loss_module_state(self, state: dict[str, Any]) -> None:
-        frozen = self._frozen_keys()
-        missing, unexpected = self.loss_module.load_state_dict(state, strict=not frozen)
-        if set(missing) - frozen or unexpected:
-            raise CheckpointError(
-                f"the checkpoint does not fit this run's agents: missing {sorted(set(missing) - frozen)[:3]}, "
-                f"unexpected {sorted(unexpected)[:3]}"
-            )
+        rl_state.load_loss_module_state(self.loss_module, state, self._frozen_keys())
 
     def state_dict(self) -> dict[str, Any]:
-        collection = {
-            "collector": self.collector.state_dict(),
-            # The collector's current TensorDict holds every in-flight episode
-            # (the environments keep their state in it), so restoring it
-            # continues collection exactly.
-            "collector_carrier": self.collector._carrier.clone(),
-            "env_rng": self.train_env.get_rng_state(),
-        }
+        collection_state = rl_state.collection_state(self.collector, self.train_env)
         state = {
-            "loss_module": self._loss_module_state(),
+            # Without frozen agent weights, which the model folders hold already.
+            "loss_module": rl_state.loss_module_state(self.loss_module, self._frozen_keys()),
             "reference_policy": self.reference_policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -649,26 +517,19 @@ class TensorDictRlTrainer(TensorDictTrainer):
             "rng": get_rng_states(),
         }
         if not self.distributed.enabled:
-            return {**state, **collection}
+            return {**state, **collection_state}
         # Under torchrun each rank's collection (and its own random stream) is its own: one entry per rank.
-        return {**state, "ranks": self.distributed.gather({**collection, "rank_rng": self.distributed.rng_state()})}
+        return {**state, "ranks": self.distributed.gather({**collection_state, "rank_rng": self.distributed.rng_state()})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ranks = len(state.get("ranks", [None]))
-        if ranks != self.distributed.world_size:
-            raise CheckpointError(
-                f"the checkpoint was written by a run of {ranks} rank(s); resume it with as many "
-                f"(torchrun --nproc_per_node={ranks}), not {self.distributed.world_size}"
-            )
-        collection = state["ranks"][self.distributed.rank] if "ranks" in state else state
+        rl_state.check_ranks(state, self.distributed.world_size)
+        collection_state = state["ranks"][self.distributed.rank] if "ranks" in state else state
         self._load_loss_module_state(state["loss_module"])
         self.reference_policy.load_state_dict(state["reference_policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.state = TrainState(**state["train_state"])
-        self.collector.load_state_dict(collection["collector"])
-        self.collector._carrier.update(collection["collector_carrier"].to(self.device))
-        self.train_env.set_rng_state(collection["env_rng"])
-        self.distributed.set_rng_state(collection.get("rank_rng"))
+        rl_state.load_collection_state(self.collector, self.train_env, collection_state, self.device)
+        self.distributed.set_rng_state(collection_state.get("rank_rng"))
         set_rng_states(state["rng"])
         self.progress_initial = {"_run_train_loop": self.state.iteration}

@@ -120,9 +120,7 @@ class SoloAgentTrainer(TensorDictTrainer):
             with ExitStack() as stack:
                 self._build_train_context(stack)
                 self._run_train_loop()
-        with ExitStack() as stack:
-            self._build_test_context(stack)
-            metrics = self._run_test_loop()
+        metrics = self.test()
         self.logger.log(metrics, step=self.state.iteration)
         return metrics
 

@@ -1,0 +1,207 @@
+"""The update, the second part of an RL iteration: the replay buffer, epochs x minibatches, optimiser steps.
+
+Helpers of :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train_iteration`:
+:func:`fill_buffer` puts the loss's layout of the batch in a replay buffer,
+:func:`optimise` runs the loss over it and steps the optimiser, and the
+divergence guard stops a loss or parameters that left their bound with one
+line naming where.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from tensordict import TensorDictBase
+from torch.optim import Optimizer
+from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.objectives import LossModule
+
+from nip_like.distributed import Distributed
+from nip_like.errors import TrainingError
+from nip_like.objectives.contract import LossContract
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The update's options, read once from the config (OmegaConf lookups are slow in the inner loop)."""
+
+    num_epochs: int  # passes over the buffer per iteration (trainer.num_epochs)
+    accumulation: int  # minibatches per optimiser step (trainer.optimizer.grad_accumulation_steps)
+    max_grad_norm: float | None  # gradient clipping per agent; None = none
+    divergence_bound: float  # largest loss or parameter magnitude allowed (math.inf = none)
+
+
+def fill_buffer(
+    buffer: TensorDictReplayBuffer | None, data: TensorDictBase, minibatch_size: int, device: torch.device
+) -> TensorDictReplayBuffer:
+    """Empty ``buffer`` (or make one that fits) and fill it with ``data``; return it.
+
+    One buffer item per element of the first batch dimension (a transition, a
+    segment, a pair, a group: whatever the loss laid out). A layout smaller
+    than a minibatch (preference pairs can be few) is one minibatch; an empty
+    one leaves nothing to optimise.
+    """
+    size = data.batch_size[0]
+    capacity = max(size, 1)  # a storage needs room for one item even when the layout is empty
+    minibatch_size = min(minibatch_size, capacity)
+    if buffer is None or buffer.storage.max_size != capacity or buffer.batch_size != minibatch_size:
+        buffer = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(capacity, device=device),
+            sampler=SamplerWithoutReplacement(drop_last=True),
+            batch_size=minibatch_size,
+        )
+    buffer.empty()
+    if size:
+        buffer.extend(data)
+    return buffer
+
+
+def accumulation_windows(num_minibatches: int, accumulation: int) -> list[int]:
+    """For each minibatch, the length of its window: gradients of ``accumulation`` minibatches make one step.
+
+    When the layout's size leaves a shorter last window, it steps on its own mean.
+    """
+    starts = range(0, num_minibatches, accumulation)
+    windows = [min(accumulation, num_minibatches - start) for start in starts]
+    return [length for length in windows for _ in range(length)]
+
+
+def optimise(
+    loss_module: LossModule,
+    buffer: TensorDictReplayBuffer,
+    optimizer: Optimizer,
+    trained: tuple[str, ...],
+    settings: UpdateSettings,
+    dist: Distributed,
+    iteration: int,
+    checkpoint_note: Callable[[], str],
+) -> tuple[list[TensorDictBase], list[torch.Tensor]]:
+    """``settings.num_epochs`` passes of ``loss_module`` over ``buffer``, one optimiser step per window.
+
+    Under torchrun every rank draws every minibatch (the same stream on each)
+    and the ranks take a window's minibatches in turn. Only the agents in
+    ``trained`` step (the optimiser has one parameter group per agent).
+
+    Parameters
+    ----------
+    iteration : int
+        The iteration (1-based), for an error's message.
+    checkpoint_note : callable
+        ``checkpoint_note()`` says, for an error's message, where the last checkpoint is.
+
+    Returns
+    -------
+    (list of TensorDictBase, list of Tensor)
+        The loss's output of every minibatch this rank ran (detached), and the
+        trained agents' gradient norms at every step.
+    """
+    # Statistics stay tensors until the end of the iteration: converting
+    # them per minibatch costs more than the bookkeeping is worth.
+    num_minibatches = len(buffer) // buffer.batch_size
+    window_of = accumulation_windows(num_minibatches, settings.accumulation)
+    records, norms = [], []
+    optimizer.zero_grad(set_to_none=True)
+    for epoch in range(settings.num_epochs):
+        position = 0
+        for minibatch in range(num_minibatches):
+            sample = buffer.sample()  # every rank draws every minibatch: the same stream on each
+            if dist.owns(position):  # under torchrun, the ranks take a window's minibatches in turn
+                losses = loss_module(sample)
+                loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
+                if not loss.abs() <= settings.divergence_bound:  # also true for NaN
+                    raise _loss_diverged(loss.item(), losses, iteration, epoch, minibatch, settings.divergence_bound, checkpoint_note)
+                (loss / window_of[minibatch]).backward()
+                records.append(losses.detach())
+            position += 1
+            if position == window_of[minibatch]:
+                norms.append(optimizer_step(optimizer, trained, dist, settings.max_grad_norm))
+                position = 0
+    return records, norms
+
+
+def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], dist: Distributed, max_grad_norm: float | None) -> torch.Tensor:
+    """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order); drop the others' gradients."""
+    norms = []
+    for group in optimizer.param_groups:
+        if group["agent"] not in trained:
+            for param in group["params"]:
+                param.grad = None
+            continue
+        dist.sum_gradients(group["params"])
+        grads = [param for param in group["params"] if param.grad is not None]
+        if max_grad_norm is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(grads, max_grad_norm))
+        else:
+            norms.append(torch.nn.utils.get_total_norm([param.grad for param in grads]))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return torch.stack(norms)
+
+
+def update_statistics(
+    records: list[TensorDictBase], contract: LossContract
+) -> dict[str, float]:
+    """The mean of every entry of the loss's outputs, named by the loss contract (``loss/policy``, ``agents/<a>/...``)."""
+    if not records:
+        return {}
+    return {
+        stat_name(key, contract): float(value.float().mean())
+        for key, value in torch.stack(records).items(include_nested=True, leaves_only=True)
+    }
+
+
+def stat_name(key: str | tuple[str, ...], contract: LossContract) -> str:
+    """The metric name of a loss output's key."""
+    if isinstance(key, str):
+        return contract.metric_name(key)
+    if key[0] == "agents" and len(key) == 3:
+        return f"agents/{key[1]}/{contract.metric_name(key[2])}"
+    return "train/" + "/".join(key)
+
+
+def check_parameters(
+    optimizer: Optimizer, trained: tuple[str, ...], bound: float, iteration: int, checkpoint_note: Callable[[], str]
+) -> None:
+    """Stop if a trained agent's parameters left the divergence bound (or became non-finite)."""
+    if not trained:
+        return
+    groups = [group for group in optimizer.param_groups if group["agent"] in trained]
+    largest = torch.stack([torch.stack([p.detach().abs().max() for p in g["params"]]).max() for g in groups])
+    worst = int(largest.nan_to_num(math.inf).argmax())
+    value = largest[worst].item()
+    if not value <= bound:
+        raise TrainingError(
+            f"the parameters of agent {groups[worst]['agent']} reached magnitude {value:.4g} at iteration "
+            f"{iteration}{bound_note(value, bound)}; {checkpoint_note()}"
+        )
+
+
+def bound_note(value: float, bound: float) -> str:
+    """What to say of a finite ``value`` beyond ``bound`` (nothing for a non-finite one)."""
+    if math.isfinite(value):
+        return f", beyond trainer.divergence_bound={bound:g} (a lower learning rate may help)"
+    return ""
+
+
+def loss_terms(losses: TensorDictBase) -> str:
+    """The loss terms of one minibatch, for a message: ``loss_objective=0.1, loss_critic=2``."""
+    return ", ".join(f"{key}={float(value.detach()):.4g}" for key, value in losses.items() if key.startswith("loss_"))
+
+
+def _loss_diverged(
+    value: float,
+    losses: TensorDictBase,
+    iteration: int,
+    epoch: int,
+    minibatch: int,
+    bound: float,
+    checkpoint_note: Callable[[], str],
+) -> TrainingError:
+    what = f"became {value}" if not math.isfinite(value) else f"exploded to {value:.4g}"
+    return TrainingError(
+        f"the loss {what} at iteration {iteration}, epoch {epoch + 1}, "
+        f"minibatch {minibatch + 1} ({loss_terms(losses)}){bound_note(value, bound)}; {checkpoint_note()}"
+    )
