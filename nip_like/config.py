@@ -1,6 +1,6 @@
 """The global structured-config schemas, registered in Hydra's ConfigStore.
 
-This module holds only what is global: the experiment, the trainer loop, the
+This module holds only what is global: the experiment, the trainers' loops (RL and text), the
 optimiser, evaluation, pretraining, loggers and run settings. Each component
 (objective, protocol, scenario, agent kind) declares its own schema in the
 module that defines it, and the registries (:mod:`nip_like.registry`) store
@@ -31,7 +31,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nip_like.allowed import Allowed, check_values, checked
 from nip_like.errors import ConfigError
-from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS
+from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, Entry
+from nip_like.text.fine_tune_options import FineTuneOptions
 from nip_like.text.jobs import JobsConfig
 
 #: The Hydra config folder, shipped inside the package (``nip_like/configs/``; the
@@ -126,7 +127,33 @@ class TrainerConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
-    jobs: JobsConfig = field(default_factory=JobsConfig)  # where the text trainers' fine-tune jobs run (submitit: local | slurm); a run setting, not in the run id
+
+
+#: When the text trainers' test stage runs.
+TEST_SCHEMES = ("none", "all", "last", "first_and_last")
+
+
+@dataclass
+class TextTrainerConfig:
+    """The text trainers and their loop of stages (``trainer=expert_iteration``, ``trainer=malt``).
+
+    The RL loop's fields (``num_envs``, ``frames_per_batch``, ``optimizer``,
+    ...) are not here: a text trainer does not read them, and they are refused.
+    """
+
+    trainer_type: str = "expert_iteration"  # registered text trainer name, or dotted path module.Class
+    objective: Any = None  # the algorithm's own options (the schema the trainer is registered with; group trainer/objective)
+    num_iterations: int = checked(4, ge=1)  # iterations of the stages (sample, test, fine-tune)
+    episodes: int = checked(256, ge=1)  # episodes sampled per iteration (train split)
+    test_scheme: str = checked("last", choices=TEST_SCHEMES)  # iterations that run the test stage
+    test_episodes: int = checked(512, ge=1)  # episodes of a test (test split, same lists every time)
+    test_greedy: bool = True  # tests decode greedily (temperature 0)
+    warm_start_episodes: int = checked(0, ge=0)  # honest-play demonstrations for an SFT job before the first iteration; 0 = none
+    warm_start_epochs: int = checked(2, ge=1)  # passes of the warm start's SFT
+    warm_start_lr: float = checked(1e-3, gt=0)  # learning rate of the warm start's SFT
+    fine_tune: FineTuneOptions = field(default_factory=FineTuneOptions)  # how the jobs train
+    jobs: JobsConfig = field(default_factory=JobsConfig)  # where the fine-tune jobs run (submitit: local | slurm); a run setting, not in the run id
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
 
 
 @dataclass
@@ -153,13 +180,18 @@ class RunSettings:
     autocast_dtype: Optional[str] = checked(None, choices=(None, "bfloat16", "float16"))  # run loops under torch.autocast with this dtype (bfloat16, float16); null = off
 
 
+#: The trainers' loop schemas: the RL loop's and the text trainers'. A trainer class names its own
+#: (:attr:`nip_like.trainers.base.Trainer.loop_schema`).
+LOOP_SCHEMAS = (TrainerConfig, TextTrainerConfig)
+
+
 @dataclass
 class ExperimentConfig:
     """The whole experiment: hyper-parameters and run settings."""
 
     name: str = "experiment"  # a label for the run folder
     seed: int = checked(0, ge=0)  # seed of every random number generator
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the trainer and its loop
+    trainer: Any = MISSING  # the trainer and its loop: TrainerConfig (the RL trainers) or TextTrainerConfig (the text trainers)
     scenario: Any = MISSING  # a scenario schema (config group "scenario")
     protocol: Any = MISSING  # a protocol schema (config group "protocol")
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # metric loggers (run setting)
@@ -177,43 +209,58 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
     return unknown
 
 
-def check_known_keys(config: DictConfig) -> None:
+def check_known_keys(config: DictConfig, trainer: Entry) -> None:
     """Fail on keys that no schema declares (Hydra's ``+key=value`` adds them silently).
 
     Parameters
     ----------
     config : DictConfig
         The whole experiment config. The scenario and protocol sections are
-        checked against the schemas their components are registered with, and
-        ``trainer.objective`` against the trainer's objective schema; free-form
-        dicts (``trainer.extra``, ``trainer.agent_updates``, ...) are not
-        checked here.
+        checked against the schemas their components are registered with,
+        ``trainer`` against the trainer's loop schema and ``trainer.objective``
+        against its objective schema; free-form dicts (``trainer.extra``,
+        ``trainer.agent_updates``, ...) are not checked here.
+    trainer : Entry
+        The trainer ``config`` names, resolved
+        (:func:`nip_like.experiment.resolve_trainer`).
 
     Raises
     ------
     ConfigError
-        Naming the unknown keys, or a component that does not exist.
+        Naming the unknown keys, the loop fields the trainer does not read, or
+        a component that does not exist.
     """
     unknown = _unknown_keys(config, ExperimentConfig, "")
+    loop_schema = trainer.cls.loop_schema
+    unread = _unknown_keys(config.trainer, loop_schema, "trainer.")
+    own = {field.name for field in dataclasses.fields(loop_schema)}
+    other_loops = {field.name for schema in LOOP_SCHEMAS for field in dataclasses.fields(schema)} - own
+    if unread and all(key.split(".")[1] in other_loops for key in unread):
+        raise ConfigError(
+            f"trainer {config.trainer.trainer_type} does not read {', '.join(unread)}: its loop's options are "
+            f"{loop_schema.__name__}'s; leave them out (select the trainer with trainer=<name>, see docs: configuration)"
+        )
+    unknown += unread
     sections = (
-        ("scenario", SCENARIOS, config.scenario.get("name"), config.scenario),
-        ("protocol", PROTOCOLS, config.protocol.get("name"), config.protocol),
-        ("trainer.objective", TRAINERS, config.trainer.trainer_type, config.trainer.get("objective")),
+        ("scenario", SCENARIOS.entry(str(config.scenario.get("name"))).schema, config.scenario),
+        ("protocol", PROTOCOLS.entry(str(config.protocol.get("name"))).schema, config.protocol),
+        ("trainer.objective", trainer.schema, config.trainer.get("objective")),
     )
-    for where, registry, name, node in sections:
-        schema = registry.entry(str(name)).schema
+    for where, schema, node in sections:
         if schema is not None and isinstance(node, DictConfig):
             unknown += _unknown_keys(node, schema, f"{where}.")
     if unknown:
         raise ConfigError(f"unknown config keys {unknown}; check the spelling (see docs: configuration)")
 
 
-def check_config_values(config: DictConfig) -> None:
+def check_config_values(config: DictConfig, trainer: Entry) -> None:
     """Check every value against what its field allows (:mod:`nip_like.allowed`), before any work.
 
     The global sections against :class:`~nip_like.config.ExperimentConfig`,
-    the protocol, the scenario and the objective against the schemas their
-    components are registered with.
+    the trainer's section against its loop schema (``trainer``: the resolved
+    entry), the protocol and the scenario against the schemas their
+    components are registered with (the objective: by
+    :func:`nip_like.experiment.check_objective`).
 
     Raises
     ------
@@ -221,6 +268,7 @@ def check_config_values(config: DictConfig) -> None:
         Naming the first field whose value is not allowed, the value and what is.
     """
     check_values(config, ExperimentConfig, "")
+    check_values(config.trainer, trainer.cls.loop_schema, "trainer")
     PROTOCOLS.typed_options(str(config.protocol.name), config.protocol, "protocol")
     SCENARIOS.typed_options(str(config.scenario.name), config.scenario, "scenario")
 
@@ -240,6 +288,7 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="experiment_schema", node=ExperimentConfig)
     store.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    store.store(group="trainer", name="text_trainer_schema", node=TextTrainerConfig)
     store.store(group="logger", name="logger_schema", node=LoggerConfig)
     for registry in REGISTRIES.values():
         registry.store_configs()

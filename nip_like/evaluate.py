@@ -92,7 +92,8 @@ def evaluate_run(
         raise CheckpointError(f"{run_dir} has no {name} checkpoint (checkpoints/{name}.pt); it has {found or 'none'}")
     state = load_checked(path, expected_id)
     # The evaluated agents come from the checkpoint: skip warm starts, log nothing, write nowhere in the run.
-    config.trainer.pretrain.agents = []
+    if "pretrain" in config.trainer:  # the RL trainers' warm start; a text trainer's state is past its own
+        config.trainer.pretrain.agents = []
     config.logger.backends = []
     config.logger.print_metrics = False
     config.run.test_run = False

@@ -1,4 +1,4 @@
-"""Build order: config -> seed -> protocol -> scenario -> agents -> envs -> trainer -> run."""
+"""Build order: config -> trainer entry (resolved once) -> checks -> seed -> protocol -> scenario -> trainer (agents -> warm start -> loss -> optimiser -> envs) -> run."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopRequested
 from nip_like.logging import MetricLogger
 from nip_like.protocols.base import Protocol
-from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS
+from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS, Entry, typed_entry
 from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import Trainer
 
@@ -44,22 +44,38 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     run_dir : Path
         The run folder.
     """
-    preflight(config)
+    trainer = preflight(config)
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))
     seed_everything(int(config.seed))
     scenario = build_scenario(config)
-    trainer_class = TRAINERS.get(config.trainer.trainer_type)
-    if not issubclass(trainer_class, Trainer):
-        raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
     logger_config = config.logger
     if not distributed.current().is_writer:  # under torchrun only rank 0 writes metrics
         logger_config = OmegaConf.merge(config.logger, {"backends": []})
     logger = MetricLogger(logger_config, run_dir, str(config.name))
-    return trainer_class(config, scenario, run_dir, logger)
+    return trainer.cls(config, scenario, run_dir, logger)
 
 
-def preflight(config: DictConfig) -> None:
+def resolve_trainer(config: DictConfig) -> Entry:
+    """The trainer ``config`` names (``trainer.trainer_type``: a registered name or a dotted path), looked up once.
+
+    The steps after it receive the entry: its class (with the schema of its
+    loop, :attr:`~nip_like.trainers.base.Trainer.loop_schema`, and what it
+    requires) and the schema of its objective's options.
+
+    Raises
+    ------
+    ConfigError
+        If the name is not a trainer's, or the class is not a
+        :class:`~nip_like.trainers.base.Trainer` subclass.
+    """
+    entry = TRAINERS.entry(str(config.trainer.trainer_type))
+    if not (isinstance(entry.cls, type) and issubclass(entry.cls, Trainer)):
+        raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
+    return entry
+
+
+def preflight(config: DictConfig) -> Entry:
     """The checks that need no data, no model weights and no run folder: run before the folder is made.
 
     The config's names, types and ranges, the device, the trainer's objective,
@@ -72,23 +88,26 @@ def preflight(config: DictConfig) -> None:
     calls it before Hydra makes the run folder, so that a refused command
     leaves nothing behind; :func:`build_trainer` calls it again.
 
+    Returns
+    -------
+    Entry
+        The trainer, resolved once (:func:`resolve_trainer`).
+
     Raises
     ------
     ConfigError
         The first thing that is wrong, in one line.
     """
-    check_objective(config)
-    check_known_keys(config)
-    check_config_values(config)
+    trainer = resolve_trainer(config)
+    check_objective(config, trainer)
+    check_known_keys(config, trainer)
+    check_config_values(config, trainer)
     _check_device(config.run.device)
     scenario = build_scenario(config)
-    trainer_class = TRAINERS.get(config.trainer.trainer_type)
-    is_trainer = isinstance(trainer_class, type) and issubclass(trainer_class, Trainer)
-    if is_trainer:
-        check_requirements(trainer_class, scenario, config)
+    check_requirements(trainer.cls, scenario, config)
     scenario.preflight()
-    if is_trainer:
-        trainer_class.preflight(config, scenario)
+    trainer.cls.preflight(config, scenario)
+    return trainer
 
 
 def _capabilities(requirement: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -131,8 +150,8 @@ def check_requirements(trainer_class: type[Trainer], scenario: Scenario, config:
             )
 
 
-def check_objective(config: DictConfig) -> None:
-    """Check ``trainer.objective`` against the objective schema of the trainer ``config`` names.
+def check_objective(config: DictConfig, entry: Entry) -> None:
+    """Check ``trainer.objective`` against the objective schema of the trainer ``config`` names (``entry``, resolved).
 
     Raises
     ------
@@ -142,7 +161,6 @@ def check_objective(config: DictConfig) -> None:
         ``trainer/objective=<name>``), or a key or type is wrong.
     """
     trainer_type = str(config.trainer.trainer_type)
-    entry = TRAINERS.entry(trainer_type)
     options = config.trainer.get("objective")
     if entry.schema is None:
         return
@@ -152,7 +170,7 @@ def check_objective(config: DictConfig) -> None:
             f"trainer {trainer_type} takes objective options {entry.schema.__name__}, but trainer.objective holds "
             f"{given.__name__}; select its options with trainer/objective={entry.name}"
         )
-    TRAINERS.typed_options(trainer_type, options, "trainer.objective")
+    typed_entry(entry.schema, options if options is not None else {}, "trainer.objective")
 
 
 def build_protocol(config: DictConfig) -> Protocol:

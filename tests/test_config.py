@@ -103,7 +103,7 @@ def test_schema_defaults_are_the_defaults_in_effect(kind):
 def _all_schemas() -> list[tuple[str, type]]:
     """The global schema and every built-in component's, with the config section each fills."""
     where = {"trainer": "trainer.objective", "protocol": "protocol", "scenario": "scenario"}
-    schemas = [("", config_module.ExperimentConfig)]
+    schemas = [("", config_module.ExperimentConfig), *(("trainer", schema) for schema in config_module.LOOP_SCHEMAS)]
     for kind, registry in REGISTRIES.items():
         schemas += [
             (where[kind], entry.schema)

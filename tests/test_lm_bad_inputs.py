@@ -31,7 +31,7 @@ GAME = (
     "trainer.frames_per_batch=16 trainer.minibatch_size=8"
 )
 CHAT = f"{GAME} scenario.view=chat scenario.default_agent.pretrained_path={{qwen2}}"
-TEXT = "scenario=duplicates_chat protocol=nip trainer=expert_iteration scenario.num_lists=60"
+TEXT = "preset=none scenario=duplicates_chat protocol=nip trainer=expert_iteration scenario.num_lists=60"  # no smoke: its RL loop fields are refused by a text trainer
 #: Text agents behind a server ({refusing}, {error_500}, ...: fake servers on 127.0.0.1), failing fast.
 SERVED = (
     f"{TEXT} scenario.default_model.backend=openai scenario.default_model.max_retries=1 "

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from nip_like.errors import ConfigError
 from nip_like.objectives import MultiAgentPPOLoss, per_agent_mean, standardize_per_agent
 from tests.test_environment import make_scenario
 
@@ -112,9 +111,9 @@ def test_kl_variant_is_plain_policy_gradient_on_policy_and_beta_adapts():
     assert loss.kl_beta.item() == pytest.approx(1.0)
 
 
-def test_unknown_variant_is_a_config_error():
+def test_an_unknown_variant_is_refused_naming_the_losss_own_argument():
     agents, _ = transitions(num_envs=2)
-    with pytest.raises(ConfigError, match="variant"):
+    with pytest.raises(ValueError, match=r"^MultiAgentPPOLoss: variant must be one of \['clip', 'kl'\], got 'trust'$"):
         MultiAgentPPOLoss(agents.policy, agents.value, agents.agent_names, variant="trust")
 
 

@@ -67,7 +67,7 @@ def test_a_server_that_dies_mid_sampling_stops_the_run_in_one_line_and_the_resum
 ):
     # The verifier behind the server, the prover scripted; two iterations, a job between them.
     overrides = [
-        *TEXT_RUN, KEEP_ALL, "scenario.scripted_provers=true", "trainer.num_iterations=2", "trainer.objective.episodes=8",
+        *TEXT_RUN, KEEP_ALL, "scenario.scripted_provers=true", "trainer.num_iterations=2", "trainer.episodes=8",
         f"scenario.cache_dir={tmp_path / 'cache'}",
     ]
     url = "scenario.default_model.base_url="

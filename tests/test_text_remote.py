@@ -122,11 +122,11 @@ TEXT_RUN = (
     "scenario.default_model.num_heads=2",
     "scenario.default_model.intermediate_size=32",
     "trainer.num_iterations=2",
-    "trainer.objective.episodes=12",
-    "trainer.objective.test_episodes=12",
-    "trainer.objective.warm_start_episodes=24",
-    "trainer.objective.warm_start_epochs=1",
-    "trainer.objective.test_scheme=last",
+    "trainer.episodes=12",
+    "trainer.test_episodes=12",
+    "trainer.warm_start_episodes=24",
+    "trainer.warm_start_epochs=1",
+    "trainer.test_scheme=last",
 )
 
 

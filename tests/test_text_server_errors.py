@@ -143,10 +143,10 @@ TEXT_RUN = (
     "scenario.default_model.retry_backoff=0.01",
     "scenario.default_model.timeout=0.5",
     "trainer.num_iterations=1",
-    "trainer.objective.episodes=4",
-    "trainer.objective.test_episodes=4",
-    "trainer.objective.test_scheme=all",
-    "trainer.objective.warm_start_episodes=0",
+    "trainer.episodes=4",
+    "trainer.test_episodes=4",
+    "trainer.test_scheme=all",
+    "trainer.warm_start_episodes=0",
 )
 
 

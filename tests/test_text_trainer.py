@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 from nip_like.cli import compose_config
-from nip_like.config import run_id
+from nip_like.config import hyper_parameters, run_id
 from nip_like.errors import ConfigError, FineTuneError
 from nip_like.evaluate import evaluate_run
-from nip_like.experiment import build_trainer, run_experiment
+from nip_like.experiment import build_trainer, preflight, run_experiment
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, read_list_line
 from nip_like.text.interface import Sampling, TextModel
 from nip_like.text.rollouts import play_episodes
 from nip_like.errors import RunInterrupted
 from nip_like.text.jobs import SubmititFineTuneBackend
 from nip_like.trainers.text import STAGES, PureTextRlTrainer
+from tests.conftest import run_cli
 from tests.test_text_jobs import attempts, kill_when_started
 
 TINY = (
@@ -33,11 +34,11 @@ TINY = (
     "scenario.default_model.num_heads=2",
     "scenario.default_model.intermediate_size=32",
     "trainer.num_iterations=2",
-    "trainer.objective.episodes=16",
-    "trainer.objective.test_episodes=16",
-    "trainer.objective.warm_start_episodes=24",
-    "trainer.objective.warm_start_epochs=1",
-    "trainer.objective.test_scheme=first_and_last",
+    "trainer.episodes=16",
+    "trainer.test_episodes=16",
+    "trainer.warm_start_episodes=24",
+    "trainer.warm_start_epochs=1",
+    "trainer.test_scheme=first_and_last",
 )
 
 
@@ -47,6 +48,20 @@ KEEP_ALL = "trainer.objective.reward_threshold=0.0"
 
 def config(*overrides: str):
     return compose_config([*TINY, *overrides])
+
+
+def test_the_text_trainers_loop_is_their_own_the_rl_loops_fields_are_refused_and_not_in_the_run_id(tmp_path):
+    loop = config().trainer
+    assert "num_envs" not in loop and "optimizer" not in loop and "frames_per_batch" not in loop
+    assert loop.episodes == 16 and loop.objective.reward_threshold == 0.5  # the loop's and the algorithm's options
+    assert "num_envs" not in hyper_parameters(config())["trainer"]
+    for trainer in ("expert_iteration", "malt"):
+        with pytest.raises(ConfigError, match=rf"^trainer {trainer} does not read trainer.num_envs, trainer.optimizer: "):
+            preflight(config(f"trainer={trainer}", "+trainer.num_envs=8", "+trainer.optimizer={lr: 0.1}"))
+    # On the command line a field the loop does not have is one line, naming it and the loop's schema.
+    result = run_cli(["preset=text_quick", "trainer.frames_per_batch=96"])
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "Key 'frames_per_batch' not in 'TextTrainerConfig'" in result.stderr
 
 
 @pytest.mark.slow
@@ -152,7 +167,7 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
 
 @pytest.mark.slow
 def test_a_resumed_run_adopts_the_jobs_that_are_still_running(tmp_path, monkeypatch):
-    overrides = (KEEP_ALL, "trainer.objective.warm_start_episodes=0", "trainer.objective.fine_tune.epochs=200")
+    overrides = (KEEP_ALL, "trainer.warm_start_episodes=0", "trainer.fine_tune.epochs=200")
     run_dir = tmp_path / "run"
     # Stopped right after the first iteration's jobs were submitted (sampling, statistics, test, jobs).
     stop_after_stages(monkeypatch, 4)
@@ -175,7 +190,7 @@ def test_a_resumed_run_adopts_the_jobs_that_are_still_running(tmp_path, monkeypa
 @pytest.mark.slow
 def test_scripted_provers_are_never_fine_tuned_and_the_verifier_learns_its_decisions(tmp_path):
     run_dir = tmp_path / "run"
-    run_experiment(config("scenario.scripted_provers=true", "trainer.objective.test_scheme=none"), run_dir)
+    run_experiment(config("scenario.scripted_provers=true", "trainer.test_scheme=none"), run_dir)
     state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
     assert state["groups"]["prover"]["model"] == "scripted"
     assert not list((run_dir / "fine_tune").glob("*prover*")) and not (run_dir / "models" / "prover").exists()
@@ -185,7 +200,7 @@ def test_scripted_provers_are_never_fine_tuned_and_the_verifier_learns_its_decis
 @pytest.mark.slow
 def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "docs" / "examples"))
-    overrides = ("trainer.trainer_type=label_distillation_trainer.LabelDistillationTrainer", "trainer.objective.warm_start_episodes=0")
+    overrides = ("trainer.trainer_type=label_distillation_trainer.LabelDistillationTrainer", "trainer.warm_start_episodes=0")
     metrics = run_experiment(config(*overrides), tmp_path / "run")
     assert "test/accuracy" in metrics
     assert [path.name for path in (tmp_path / "run" / "fine_tune").iterdir()] == [f"{run_id(config(*overrides))}-it0000-verifier"]
@@ -194,7 +209,7 @@ def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeyp
 @pytest.mark.slow
 def test_malt_runs_on_trees_of_replies(tmp_path):
     run_dir = tmp_path / "run"
-    metrics = run_experiment(config("trainer=malt", "trainer.objective.branching=2", "trainer.objective.episodes=6"), run_dir)
+    metrics = run_experiment(config("trainer=malt", "trainer.objective.branching=2", "trainer.episodes=6"), run_dir)
     assert "test/accuracy" in metrics
     rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text().splitlines()
     assert len(rollouts) == 1 + 6 * 2**2  # a header, then the 4 leaves of each of the 6 trees

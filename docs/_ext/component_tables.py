@@ -87,12 +87,12 @@ class AllowedValues(_Table):
 
     def rows(self) -> list[tuple[str, ...]]:
         from nip_like.allowed import allowed_values
-        from nip_like.config import ExperimentConfig
+        from nip_like.config import LOOP_SCHEMAS, ExperimentConfig
         from nip_like.registry import REGISTRIES
 
         sections = {"trainer": "trainer.objective", "protocol": "protocol", "scenario": "scenario"}
-        schemas = [("", ExperimentConfig)]
-        seen = {ExperimentConfig}
+        schemas = [("", ExperimentConfig), *(("trainer.", schema) for schema in LOOP_SCHEMAS)]
+        seen = {ExperimentConfig, *LOOP_SCHEMAS}
         for kind, registry in REGISTRIES.items():
             for entry in registry.entries():
                 if entry.schema is not None and entry.schema not in seen and entry.cls.__module__.startswith("nip_like."):

@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nip_like.config import CONFIG_DIR, check_config_values, check_known_keys, register_configs, run_id
 from nip_like.errors import ConfigError, NipLikeError, one_line
-from nip_like.registry import TRAINERS
+from nip_like.experiment import resolve_trainer
 
 #: Config group holding the sweep configs.
 SWEEP_GROUP = "sweep"
@@ -113,7 +113,7 @@ def _check_sweep_exists(name: str, config_dir: Path | None) -> None:
         raise ConfigError(f"no sweep config {name!r} in {where}; available sweeps: {available_sweeps(config_dir)}")
 
 
-def declared_iterations(config: DictConfig) -> int:
+def declared_iterations(config: DictConfig, trainer_class: type) -> int:
     """Return the loop iterations that the job's trainer declares, without building it.
 
     :meth:`nip_like.trainers.base.Trainer.get_total_num_iterations` sums what
@@ -130,8 +130,9 @@ def declared_iterations(config: DictConfig) -> int:
     ----------
     config : DictConfig
         The job's whole config.
+    trainer_class : type
+        The trainer class it names (:func:`nip_like.experiment.resolve_trainer`).
     """
-    trainer_class = TRAINERS.get(str(config.trainer.trainer_type))
     shell = trainer_class.__new__(trainer_class)
     shell.config = config
     shell.trainer_config = config.trainer
@@ -228,15 +229,16 @@ def _make_job(overrides: list[str], hydra_overrides: list[str], root: Path) -> J
         folder_name = str(config.hydra.job.override_dirname) or "default"
         with open_dict(config):
             del config["hydra"]
-        check_known_keys(config)
-        check_config_values(config)
+        trainer = resolve_trainer(config)
+        check_known_keys(config, trainer)
+        check_config_values(config, trainer)
         return Job(
             overrides=list(overrides),
             name=folder_name,
             folder=root / folder_name,
             run_id=run_id(config),
             test_run=bool(config.run.test_run),
-            iterations=declared_iterations(config),
+            iterations=declared_iterations(config, trainer.cls),
         )
     except NipLikeError as error:
         message = str(error)

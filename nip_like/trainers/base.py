@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from nip_like import distributed
 from nip_like.checkpoint import load_checked, save_atomic
-from nip_like.config import run_id
+from nip_like.config import TrainerConfig, run_id
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import Scenario, TensorGame
@@ -136,6 +136,9 @@ class Trainer(ABC):
     #: (a tuple among them: any one of those), checked before any work by
     #: :func:`nip_like.experiment.check_requirements`.
     requires: ClassVar[tuple[type | tuple[type, ...], ...]] = ()
+    #: The schema of the trainer's section (``trainer``): the RL loop's by default; the text
+    #: trainers' is :class:`~nip_like.config.TextTrainerConfig`. Fields outside it are refused.
+    loop_schema: ClassVar[type] = TrainerConfig
 
     def __init__(self, config: DictConfig, scenario: Scenario, run_dir: Path, logger: MetricLogger) -> None:
         self.config = config

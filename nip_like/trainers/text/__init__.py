@@ -6,8 +6,7 @@ are the built-in algorithms.
 """
 
 from nip_like.trainers.text.fine_tune_jobs import sft_record
-from nip_like.trainers.text.options import FineTuneOptions, TextTrainingConfig
 from nip_like.trainers.text.pure_text import PureTextRlTrainer
 from nip_like.trainers.text.state import STAGES
 
-__all__ = ["FineTuneOptions", "PureTextRlTrainer", "STAGES", "TextTrainingConfig", "sft_record"]
+__all__ = ["PureTextRlTrainer", "STAGES", "sft_record"]

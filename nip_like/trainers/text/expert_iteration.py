@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tensordict import TensorDict
 
@@ -12,22 +12,14 @@ from nip_like.checkpoint import derive_seed
 from nip_like.registry import register_trainer
 from nip_like.text.fine_tune import FineTuneSpec
 from nip_like.trainers.text.fine_tune_jobs import sft_record
-from nip_like.trainers.text.options import FineTuneOptions, TextTrainingConfig
 from nip_like.trainers.text.pure_text import PureTextRlTrainer
 
 SELECTIONS = ("threshold", "sample")
 
 
-def _expert_iteration_jobs() -> FineTuneOptions:
-    return FineTuneOptions(epochs=4, lr=1e-3)
-
-
 @dataclass
-class ExpertIterationConfig(TextTrainingConfig):
-    """Options of expert iteration (``trainer.objective``)."""
-
-    episodes: int = checked(1024, ge=1)  # episodes sampled per iteration (train split)
-    fine_tune: FineTuneOptions = field(default_factory=_expert_iteration_jobs)  # the SFT jobs' settings
+class ExpertIterationConfig:
+    """Options of expert iteration (``trainer.objective``); its loop's are ``trainer.*`` (:class:`~nip_like.config.TextTrainerConfig`)."""
 
     selection: str = checked("threshold", choices=SELECTIONS)  # threshold: keep turns whose episode return >= reward_threshold | sample: keep each with probability rising linearly with its return
     reward_threshold: float = checked(0.5)  # threshold: the least episode return (the agent's own) a kept turn has

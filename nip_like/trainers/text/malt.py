@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tensordict import TensorDict
 
 from nip_like.allowed import checked
 from nip_like.registry import register_trainer
 from nip_like.text.fine_tune import FineTuneSpec
-from nip_like.trainers.text.options import FineTuneOptions, TextTrainingConfig
 from nip_like.trainers.text.pure_text import PureTextRlTrainer
 
 
-def _malt_jobs() -> FineTuneOptions:
-    # rpo_alpha keeps the chosen replies likely: without it DPO let the verifier's decisions decay into
-    # text that is no decision (docs: text_trainers, MALT).
-    return FineTuneOptions(epochs=2, lr=1e-4, rpo_alpha=1.0)
-
-
 @dataclass
-class MaltConfig(TextTrainingConfig):
-    """Options of MALT-style training (``trainer.objective``)."""
-
-    fine_tune: FineTuneOptions = field(default_factory=_malt_jobs)  # the DPO jobs' settings
+class MaltConfig:
+    """Options of MALT-style training (``trainer.objective``); its loop's are ``trainer.*`` (:class:`~nip_like.config.TextTrainerConfig`)."""
 
     branching: int = checked(3, ge=2)  # replies sampled at every node of the tree (k); a list has k**rounds leaves
     min_value_gap: float = checked(0.0, ge=0)  # a pair needs its chosen sibling's value above the rejected one's by more than this
@@ -41,7 +32,7 @@ class MaltTrainer(PureTextRlTrainer):
     that agent's returns over the leaves below it. Under each parent, the
     agent's best and worst sibling make a preference pair (when their replies
     differ and their values by more than ``min_value_gap``), and each group is
-    fine-tuned by DPO on its agents' pairs (``trainer.objective.fine_tune``:
+    fine-tuned by DPO on its agents' pairs (``trainer.fine_tune``:
     beta, loss type).
     """
 

@@ -43,10 +43,11 @@ from typing import Any
 from tensordict import TensorDict
 
 from nip_like.checkpoint import derive_seed, write_text_atomic
+from nip_like.config import TextTrainerConfig
 from nip_like.scenarios.chat import ChatGame
 from nip_like.text.fine_tune import FineTuneSpec
 from nip_like.text.interface import Sampling, TextModel
-from nip_like.text.jobs import FineTuneBackend, JobsConfig, SubmititFineTuneBackend, check_executor
+from nip_like.text.jobs import FineTuneBackend, SubmititFineTuneBackend, check_executor
 from nip_like.text.models import build_text_model, create_model_folder
 from nip_like.text.remote import BASE_URL_ENV, check_text_model_server
 from nip_like.text.rollouts import play_episodes, rollout_records
@@ -73,18 +74,22 @@ class PureTextRlTrainer(Trainer):
     """
 
     requires = (ChatGame,)
+    loop_schema = TextTrainerConfig
 
     def __init__(self, config, scenario: ChatGame, run_dir, logger) -> None:
         super().__init__(config, scenario, run_dir, logger)
-        self.options = config.trainer.objective
+        #: The loop's options (``trainer``: :class:`~nip_like.config.TextTrainerConfig`).
+        self.loop = config.trainer
+        #: The algorithm's own options (``trainer.objective``: the schema the trainer is registered with).
+        self.options = config.trainer.get("objective")
         self.num_iterations = int(config.trainer.num_iterations)
         self.seed = int(config.seed)
         self.device = str(config.run.device)
-        self.test_episodes = int(self.options.test_episodes)
-        self.jobs = config.trainer.get("jobs") or JobsConfig()  # a run folder from before trainer.jobs has none
+        self.test_episodes = int(self.loop.test_episodes)
+        self.jobs = config.trainer.jobs
         self.backend: FineTuneBackend = SubmititFineTuneBackend(self.run_dir / "fine_tune", self.jobs)
         self.state = TextTrainState(groups={group: GroupState(model="") for group in scenario.group_names()})
-        if int(self.options.warm_start_episodes) == 0:
+        if int(self.loop.warm_start_episodes) == 0:
             self.state.stage = STAGES[0]
         self._models: dict[str, tuple[str, TextModel]] = {}
         self.final_metrics: dict[str, float] = {}
@@ -100,7 +105,7 @@ class PureTextRlTrainer(Trainer):
         group's timeout and retries
         (:func:`~nip_like.text.remote.check_text_model_server`).
         """
-        check_executor(config.trainer.get("jobs") or JobsConfig())
+        check_executor(config.trainer.jobs)
         checked_urls: set[str | None] = set()
         for group in scenario.group_names():
             model = scenario.model_config(group)
@@ -135,7 +140,7 @@ class PureTextRlTrainer(Trainer):
         self._run_stages()
         return self.final_metrics
 
-    @attach_progress_bar(lambda self: total_stages(self.num_iterations))
+    @attach_progress_bar(lambda self: total_stages(int(self.config.trainer.num_iterations)))
     def _run_stages(self, iteration_context: IterationContext) -> None:
         """Run the stages from :attr:`state`'s, saving the state after each; the final test ends the run."""
         iteration_context.set_description("Text training")
@@ -176,7 +181,7 @@ class PureTextRlTrainer(Trainer):
                 self.scenario,
                 models,
                 self.sampling(),
-                int(self.options.episodes),
+                int(self.loop.episodes),
                 derive_seed(self.seed, f"rollouts:{self.state.iteration}"),
                 path,
                 branching=self.branching,
@@ -192,7 +197,7 @@ class PureTextRlTrainer(Trainer):
         return "test"
 
     def _stage_test_run(self) -> str:
-        if evaluation.tests_now(str(self.options.test_scheme), self.state.iteration, self.num_iterations):
+        if evaluation.tests_now(str(self.loop.test_scheme), self.state.iteration, self.num_iterations):
             self._saved_test(self.state.iteration)
         return "create_fine_tune_jobs" if self.state.iteration < self.num_iterations - 1 else "next_iteration"
 
@@ -212,7 +217,7 @@ class PureTextRlTrainer(Trainer):
             {agent: self.scenario.scripted_player(agent) for agent in names},
             {agent: Sampling(1) for agent in names},
             "train",
-            int(self.options.warm_start_episodes),
+            int(self.loop.warm_start_episodes),
             derive_seed(self.seed, "warm_start"),
             by_agent=True,
         )
@@ -224,8 +229,8 @@ class PureTextRlTrainer(Trainer):
                 group,
                 "sft",
                 self.write_dataset(f"warm_start_{group}", rows),
-                epochs=int(self.options.warm_start_epochs),
-                lr=float(self.options.warm_start_lr),
+                epochs=int(self.loop.warm_start_epochs),
+                lr=float(self.loop.warm_start_lr),
             )
             for group, rows in records.items()
             if rows
@@ -256,7 +261,7 @@ class PureTextRlTrainer(Trainer):
 
     def _await_jobs(self) -> None:
         """Wait for the groups' jobs; switch each group to its new model, or stop at the first failure."""
-        timeout = self.options.fine_tune.timeout
+        timeout = self.loop.fine_tune.timeout
         failed = fine_tune_jobs.await_jobs(self.backend, self.state.groups, None if timeout is None else float(timeout))
         if failed:
             # Back to the job stage: resuming retries the jobs on the same rollouts.
@@ -304,7 +309,7 @@ class PureTextRlTrainer(Trainer):
         return play_episodes(
             self.scenario,
             models,
-            self.sampling(greedy=bool(self.options.test_greedy)),
+            self.sampling(greedy=bool(self.loop.test_greedy)),
             self.test_split if split is None else split,
             int(self.test_episodes if episodes is None else episodes),
             derive_seed(self.seed, "test"),
@@ -329,9 +334,9 @@ class PureTextRlTrainer(Trainer):
     ) -> FineTuneSpec:
         """A job that fine-tunes ``group``'s current model on ``dataset`` with ``method`` (sft or dpo).
 
-        ``epochs`` and ``lr`` default to ``trainer.objective.fine_tune``'s.
+        ``epochs`` and ``lr`` default to ``trainer.fine_tune``'s.
         """
-        options = self.options.fine_tune
+        options = self.loop.fine_tune
         name = self.job_name(group)
         return FineTuneSpec(
             job_id=self.job_id(group),
