@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Iterable, Mapping
 
@@ -13,14 +12,8 @@ from torch import nn
 from nip_like.config import AgentUpdateConfig
 from nip_like.registry import typed_entry
 from nip_like.errors import ConfigError
+from nip_like.optimizers import OPTIMIZERS, make_optimizer
 
-OPTIMIZERS = {
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-    "sgd": torch.optim.SGD,
-    "rmsprop": torch.optim.RMSprop,
-    "adagrad": torch.optim.Adagrad,
-}
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -48,29 +41,14 @@ def build_optimizer(config: DictConfig, agent_params: Mapping[str, Iterable[nn.P
             groups.append({"params": params, "lr": float(config.agent_lr.get(name, config.lr)), "agent": name})
     if not groups:
         raise ConfigError("the agents have no trainable parameters")
-    kwargs: dict = {"weight_decay": config.weight_decay, **fast_implementation(OPTIMIZERS[config.name])}
-    if config.name in ("adam", "adamw"):
-        kwargs.update(betas=tuple(config.betas), eps=config.eps)
-    elif config.name in ("sgd", "rmsprop"):
-        kwargs["momentum"] = config.momentum
-        if config.name == "rmsprop":
-            kwargs["eps"] = config.eps
-    else:
-        kwargs["eps"] = config.eps
-    return OPTIMIZERS[config.name](groups, **kwargs)
-
-
-def fast_implementation(optimizer_class: type[torch.optim.Optimizer]) -> dict[str, bool]:
-    """Return the keyword that selects the fastest implementation of ``optimizer_class``.
-
-    The fused implementation (one kernel over all parameters, on the CPU as on
-    CUDA) where PyTorch has one, otherwise the multi-tensor (``foreach``) one;
-    on the CPU either saves most of the per-parameter loop of a step (fused Adam
-    is about three times faster than foreach Adam on the graph agents).
-    """
-    if "fused" in inspect.signature(optimizer_class.__init__).parameters:
-        return {"fused": True}
-    return {"foreach": True}
+    return make_optimizer(
+        config.name,
+        groups,
+        weight_decay=config.weight_decay,
+        betas=tuple(config.betas),
+        eps=config.eps,
+        momentum=config.momentum,
+    )
 
 
 class LrFactor:

@@ -30,9 +30,10 @@ from nip_like.checkpoint import derive_seed, load_checked, save_atomic
 from nip_like.config import without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
-from nip_like.lm.pretrain import demonstration_epoch, held_out_scores, sync_value_body
+from nip_like.lm.pretrain import demonstration_loss, held_out_scores, sync_value_body
 from nip_like.scenarios.base import Demonstrating, Labelled, code_key
-from nip_like.supervised import supervised_pass, warmup_schedule
+from nip_like.optimizers import make_optimizer
+from nip_like.supervised import StepLoss, supervised_epoch, warmup_schedule
 
 #: Entries of a scenario's supervised data besides the agents' observations.
 TARGET_KEY = "target_action"
@@ -45,22 +46,12 @@ def decision_log_probs(agents: AgentModules, agent_index: int, batch: TensorDict
     return masked_log_softmax(logits[:, agent_index], batch.get(TARGET_MASK_KEY))
 
 
-def supervised_epoch(
-    agents: AgentModules,
-    agent_index: int,
-    data: TensorDictBase,
-    optimizer: torch.optim.Optimizer,
-    minibatch_size: int,
-    generator: torch.Generator,
-    max_grad_norm: float | None = None,
-    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
-) -> tuple[float, float, int]:
-    """One shuffled pass of cross-entropy on the target actions.
+def decision_loss(agents: AgentModules, agent_index: int) -> StepLoss:
+    """The step loss of a fit to target decisions: cross-entropy of the agent's log-probability of the target.
 
-    Returns
-    -------
-    loss, accuracy, steps
-        Mean minibatch loss and accuracy, and the number of optimiser steps.
+    For :func:`~nip_like.supervised.supervised_epoch`; a minibatch holds
+    ``"target_action"`` among ``"target_mask"``; the accuracy is whether the
+    most likely action is the target.
     """
 
     def step_loss(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +59,7 @@ def supervised_epoch(
         target = batch.get(TARGET_KEY)
         return F.nll_loss(log_probs, target), log_probs.argmax(-1) == target
 
-    return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
+    return step_loss
 
 
 def speaks(scenario: Demonstrating | Labelled) -> bool:
@@ -110,34 +101,20 @@ def agent_data(scenario, loaded, agent: str, user: str) -> TensorDictBase:
     return loaded[agent]
 
 
-def fit_epoch(
-    scenario,
-    agents: AgentModules,
-    agent: str,
-    data: TensorDictBase,
-    optimizer: torch.optim.Optimizer,
-    minibatch_size: int,
-    generator: torch.Generator,
-    max_grad_norm: float | None = None,
-    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
-) -> tuple[float, float, int]:
-    """One shuffled pass of ``agent`` over its :func:`agent_data`: next-token or decision cross-entropy.
+def fit_loss(scenario, agents: AgentModules, agent: str, data: TensorDictBase) -> StepLoss:
+    """The step loss that fits ``agent`` to its :func:`agent_data` ``data``; the agent's network in train mode.
 
-    Token demonstrations (:func:`is_token_data`) are fitted token by token; decision datapoints
-    (``"target_action"`` among ``"target_mask"``) by the agent's log-probability of the target.
-
-    Returns
-    -------
-    loss, accuracy, steps
-        As :func:`~nip_like.lm.pretrain.demonstration_epoch` (accuracy: the
-        share of demonstrations reproduced) or :func:`supervised_epoch`.
+    Token demonstrations (:func:`is_token_data`) are fitted token by token
+    (:func:`~nip_like.lm.pretrain.demonstration_loss`; accuracy: the share of
+    demonstrations reproduced); decision datapoints by the agent's
+    log-probability of the target (:func:`decision_loss`). An epoch is
+    :func:`~nip_like.supervised.supervised_epoch` with it.
     """
     network = policy_network(agents, agent)
     network.train()
     if is_token_data(data):
-        return demonstration_epoch(network, data, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
-    index = scenario.agent_names.index(agent)
-    return supervised_epoch(agents, index, data, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
+        return demonstration_loss(network)
+    return decision_loss(agents, scenario.agent_names.index(agent))
 
 
 @torch.no_grad()
@@ -270,7 +247,8 @@ def _fit(
     """Fit ``agent`` from its current weights for the configured epochs; with ``held_out``, keep its best epoch."""
     options = config.trainer.pretrain
     network = policy_network(agents, agent)
-    optimizer = torch.optim.Adam(network.parameters(), lr=float(options.agent_lr.get(agent, options.lr)))
+    # PyTorch's default implementation, as the warm start has always had (cached fits stay valid).
+    optimizer = make_optimizer("adam", network.parameters(), float(options.agent_lr.get(agent, options.lr)), fast=False)
     scheduler = warmup_schedule(optimizer, int(options.warmup_steps))
     # The first fit keeps the data order it always had; a restart draws its own.
     seed = int(config.seed) if restart == 0 else derive_seed(int(config.seed), f"pretrain/{agent}/order/{restart}")
@@ -279,8 +257,8 @@ def _fit(
     accuracy, fit_seconds, held_out_seconds = 0.0, 0.0, 0.0
     for _ in _epochs(config, agent):
         started = time.perf_counter()
-        _, accuracy, _ = fit_epoch(
-            scenario, agents, agent, train, optimizer, options.minibatch_size, generator,
+        _, accuracy, _ = supervised_epoch(
+            train, fit_loss(scenario, agents, agent, train), optimizer, options.minibatch_size, generator,
             options.max_grad_norm, scheduler,
         )
         fit_seconds += time.perf_counter() - started
@@ -331,8 +309,9 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
 
     A scenario with ``demonstrations`` (agents that send messages) fine-tunes
     each agent on its demonstrated messages
-    (:func:`~nip_like.lm.pretrain.demonstration_epoch`); otherwise the
-    agent's decisions are fitted to ``supervised_data`` (:func:`fit_epoch`).
+    (:func:`~nip_like.lm.pretrain.demonstration_loss`); otherwise the
+    agent's decisions are fitted to ``supervised_data`` (:func:`decision_loss`;
+    each epoch :func:`~nip_like.supervised.supervised_epoch` with :func:`fit_loss`).
 
     Returns
     -------

@@ -1,4 +1,10 @@
-"""The shuffled minibatch pass shared by every supervised fit (warm starts, the solo-agent trainer)."""
+"""The one supervised epoch of every supervised fit (warm starts, the solo-agent trainer), and its warm-up.
+
+A fit differs only in its step loss (:data:`StepLoss`): the decision
+cross-entropy of :func:`nip_like.pretrain.decision_loss`, the next-token
+cross-entropy of :func:`nip_like.lm.pretrain.demonstration_loss`;
+:func:`nip_like.pretrain.fit_loss` picks one by the data.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, steps: int) -> Optional[to
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / steps))
 
 
-def supervised_pass(
+def supervised_epoch(
     data: TensorDictBase,
     step_loss: StepLoss,
     optimizer: torch.optim.Optimizer,

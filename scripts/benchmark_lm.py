@@ -35,7 +35,7 @@ Three measurements:
    :func:`~nip_like.objectives.dpo.preference_loss` on the summed
    log-probabilities of chosen and rejected messages, one forward pass over
    both), the backward pass, gradient clipping to norm 1 and a fused AdamW
-   step (``nip_like.optim.fast_implementation``). This is the framework's LM
+   step (``nip_like.optimizers.fast_implementation``). This is the framework's LM
    scoring and objective functions driven by a few lines of loop, not a trainer
    iteration (``scripts/benchmark_lm_rollout.py`` times a whole rollout).
 3. **The same update in TRL**: ``GRPOTrainer`` and ``DPOTrainer`` on a copy of
@@ -119,7 +119,7 @@ from nip_like.lm import LMAgentConfig, LMPolicy, build_lm_policy, build_tokenize
 from nip_like.lm.tokenizer import SPECIAL_TOKENS  # noqa: E402
 from nip_like.objectives.dpo import preference_loss  # noqa: E402
 from nip_like.objectives.ppo import clipped_surrogate  # noqa: E402
-from nip_like.optim import fast_implementation  # noqa: E402
+from nip_like.optimizers import fast_implementation  # noqa: E402
 
 #: The symbols of the benchmark's vocabulary, like the duplicates scenario's.
 ALPHABET: tuple[str, ...] = (

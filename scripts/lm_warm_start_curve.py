@@ -22,10 +22,10 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from nip_like.lm.pretrain import demonstration_epoch, held_out_scores
+from nip_like.lm.pretrain import demonstration_loss, held_out_scores
 from nip_like.registry import PROTOCOLS
 from nip_like.scenarios.duplicates.scenario import DuplicatesConfig, DuplicatesScenario
-from nip_like.supervised import warmup_schedule
+from nip_like.supervised import supervised_epoch, warmup_schedule
 
 
 def parse_args() -> argparse.Namespace:
@@ -93,8 +93,8 @@ def main() -> None:
     started, steps = time.perf_counter(), 0
     for epoch in range(1, args.epochs + 1):
         policy.train()
-        loss, accuracy, epoch_steps = demonstration_epoch(
-            policy, train, optimizer, args.minibatch_size, generator, args.max_grad_norm or None, scheduler
+        loss, accuracy, epoch_steps = supervised_epoch(
+            train, demonstration_loss(policy), optimizer, args.minibatch_size, generator, args.max_grad_norm or None, scheduler
         )
         steps += epoch_steps
         policy.eval()

@@ -303,7 +303,7 @@ def test_the_solo_agent_loop_stops_on_a_signal_too(tmp_path, monkeypatch):
         "trainer=solo_agent", "protocol=solo_verifier", "trainer.num_iterations=4", "run.checkpoint_every=0",
     )
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
-    original = solo_agent.fit_epoch
+    original = solo_agent.supervised_epoch
     calls = []
 
     def signalled(*args, **kwargs):
@@ -312,7 +312,7 @@ def test_the_solo_agent_loop_stops_on_a_signal_too(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(solo_agent, "fit_epoch", signalled)
+    monkeypatch.setattr(solo_agent, "supervised_epoch", signalled)
     run_dir = tmp_path / "run"
     with pytest.raises(RunInterrupted, match="^interrupted at iteration 2; resume with"):
         run_experiment(smoke_config(*overrides), run_dir)

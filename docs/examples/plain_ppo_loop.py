@@ -221,7 +221,7 @@ def build_plain_loop(config: DictConfig) -> PlainLoop:
         lr=settings.lr,
         betas=settings.betas,
         eps=settings.eps,
-        fused=True,  # one kernel for all parameters; the framework picks it too (nip_like.optim.fast_implementation)
+        fused=True,  # one kernel for all parameters; the framework picks it too (nip_like.optimizers.fast_implementation)
     )
 
     env = scenario.make_env(settings.num_envs, "train", derive_seed(settings.seed, "train_env"), device)

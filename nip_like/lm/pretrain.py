@@ -3,56 +3,29 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from tensordict import TensorDictBase
 
 from nip_like.lm.policy import LMPolicy
-from nip_like.supervised import supervised_pass
+from nip_like.supervised import StepLoss
 
 #: A token with probability above this is the most likely one: greedy decoding reproduces it.
 GREEDY_PROBABILITY = 0.5
 
 
-def demonstration_epoch(
-    policy: LMPolicy,
-    data: TensorDictBase,
-    optimizer: torch.optim.Optimizer,
-    minibatch_size: int,
-    generator: torch.Generator,
-    max_grad_norm: float | None = None,
-    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
-) -> tuple[float, float, int]:
-    """One shuffled pass of next-token cross-entropy on the demonstrated messages.
+def demonstration_loss(policy: LMPolicy) -> StepLoss:
+    """The step loss of a fit to demonstrated messages: next-token cross-entropy, and whether each is reproduced.
 
-    Parameters
-    ----------
-    policy : LMPolicy
-        The agent; trained on the log-probabilities of the distribution it
-        samples from (:meth:`~nip_like.lm.policy.LMPolicy.evaluate`).
-    data : TensorDictBase
-        ``(E,)`` demonstrations: ``"prompt_ids"``, ``"prompt_mask"``,
-        ``"tokens"``, ``"token_mask"`` (see
-        :meth:`~nip_like.scenarios.duplicates.scenario.DuplicatesScenario.demonstrations`).
-    optimizer : torch.optim.Optimizer
-        Over the policy's parameters.
-    minibatch_size : int
-        Demonstrations per step (the last, incomplete minibatch is dropped,
-        unless it is the only one).
-    generator : torch.Generator
-        Shuffles the order.
-    max_grad_norm : float, optional
-        Clip the gradient norm to this.
-    scheduler : LRScheduler, optional
-        Stepped after every optimiser step (a learning-rate warm-up, say).
-
-    Returns
-    -------
-    loss, accuracy, steps
-        The mean minibatch loss (per token), the share of demonstrations whose
-        every token has probability above one half (so that greedy decoding
-        reproduces them exactly), and the number of optimiser steps.
+    For :func:`~nip_like.supervised.supervised_epoch`. The policy is trained on
+    the log-probabilities of the distribution it samples from
+    (:meth:`~nip_like.lm.policy.LMPolicy.evaluate`); a minibatch holds ``(E,)``
+    demonstrations: ``"prompt_ids"``, ``"prompt_mask"``, ``"tokens"``,
+    ``"token_mask"`` (see
+    :meth:`~nip_like.scenarios.duplicates.scenario.DuplicatesScenario.demonstrations`).
+    The loss is the mean per token; the accuracy, the share of demonstrations
+    whose every token has probability above one half (so that greedy decoding
+    reproduces them exactly).
     """
 
     def step_loss(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +33,7 @@ def demonstration_epoch(
         loss = -(token_log_probs * mask).sum() / mask.sum().clamp_min(1)
         return loss, _reproduced(token_log_probs.detach(), mask)
 
-    return supervised_pass(data, step_loss, optimizer, minibatch_size, generator, max_grad_norm, scheduler)
+    return step_loss
 
 
 def _demonstrated_token_log_probs(policy: LMPolicy, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,6 +34,7 @@ from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import quiet_progress, save_agent
 from nip_like.lm.models import disable_dropout
 from nip_like.objectives.dpo import LOSS_TYPES, preference_loss
+from nip_like.optimizers import make_optimizer
 from nip_like.text.models import chat_prompts
 
 METHODS = ("sft", "dpo")
@@ -187,7 +188,7 @@ def fine_tune(spec: FineTuneSpec, log: Callable[[dict], None] = lambda metrics: 
                 rejected = _scores(spec, *reply_log_probs(model, tokenizer, prompts, [item[2] for item in chunk], device))
                 reference += list(zip(chosen.tolist(), rejected.tolist()))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    optimizer = make_optimizer("adamw", model.parameters(), spec.lr, weight_decay=0.0, fast=False)
     order = list(range(len(data)))
     generator = random.Random(spec.seed)
     step = 0

@@ -16,13 +16,14 @@ from nip_like.lm.pretrain import held_out_scores
 from nip_like.pretrain import (
     TARGET_KEY,
     agent_data,
-    fit_epoch,
+    fit_loss,
     is_token_data,
     policy_network,
     predicted_decisions,
     split_data,
 )
 from nip_like.registry import register_trainer
+from nip_like.supervised import supervised_epoch
 from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 
@@ -131,9 +132,9 @@ class SoloAgentTrainer(TensorDictTrainer):
         data = self.data("train")
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
-            loss, accuracy, steps = fit_epoch(
-                self.scenario, self.agents, self.agent, data, self.optimizer, tc.minibatch_size, self.generator,
-                tc.optimizer.max_grad_norm,
+            loss, accuracy, steps = supervised_epoch(
+                data, fit_loss(self.scenario, self.agents, self.agent, data), self.optimizer, tc.minibatch_size,
+                self.generator, tc.optimizer.max_grad_norm,
             )
             self.state.gradient_steps += steps
             self.state.iteration += 1
