@@ -159,7 +159,7 @@ def chat_prompts(tokenizer, args: argparse.Namespace, device: torch.device) -> b
     rows = []
     for _ in range(args.batch_size // args.group_size):
         values = [rng.randrange(args.num_values) for _ in range(args.list_length)]
-        rows += [speaker.render(list_line(values, [True] * len(values), indexed=True), [])] * args.group_size
+        rows += [speaker.render(list_line(values, [True] * len(values), list_format="indexed"), [])] * args.group_size
     width = max(len(row) for row in rows)
     ids = torch.full((len(rows), width), speaker.pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
