@@ -23,8 +23,6 @@ from tests.conftest import make_config
 from tests.lm_folders import FAMILIES, chat_model  # noqa: F401 - the fixture
 from tests.test_duplicates_scenario import RL_TRAINERS
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
 
 def chat_config(folder: Path, tmp_path: Path, *overrides: str):
     """A tiny duplicates game in the chat view, every agent from ``folder``."""
