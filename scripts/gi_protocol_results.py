@@ -29,6 +29,14 @@ solo verifier's: together they check a claim, such as the main job's::
     python scripts/gi_protocol_results.py --protocols nip solo_verifier --seeds 0 1 2 3 4 \
         --require nip=0.85 --require-gap nip=0.10
 
+``--require-seed-gap PROTOCOL=GAP`` fails it unless every seed of the
+protocol is that far above the solo verifier's run of the same seed. The
+script takes any preset of a proof scenario; the language-model chat view's
+claim (docs: own_language_model)::
+
+    python scripts/gi_protocol_results.py --preset lm_chat --protocols nip solo_verifier --seeds 0 1 2 \
+        --out outputs/lm_chat --require-seed-gap nip=0.2
+
 With ``--plots`` it also draws, from the runs' CSV metrics, the validation
 accuracy against frames (``<out>/curves_accuracy.png``, one colour per
 protocol, the mean over seeds with a 95% bootstrap band) and the share of
@@ -64,6 +72,10 @@ PAPER = {
     "debate": 0.64,
     "mnip": 0.67,
 }
+
+
+#: The presets of the graph-isomorphism scenario (the table's NIP-paper column applies to them only).
+GRAPH_PRESETS = ("smoke", "quick", "paper_fast", "paper")
 
 
 def run_one(args: argparse.Namespace, protocol: str, seed: int) -> dict:
@@ -127,8 +139,10 @@ def _time_to_target(runs: list[dict], target: float) -> str:
     return text if len(reached) == len(times) else f"{text}; {len(times) - len(reached)} never"
 
 
-def check_claims(results: dict[str, list[dict]], required: dict[str, float], gaps: dict[str, float]) -> list[str]:
-    """The claims of ``--require`` and ``--require-gap`` that the results do not bear out, one line each."""
+def check_claims(
+    results: dict[str, list[dict]], required: dict[str, float], gaps: dict[str, float], seed_gaps: dict[str, float] | None = None
+) -> list[str]:
+    """The claims of ``--require``, ``--require-gap`` and ``--require-seed-gap`` that the results do not bear out, one line each."""
     failed = []
 
     def accuracies(protocol: str) -> list[float]:
@@ -149,11 +163,25 @@ def check_claims(results: dict[str, list[dict]], required: dict[str, float], gap
             failed.append(
                 f"{protocol}: mean {statistics.mean(mine):.3f} is not {gap} above solo_verifier's {statistics.mean(solo):.3f}"
             )
+    solo = {run["seed"]: run["test_metrics"]["test/accuracy"] for run in results.get("solo_verifier", []) if "error" not in run}
+    for protocol, gap in (seed_gaps or {}).items():
+        short = []
+        for run in results.get(protocol, []):
+            if "error" in run or run["seed"] not in solo:
+                short.append(f"seed {run['seed']}: no run of both")
+            elif run["test_metrics"]["test/accuracy"] - solo[run["seed"]] < gap:
+                short.append(f"seed {run['seed']}: {run['test_metrics']['test/accuracy']:.3f} against {solo[run['seed']]:.3f}")
+        if short or not results.get(protocol):
+            failed.append(f"{protocol}: every seed must be {gap} above solo_verifier's same seed; " + (", ".join(short) or "no runs"))
     return failed
 
 
-def table(results: dict[str, list[dict]], target: float | None = None) -> str:
-    """The Markdown results table (with a time-to-``target`` column when ``target`` is given)."""
+def table(results: dict[str, list[dict]], target: float | None = None, paper: bool = True) -> str:
+    """The Markdown results table (with a time-to-``target`` column when ``target`` is given).
+
+    ``paper``: fill the last column with the NIP paper's graph-isomorphism
+    accuracies (leave it empty for presets of other scenarios).
+    """
     extra = f" time to {target} val |" if target is not None else ""
     rows = [
         "| protocol | test accuracy, mean ± sd | min | max | faithful answers | episode length | seeds "
@@ -164,7 +192,7 @@ def table(results: dict[str, list[dict]], target: float | None = None) -> str:
     for protocol, runs in results.items():
         done = [run for run in runs if "error" not in run]
         if not done:
-            rows.append(f"| {protocol} | failed | | | | | 0 | | |{' |' if target is not None else ''} {PAPER.get(protocol, '')} |")
+            rows.append(f"| {protocol} | failed | | | | | 0 | | |{' |' if target is not None else ''} {PAPER.get(protocol, '') if paper else ''} |")
             continue
         accuracy = [run["test_metrics"]["test/accuracy"] for run in done]
         spread = statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0
@@ -174,7 +202,7 @@ def table(results: dict[str, list[dict]], target: float | None = None) -> str:
             f"| {protocol} | {statistics.mean(accuracy):.3f} ± {spread:.3f} | {min(accuracy):.3f} | "
             f"{max(accuracy):.3f} | {_mean_metric(done, faithful)} | "
             f"{_mean_metric(done, ('test/episode_length',))} | {len(done)} | {done[0]['frames']:,} | "
-            f"{seconds / 60:.1f} min |{reach} {PAPER.get(protocol, '')} |"
+            f"{seconds / 60:.1f} min |{reach} {PAPER.get(protocol, '') if paper else ''} |"
         )
     return "\n".join(rows)
 
@@ -223,11 +251,14 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
                         help="fail unless every seed of PROTOCOL reaches this test accuracy")
     parser.add_argument("--require-gap", action="append", default=[], metavar="PROTOCOL=GAP",
                         help="fail unless PROTOCOL's mean test accuracy is this far above solo_verifier's")
+    parser.add_argument("--require-seed-gap", action="append", default=[], metavar="PROTOCOL=GAP",
+                        help="fail unless every seed of PROTOCOL is this far above solo_verifier's run of the same seed")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     required, gaps = _claims(parser, args.require, "--require"), _claims(parser, args.require_gap, "--require-gap")
+    seed_gaps = _claims(parser, args.require_seed_gap, "--require-seed-gap")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     grid = [(protocol, seed) for protocol in args.protocols for seed in args.seeds]
     started = time.perf_counter()
@@ -241,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
         results[protocol].append({"seed": seed, **outcome})
         if "error" in outcome:
             print(f"failed: {protocol} seed {seed}: {outcome['error']}", file=sys.stderr)
-    text = table(results, args.target)
+    text = table(results, args.target, paper=args.preset in GRAPH_PRESETS)
     print(text)
     print(f"\n{len(grid)} runs, {(time.perf_counter() - started) / 60:.1f} min in this call")
     (Path(args.out) / "results.md").write_text(text + "\n")
@@ -249,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
     if args.plots:
         for path in plot(Path(args.out), args.protocols, args.seeds):
             print(f"wrote {path}")
-    failed = check_claims(results, required, gaps)
+    failed = check_claims(results, required, gaps, seed_gaps)
     for line in failed:
         print(f"claim not met: {line}", file=sys.stderr)
     if failed:

@@ -370,6 +370,12 @@ def test_protocol_results_time_to_target_and_claims(tmp_path):
         "nip: mean 0.895 is not 0.2 above solo_verifier's 0.710"
     ]
     assert script.check_claims(results, {"nip": 0.80}, {"nip": 0.10}) == []
+    # Per seed: seed 1's 0.84 is 0.12 above its solo run's 0.72, not 0.2.
+    assert script.check_claims(results, {}, {}, {"nip": 0.2}) == [
+        "nip: every seed must be 0.2 above solo_verifier's same seed; seed 1: 0.840 against 0.720"
+    ]
+    assert script.check_claims(results, {}, {}, {"nip": 0.1}) == []
+    assert script.table(results, paper=False).splitlines()[2].endswith("| 1.5 min |  |")  # no NIP-paper figure
     row = script.table(results, target=0.9).splitlines()[2]
     assert row.endswith("| 1.5 min | 1.5 (max 1.5) min; 1 never | 0.945 |")  # 60 s of training + 30 s warm start
     with pytest.raises(SystemExit):
