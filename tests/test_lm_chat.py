@@ -455,3 +455,24 @@ def test_an_interrupted_lora_run_in_the_chat_view_resumes_to_the_same_final_metr
         "trainer.eval.metric=eval/accuracy",
     )
     _interrupt_and_resume(tmp_path, monkeypatch, overrides)
+
+
+@pytest.mark.slow  # builds the preset's BPE tokenizer and models (about 10 s)
+def test_lm_chat_demonstrations_teach_the_verifier_to_compare_not_to_count(tmp_path):
+    # The lm_chat verifier once learnt "two cells were named -> accept", which the demonstrations of the even
+    # decoy mix rewarded on 0.83 of lists; in the game the prover always names two cells, so it accepted all.
+    config = make_config("preset=lm_chat", f"scenario.cache_dir={tmp_path}", "scenario.num_lists=600", "logger=none")
+    scenario = experiment.build_scenario(config)
+    verifier = scenario.demonstrations("train")["verifier"]
+    tokenizer = scenario.chat_speakers[scenario.agent_names.index("verifier")].tokenizer
+    prompts = tokenizer.batch_decode([ids[mask] for ids, mask in zip(verifier["prompt_ids"], verifier["prompt_mask"])])
+    decisions = tokenizer.batch_decode(verifier["tokens"], skip_special_tokens=True)
+    counted = compared = 0
+    for prompt, decision in zip(prompts, decisions):
+        seen = [value for value in read_list_line(prompt) if value is not None]
+        assert "?" not in prompt.split("list:")[1].splitlines()[0]  # the seen format: seen cells only
+        accepts = decision.strip() == "accept"
+        compared += accepts == (len(seen) == 2 and seen[0] == seen[1])
+        counted += accepts == (len(seen) == 2)
+    assert compared == len(prompts)  # the sound rule: accept exactly when the two seen values are equal
+    assert counted / len(prompts) < 0.7  # counting the named cells is a poor guess (it was 0.83)
