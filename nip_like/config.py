@@ -32,6 +32,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from nip_like.allowed import Allowed, check_values, checked
 from nip_like.errors import ConfigError
 from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, Entry
+from nip_like.optimizers import LR_SCHEDULES, OPTIMIZERS
 from nip_like.text.fine_tune_options import FineTuneOptions
 from nip_like.text.jobs import JobsConfig
 
@@ -53,7 +54,7 @@ LOCATION_KEYS = ("cache_dir", "jobs")
 class OptimizerConfig:
     """Optimiser, learning-rate schedule and gradient handling."""
 
-    name: str = "adam"  # adam | adamw | sgd | rmsprop | adagrad
+    name: str = checked("adam", choices=tuple(OPTIMIZERS))  # adam | adamw | sgd | rmsprop | adagrad
     lr: float = checked(1e-3, gt=0)  # learning rate of every agent without an entry in agent_lr
     agent_lr: dict[str, float] = checked(factory=dict, each=Allowed(gt=0))  # per-agent learning rates, by agent name
     weight_decay: float = checked(0.0, ge=0)  # L2 penalty (decoupled for adamw)
@@ -62,7 +63,7 @@ class OptimizerConfig:
     eps: float = checked(1e-8, gt=0)  # numerical epsilon of adaptive optimisers
     max_grad_norm: Optional[float] = checked(1.0, gt=0)  # clip each agent's gradient norm to this; null disables
     grad_accumulation_steps: int = checked(1, ge=1)  # minibatches whose gradients are summed before one optimiser step
-    lr_schedule: str = "constant"  # constant | linear | cosine, over the training iterations
+    lr_schedule: str = checked("constant", choices=LR_SCHEDULES)  # constant | linear | cosine, over the training iterations
     lr_final_factor: float = checked(0.0, ge=0, le=1)  # linear/cosine: final lr as a fraction of the initial lr
     warmup_iterations: int = checked(0, ge=0)  # iterations of linear warm-up from 0 before the schedule
 

@@ -12,9 +12,7 @@ from torch import nn
 from nip_like.config import AgentUpdateConfig
 from nip_like.registry import typed_entry
 from nip_like.errors import ConfigError
-from nip_like.optimizers import OPTIMIZERS, make_optimizer
-
-LR_SCHEDULES = ("constant", "linear", "cosine")
+from nip_like.optimizers import LR_SCHEDULES, OPTIMIZERS, make_optimizer
 
 
 def build_optimizer(config: DictConfig, agent_params: Mapping[str, Iterable[nn.Parameter]]) -> torch.optim.Optimizer:

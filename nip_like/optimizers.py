@@ -16,6 +16,9 @@ OPTIMIZERS = {
     "adagrad": torch.optim.Adagrad,
 }
 
+#: The learning-rate schedules over the training iterations (``trainer.optimizer.lr_schedule``; :class:`nip_like.optim.LrFactor`).
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
 
 def fast_implementation(optimizer_class: type[torch.optim.Optimizer]) -> dict[str, bool]:
     """Return the keyword that selects the fastest implementation of ``optimizer_class``.

@@ -155,13 +155,13 @@ def test_a_server_failing_mid_run_stops_it_in_one_line_keeps_its_files_and_resum
     with fake_server("ok") as server:
         config = compose_config([*TEXT_RUN, f"scenario.default_model.base_url={server.url}", f"scenario.cache_dir={tmp_path / 'cache'}"])
         # The server answers the preflight and the sampling stage, then fails from the test stage on.
-        test_stage = PureTextRlTrainer._stage_test_run
+        play_test = PureTextRlTrainer.play_test
 
-        def server_fails_now(self):
+        def server_fails_now(self, *args, **kwargs):
             server.behaviour = "chat_500"
-            return test_stage(self)
+            return play_test(self, *args, **kwargs)
 
-        monkeypatch.setattr(PureTextRlTrainer, "_stage_test_run", server_fails_now)
+        monkeypatch.setattr(PureTextRlTrainer, "play_test", server_fails_now)
         capsys.readouterr()
         with pytest.raises(SystemExit) as exit_info, report_errors():
             run_experiment(config, run_dir)

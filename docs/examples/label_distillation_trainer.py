@@ -26,6 +26,7 @@ class LabelDistillationTrainer(PureTextRlTrainer):
         for turn in self.turns_by_agent(rollouts):
             if turn["agent"] == verifier:
                 last_turn[turn["episode"]] = turn
-        records = [sft_record(turn, "accept" if turn["label"] else "reject") for turn in last_turn.values()]
+        words = {True: self.scenario.accept_word, False: self.scenario.reject_word}  # the scenario's, not ours
+        records = [sft_record(turn, words[bool(turn["label"])]) for turn in last_turn.values()]
         dataset = self.write_dataset(f"iteration_{self.state.iteration:04d}_{group}", records)
         return {group: self.job_spec(group, "sft", dataset)}

@@ -28,9 +28,7 @@ class ValueRegressionTrainer(TensorDictTrainer):
         with ExitStack() as stack:
             self._build_train_context(stack)
             self._run_train_loop()
-        with ExitStack() as stack:
-            self._build_test_context(stack)
-            return self._run_test_loop()
+        return self.test()  # the test loop below, in the test context (TensorDictTrainer.test)
 
     def _loss(self):
         rollout = self.env.rollout(self.scenario.protocol.num_rounds, break_when_any_done=False)
