@@ -128,6 +128,7 @@ class TrainerConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
+    jobs: JobsConfig = field(default_factory=JobsConfig)  # not read by the RL trainers (the text trainers' fine-tune jobs); kept so that earlier run folders resume; a run setting, not in the run id
 
 
 #: When the text trainers' test stage runs.
