@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nip_like.dependency_warnings import ONCE, dependency_warnings_once
-from nip_like.experiment import run_experiment
+from nip_like.experiment import build_trainer, run_experiment
 from tests.conftest import make_config, smoke_config
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 
@@ -105,6 +105,23 @@ def test_a_chat_view_lora_run_shows_no_warning_twice(chat_model, tmp_path):
     assert_none_repeated(counts)
     # GPT-2's Conv1D layers are declared to peft (fan_in_fan_out), so it has nothing to correct.
     assert not [message for message in counts if "fan_in_fan_out" in message]
+
+
+def test_a_warning_raised_at_every_iteration_is_shown_once_under_pythons_own_filter(tmp_path, monkeypatch):
+    # Python shows a warning once per place ("default"), unless a catch_warnings block in between resets its record:
+    # the loop must not enter one at every iteration.
+    trainer = build_trainer(smoke_config("trainer.num_iterations=3"), tmp_path / "run")
+    fill_buffer = type(trainer).fill_buffer
+
+    def warning_fill_buffer(self, data):
+        warnings.warn("raised at every iteration", UserWarning)
+        return fill_buffer(self, data)
+
+    monkeypatch.setattr(type(trainer), "fill_buffer", warning_fill_buffer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        trainer.train()
+    assert [str(warning.message) for warning in caught].count("raised at every iteration") == 1
 
 
 def test_a_dependency_warning_is_shown_the_first_time_only_and_others_pass_through():

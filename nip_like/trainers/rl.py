@@ -149,6 +149,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in self.agent_names}
         self.optimizer = build_optimizer(optimizer_config, agent_params)
         self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)
+        self._schedule_stepped = False  # whether the scheduler has stepped in this process (see train_iteration)
         self.update_schedule = AgentUpdateSchedule(self.trainer_config.agent_updates, self.agent_names)
         bound = self.trainer_config.divergence_bound
         self.update_settings = UpdateSettings(
@@ -340,10 +341,16 @@ class TensorDictRlTrainer(TensorDictTrainer):
         trained = self.update_schedule.trained_agents(iteration)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
         loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
-        with warnings.catch_warnings():
-            # The schedule follows iterations, also those that made no update.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        if loss_stats or self._schedule_stepped:
             self.scheduler.step()
+        else:
+            # The schedule follows iterations, also those that made no update; torch warns when its first step comes
+            # before the optimiser's. Only then this block: every catch_warnings block makes Python show again the
+            # warnings it has shown, so a block at every iteration would repeat any warning raised at every one.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+                self.scheduler.step()
+        self._schedule_stepped = True
         finished = time.perf_counter()
 
         metrics.update(loss_stats)
