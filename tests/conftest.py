@@ -21,6 +21,22 @@ from nip_like.trainers.rl import TensorDictRlTrainer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def stop_at(monkeypatch, iteration: int, error: type[BaseException]) -> None:
+    """Make every RL run raise ``error`` when it starts training iteration ``iteration + 1`` (``iteration`` done).
+
+    The run stops there as a crash or a kill would (no checkpoint of that
+    iteration); ``monkeypatch.undo()`` lets the next run go through.
+    """
+    original = TensorDictRlTrainer.train_iteration
+
+    def stopped(self):
+        if self.state.iteration == iteration:
+            raise error
+        return original(self)
+
+    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stopped)
+
+
 def make_config(*overrides: str) -> DictConfig:
     """Compose the experiment config with ``overrides`` (no Hydra run folder).
 

@@ -14,9 +14,8 @@ from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError
 from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
-from nip_like.trainers.rl import TensorDictRlTrainer
 from tests.test_duplicates_scenario import TINY_AGENT
-from tests.conftest import REPO_ROOT, run_cli, smoke_config
+from tests.conftest import REPO_ROOT, run_cli, smoke_config, stop_at
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -82,14 +81,7 @@ def _interrupt_and_resume(tmp_path, monkeypatch, objective) -> None:
     overrides = (*objective, "trainer.num_iterations=7", "run.checkpoint_every=2", "logger=csv", "trainer.eval.every=3")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
 
-    original = TensorDictRlTrainer.train_iteration
-
-    def stop_at_five(self):
-        if self.state.iteration == 5:
-            raise Interrupted
-        return original(self)
-
-    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stop_at_five)
+    stop_at(monkeypatch, 5, Interrupted)
     with pytest.raises(Interrupted):
         run_experiment(smoke_config(*overrides), tmp_path / "resumed")
     monkeypatch.undo()

@@ -31,7 +31,7 @@ from nip_like.scenarios.environment import InteractionEnv
 from nip_like.scenarios.graph_isomorphism.data import CacheRebuildWarning, GraphPairSpec, cache_path, load_or_generate
 from nip_like.sweeps.state import JobState, folder_state
 from nip_like.trainers.rl import TensorDictRlTrainer
-from tests.conftest import popen_cli, run_cli, smoke_config
+from tests.conftest import popen_cli, run_cli, smoke_config, stop_at
 
 
 @pytest.fixture(autouse=True)
@@ -329,14 +329,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(tmp_pa
     class Killed(BaseException):
         pass
 
-    original = TensorDictRlTrainer.train_iteration
-
-    def killed_at_three(self):  # as a SIGKILL would: no checkpoint, rows of two iterations logged
-        if self.state.iteration == 2:
-            raise Killed
-        return original(self)
-
-    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", killed_at_three)
+    stop_at(monkeypatch, 2, Killed)  # as a SIGKILL would: no checkpoint, rows of two iterations logged
     with pytest.raises(Killed):
         run_experiment(smoke_config(*overrides), run_dir)
     monkeypatch.undo()

@@ -15,7 +15,7 @@ from nip_like.experiment import build_trainer, run_experiment
 from nip_like.sweeps.grid import expand_sweep
 from nip_like.sweeps.progress import PROGRESS_FILE_ENV, progress_from_environment, read_progress
 from nip_like.sweeps.state import INCOMPLETE_DIR, JobState, inspect_job, move_aside
-from tests.conftest import popen_cli, run_cli, smoke_config
+from tests.conftest import popen_cli, run_cli, smoke_config, stop_at
 
 #: A two-objective, two-seed sweep that uses the shared sweep settings and no sizes of its own,
 #: so that preset=smoke on the command line makes every job take a few seconds.
@@ -138,17 +138,9 @@ def test_a_run_writes_its_progress_through_the_hook_the_sweep_hands_in(tmp_path,
 
 def test_a_job_resumed_by_nip_like_resume_reports_its_progress_too(tmp_path, monkeypatch):
     from nip_like import resume
-    from nip_like.trainers.rl import TensorDictRlTrainer
 
     config = smoke_config("trainer.num_iterations=3", "run.checkpoint_every=1", "run.progress_bar=false")
-    original = TensorDictRlTrainer.train_iteration
-
-    def stop_at_two(self):
-        if self.state.iteration == 2:
-            raise KeyboardInterrupt
-        return original(self)
-
-    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stop_at_two)
+    stop_at(monkeypatch, 2, KeyboardInterrupt)
     with pytest.raises(BaseException):
         run_experiment(config, tmp_path / "run", handle_signals=False)
     monkeypatch.undo()

@@ -20,7 +20,7 @@ from nip_like.protocols.zero_knowledge import (
 )
 from nip_like.registry import PROTOCOLS
 from nip_like.scenarios.graph_isomorphism.scenario import zero_knowledge_metrics
-from tests.conftest import smoke_config
+from tests.conftest import smoke_config, stop_at
 from tests.test_gi_scenario import gi_config as small_gi_config
 
 #: The protocols with a zero-knowledge version, from the registry (no list of names here).
@@ -266,18 +266,9 @@ class Interrupted(Exception):
 @pytest.mark.slow
 def test_an_interrupted_zk_run_resumes_to_the_same_final_metrics(tmp_path, cache_dir, monkeypatch):
     # The episodes' zero-knowledge state (who plays, the simulator's messages, the distances) resumes exactly.
-    from nip_like.trainers.rl import TensorDictRlTrainer
-
     overrides = ("trainer.num_iterations=4", "run.checkpoint_every=1", "logger=csv", "trainer.eval.every=3")
     reference = run_experiment(gi_config(cache_dir, *overrides), tmp_path / "reference")
-    original = TensorDictRlTrainer.train_iteration
-
-    def stop_at_three(self):
-        if self.state.iteration == 3:
-            raise Interrupted
-        return original(self)
-
-    monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stop_at_three)
+    stop_at(monkeypatch, 3, Interrupted)
     with pytest.raises(Interrupted):
         run_experiment(gi_config(cache_dir, *overrides), tmp_path / "resumed")
     monkeypatch.undo()
