@@ -90,6 +90,8 @@ CASES = [
     (f"{CHAT} scenario.view=image", "scenario.view must be one of"),
     (f"{CHAT} scenario.quote_tokens=0", "scenario.quote_tokens must be >= 1"),
     (f"{CHAT} scenario.list_format=json", "scenario.list_format must be one of"),
+    (f"{CHAT} scenario.decoys.pair=0 scenario.decoys.alone=0 scenario.decoys.twice=0", "scenario.decoys: the weights (pair, alone, twice) must be >= 0 with one > 0"),
+    (f"{CHAT} scenario.decoys.alone=-1", "scenario.decoys.alone must be >= 0"),
     (f"{CHAT} +scenario.system_prompts.judge=hello", "scenario.system_prompts names ['judge']"),
     (f"{GAME} scenario.view=chat scenario.default_agent.architecture=mistral", "cannot be built for the chat view"),
     (f"{GAME} scenario.default_agent.architecture=nonsense", "unknown architecture 'nonsense'"),

@@ -109,6 +109,12 @@ def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
     return equal_pairs(torch.where(seen, values, unseen)) > 0
 
 
+def check_decoy_weights(weights: tuple[float, float, float]) -> None:
+    """Refuse decoy weights (pair, alone, twice) that draw nothing, in one line."""
+    if min(weights) < 0 or sum(weights) <= 0:
+        raise ConfigError(f"scenario.decoys: the weights (pair, alone, twice) must be >= 0 with one > 0, got {tuple(weights)}")
+
+
 def decoy_messages(
     count: int, length: int, generator: torch.Generator, weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
 ) -> torch.Tensor:
@@ -124,8 +130,7 @@ def decoy_messages(
     ConfigError
         If no weight is positive.
     """
-    if min(weights) < 0 or sum(weights) <= 0:
-        raise ConfigError(f"scenario.decoys: the weights (pair, alone, twice) must be >= 0 with one > 0, got {tuple(weights)}")
+    check_decoy_weights(weights)
     # The later cell first, as in a certificate, so that the order of the names tells nothing.
     pair = torch.rand(count, length, generator=generator).argsort(-1)[:, :2].sort(-1, descending=True).values
     if len(set(weights)) == 1:
@@ -391,7 +396,9 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         )
 
     def preflight(self) -> None:
-        """Check each agent's model folder (and, in the chat view, its chat template) and its sizes, without weights."""
+        """Check the decoy weights, each agent's model folder (and, in the chat view, its chat template) and its sizes, without weights."""
+        decoys = self.config.decoys
+        check_decoy_weights((float(decoys.pair), float(decoys.alone), float(decoys.twice)))
         for name, agent in self.agent_configs().items():
             where = self.agent_config_path(name)
             if agent.pretrained_path is None:
