@@ -76,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run folder to continue")
     parser.add_argument("overrides", nargs="*", default=[], help="optional run.* or logger.* settings, key=value")
     args = parser.parse_args(argv)
-    writer = distributed.current().is_writer  # asked before the process group is left (below)
     try:
         with report_errors():
             config = load_run_config(args.run_dir, args.overrides)
@@ -87,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(EXIT_INTERRUPTED)
     finally:
         distributed.shutdown()  # under torchrun (see nip_like.distributed)
-    if config.logger.print_metrics and writer:
+    # After shutdown the context keeps this process's rank without joining the group again.
+    if config.logger.print_metrics and distributed.current().is_writer:
         print(f"Final test metrics ({args.run_dir}):")
         print(format_metrics(metrics))
     return 0
