@@ -11,6 +11,7 @@ import signal
 import stat
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from omegaconf import OmegaConf
@@ -20,6 +21,7 @@ from nip_like.cli import compose_config
 from nip_like.errors import ConfigError, FineTuneError
 from nip_like.experiment import preflight
 from nip_like.text.fine_tune import FineTuneSpec
+from nip_like.text import jobs as jobs_module
 from nip_like.text.jobs import JobsConfig, SubmititFineTuneBackend
 from nip_like.text.models import create_model_folder
 from nip_like.text.tokenizer import build_chat_tokenizer
@@ -37,14 +39,19 @@ def attempts(folder: Path) -> list[Path]:
     return sorted(folder.glob("*_0_log.out"), key=lambda path: path.stat().st_mtime)
 
 
-def kill_when_started(backend: SubmititFineTuneBackend, job_id: str, timeout: float = 120) -> None:
-    """Kill a local job from outside (SIGKILL to its controller's process group) once it has started training."""
+def kill_when_started(
+    backend: SubmititFineTuneBackend, job_id: str, timeout: float = 120, kill: Callable[[str], None] | None = None
+) -> None:
+    """Kill a local job once it has started training: from outside (SIGKILL to its controller's process group), or by ``kill(job_id)``."""
     record = json.loads((backend.folder(job_id) / "job.json").read_text())
     log, metrics = Path(record["log"]), backend.folder(job_id) / "metrics.jsonl"
     deadline = time.monotonic() + timeout
     while not (log.is_file() and "--- started" in log.read_text() and metrics.is_file()):
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.05)
+    if kill is not None:
+        kill(job_id)
+        return
     os.killpg(int(record["job_id"]), signal.SIGKILL)
 
 
@@ -94,15 +101,49 @@ def test_a_running_job_is_adopted_by_a_later_process_and_a_killed_one_is_failed_
 
 
 @pytest.mark.slow
-def test_a_job_cancelled_by_a_later_process_is_failed(tmp_path, model_folder):
+def ignored_signals(pid: int) -> int:
+    """The mask of signals process ``pid`` ignores (``SigIgn`` of its /proc status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+def submit_ignoring_interrupts(spec: FineTuneSpec, folder: Path) -> None:
+    """Submit ``spec`` from a process that ignores SIGINT, as a trainer started by ``nohup ... &`` does."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        SubmititFineTuneBackend(folder).submit(spec)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads signal masks from /proc")
+def test_a_job_cancelled_by_a_later_process_is_failed_also_when_the_trainer_ignores_interrupts(tmp_path, model_folder):
     data = write_jsonl(tmp_path / "sft.jsonl", sft_records(64))
     spec = FineTuneSpec("slow", "sft", str(model_folder), str(data), str(tmp_path / "out"), epochs=10_000, num_threads=1)
-    SubmititFineTuneBackend(tmp_path / "jobs").submit(spec)
+    submit_ignoring_interrupts(spec, tmp_path / "jobs")
+    # The controller does not inherit the ignored SIGINT, so it can stop its tasks when cancelled.
+    controller = int(json.loads((tmp_path / "jobs" / "slow" / "job.json").read_text())["job_id"])
+    assert not ignored_signals(controller) & (1 << (signal.SIGINT - 1))
     later = SubmititFineTuneBackend(tmp_path / "jobs")
     status = later.status("slow")
     assert status.state == "running", (status, list((tmp_path / "jobs" / "slow").iterdir()))
     later.cancel("slow")
     assert later.wait(["slow"], poll_seconds=0.1, timeout=30)["slow"].state == "failed"
+
+
+def test_a_cancelled_job_whose_processes_ignore_interrupts_is_killed(tmp_path, model_folder, monkeypatch):
+    # Without the reset of SIGINT the whole job ignores it; cancel kills the process group after its grace.
+    monkeypatch.setattr(jobs_module, "_default_interrupt", lambda: None)
+    monkeypatch.setattr(jobs_module._LocalJob, "cancel_grace_s", 1.0)
+    data = write_jsonl(tmp_path / "sft.jsonl", sft_records(64))
+    spec = FineTuneSpec("stuck", "sft", str(model_folder), str(data), str(tmp_path / "out"), epochs=10_000, num_threads=1)
+    submit_ignoring_interrupts(spec, tmp_path / "jobs")
+    later = SubmititFineTuneBackend(tmp_path / "jobs")
+    kill_when_started(later, "stuck", kill=later.cancel)
+    status = later.wait(["stuck"], poll_seconds=0.1, timeout=30)["stuck"]
+    assert status.state == "failed" and "ended without a result" in status.error
 
 
 # ------------------------------------------------------------------ the SLURM executor (fake commands)

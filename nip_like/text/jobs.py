@@ -201,11 +201,32 @@ class _LocalJob(LocalJob):
             return {"jobState": "RUNNING"}
         return {"jobState": "NO PROCESS AND NO RESULT"}
 
+    #: Seconds a cancelled job's controller gets to stop its tasks before its whole process group is killed.
+    cancel_grace_s: float = 5.0
+
     def cancel(self, check: bool = True) -> None:  # noqa: ARG002 - submitit's signature
-        """Stop the job: SIGINT to its controller's process group (the controller then kills the job)."""
+        """Stop the job: SIGINT to its controller's process group, SIGKILL to the group if it still runs after a grace.
+
+        The controller answers SIGINT by stopping its tasks (SIGINT, then
+        SIGKILL); a task stuck in native code, or a group that ignores SIGINT,
+        is killed after :attr:`cancel_grace_s` seconds, so that a cancelled job
+        always ends (it is then reported failed, without a result).
+        """
+        group = int(self.job_id)
         try:
-            os.killpg(int(self.job_id), signal.SIGINT)
+            os.killpg(group, signal.SIGINT)
         except ProcessLookupError:
+            return
+        deadline = time.monotonic() + self.cancel_grace_s
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                break
+            if self._process is None and not _controller_alive(group, self.paths.folder):
+                break
+            time.sleep(0.05)
+        try:
+            os.killpg(group, signal.SIGKILL)  # the tasks left behind, or the controller itself
+        except (ProcessLookupError, PermissionError):
             pass
 
     def __del__(self) -> None:
@@ -214,6 +235,16 @@ class _LocalJob(LocalJob):
             super().__del__()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _default_interrupt() -> None:
+    """In a job's controller before it starts: SIGINT back to its default, also when the trainer ignores it.
+
+    A trainer started in the background by a non-interactive shell (``nohup
+    ... &``, many CI runners) inherits SIGINT ignored; the controller and its
+    tasks would inherit that too, and a cancelled job would run on.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class _LocalExecutor(LocalExecutor):
@@ -256,6 +287,7 @@ class _LocalExecutor(LocalExecutor):
             process = subprocess.Popen(
                 controller, shell=bool(setup), env=environment, start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                preexec_fn=_default_interrupt,
             )
         return _LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
