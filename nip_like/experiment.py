@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import signal
 import subprocess
 import time
@@ -15,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nip_like import distributed, interrupts, run_lock
 from nip_like.checkpoint import seed_everything, write_text_atomic
-from nip_like.folders import check_writable_folder
+from nip_like.folders import check_writable_folder, resume_command
 from nip_like.config import check_config_values, check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopRequested
@@ -262,11 +261,6 @@ def _remove_stale_temporaries(run_dir: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def resume_command(run_dir: Path) -> str:
-    """The command that resumes the run in ``run_dir``."""
-    return f"python -m nip_like.resume {shlex.quote(str(run_dir))}"
-
-
 def _interrupted(run_dir: Path, trainer: Trainer | None, stop: StopRequested | None) -> RunInterrupted:
     """The one-line report of a run stopped by SIGINT or SIGTERM (see :mod:`nip_like.interrupts`)."""
     command = resume_command(run_dir)
@@ -360,6 +354,7 @@ def _run_locked(
                 trainer.on_progress = hook
             metrics = trainer.train()
         finally:
+            trainer.close()
             trainer.logger.close()
     except StopRequested as stop:
         raise _interrupted(run_dir, trainer, stop) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from nip_like.errors import ConfigError
@@ -51,3 +52,8 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except OSError:
         return False
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes the run in ``run_dir``."""
+    return f"python -m nip_like.resume {shlex.quote(str(run_dir))}"

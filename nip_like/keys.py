@@ -51,3 +51,6 @@ TOKEN_MASK_KEY = ("agents", "token_mask")
 TOKEN_LOG_PROBS_KEY = ("agents", "token_log_probs")
 #: The entropy of the distribution each token was drawn from, ``(*batch, agents, T)``.
 TOKEN_ENTROPY_KEY = ("agents", "token_entropy")
+#: Truncated importance weight of each token sampled by an inference server, ``(*batch, agents, T)``
+#: (``min(pi_trainer / pi_server, c)``, 1 elsewhere); present only when a server sampler sets ``max_importance_weight``.
+SAMPLER_WEIGHT_KEY = ("agents", "sampler_weight")

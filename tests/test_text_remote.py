@@ -3,13 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +15,7 @@ from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.models import LocalTextModel, create_model_folder
 from nip_like.text.remote import OpenAIChatModel
 from nip_like.text.tokenizer import build_chat_tokenizer
+from tests.completions_server import free_port, transformers_serve
 from tests.fake_servers import fake_server
 
 pytest.importorskip("fastapi", reason="transformers serve needs the serving extra (installed by the dev extra)")
@@ -29,46 +23,12 @@ pytest.importorskip("fastapi", reason="transformers serve needs the serving extr
 TINY_MODEL = TextModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def transformers_command() -> list[str]:
-    script = Path(sys.executable).with_name("transformers")
-    return [str(script)] if script.is_file() else [shutil.which("transformers") or "transformers"]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A ``transformers serve`` process on a free local port; its API root and log."""
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "serve.log"
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(log.parent / "hf")}
-    with open(log, "w") as output:
-        process = subprocess.Popen(
-            [*transformers_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=output, stderr=subprocess.STDOUT, env=environment,
-        )
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"transformers serve did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.3)
-    yield {"url": f"http://127.0.0.1:{port}/v1", "log": log}
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    with transformers_serve(log) as url:
+        yield {"url": url, "log": log}
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from nip_like.lm.checkpoints import save_agent
 from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.policy import LMPolicy
 from nip_like.objectives.scoring import ActionScores
+
+if TYPE_CHECKING:
+    from nip_like.lm.server import InferenceServer
 
 #: Exploration types that take the most likely token instead of sampling.
 GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE)
@@ -80,6 +83,37 @@ class LMActor(TensorDictModuleBase):
             keys.TOKEN_ENTROPY_KEY,
             keys.LOG_PROB_KEY,
         ]
+        #: Agents that sample from an inference server (:meth:`attach_servers`); not modules, not in the state dict.
+        self.servers: dict[str, "InferenceServer"] = {}
+
+    def attach_servers(self, servers: Mapping[str, "InferenceServer"]) -> None:
+        """Sample these agents' messages from their inference servers (see :mod:`nip_like.lm.server`).
+
+        When one of them truncates importance weights, every step also gets
+        ``("agents", "sampler_weight")`` (1 for the agents sampled here).
+        """
+        self.servers = dict(servers)
+        if any(server.sampler.max_importance_weight is not None for server in self.servers.values()):
+            if keys.SAMPLER_WEIGHT_KEY not in self.out_keys:
+                self.out_keys.append(keys.SAMPLER_WEIGHT_KEY)
+
+    def weights_changed(self) -> None:
+        """Tell the servers that the agents' weights changed: each gets them before it samples again."""
+        for server in self.servers.values():
+            if server.sampler.sync != "none":
+                server.stale = True
+
+    def pop_sampler_metrics(self) -> dict[str, float]:
+        """The servers' sampling metrics since the last call, by agent (``sampler/...``)."""
+        metrics: dict[str, float] = {}
+        for name, server in self.servers.items():
+            metrics.update(server.stats.pop(name))
+        return metrics
+
+    def close_servers(self) -> None:
+        """Stop the servers the run started and close the clients."""
+        for server in self.servers.values():
+            server.close()
 
     def policy(self, name: str) -> LMPolicy:
         """Agent ``name``'s policy."""
@@ -130,14 +164,22 @@ class LMActor(TensorDictModuleBase):
         token_mask = torch.zeros((rows, agents, length), dtype=torch.bool, device=device)
         token_log_probs = torch.zeros((rows, agents, length), dtype=torch.float32, device=device)
         token_entropy = torch.zeros((rows, agents, length), dtype=torch.float32, device=device)
+        weighted = keys.SAMPLER_WEIGHT_KEY in self.out_keys
+        weights = torch.ones((rows, agents, length), dtype=torch.float32, device=device) if weighted else None
         greedy = exploration_type() in GREEDY
         for index, name in enumerate(self.agent_names):
             where = acting[:, index]
             if not bool(where.any()):
                 continue
             policy = self.policy(name)
-            sample = policy.sample(prompt_ids[where, index], prompt_mask[where, index], greedy=greedy)
+            server = self.servers.get(name)
+            if server is None:
+                sample = policy.sample(prompt_ids[where, index], prompt_mask[where, index], greedy=greedy)
+            else:
+                sample = server.sample(policy, prompt_ids[where, index], prompt_mask[where, index], greedy=greedy)
             width = sample["tokens"].shape[-1]
+            if weights is not None and server is not None:
+                weights[where, index, :width] = server.importance_weights(sample)
             tokens[where, index, :width] = sample["tokens"]
             token_mask[where, index, :width] = sample["token_mask"]
             token_log_probs[where, index, :width] = sample["token_log_probs"]
@@ -148,6 +190,8 @@ class LMActor(TensorDictModuleBase):
         tensordict.set(keys.TOKEN_LOG_PROBS_KEY, token_log_probs.reshape(*shape, length))
         tensordict.set(keys.TOKEN_ENTROPY_KEY, token_entropy.reshape(*shape, length))
         tensordict.set(keys.LOG_PROB_KEY, token_log_probs.sum(-1).reshape(shape))
+        if weights is not None:
+            tensordict.set(keys.SAMPLER_WEIGHT_KEY, weights.reshape(*shape, length))
         return tensordict
 
     def score_actions(self, tensordict: TensorDictBase) -> ActionScores:

@@ -21,6 +21,7 @@ from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
+from nip_like.lm.server import SamplerConfig
 from nip_like.lm.value import LMValueHead
 
 
@@ -46,6 +47,7 @@ class LMAgentConfig:
     gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
     max_tokens_per_micro_batch: Optional[int] = checked(None, ge=1)  # token budget of one scoring pass with gradients; null = the whole minibatch at once
     dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # where messages are sampled: kind local (this model) or server (an OpenAI-compatible completions server; see nip_like.lm.server)
 
 
 #: Files that hold a model's weights in a save_pretrained folder (one of them, or a sharded index).

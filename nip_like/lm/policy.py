@@ -140,6 +140,21 @@ def _cache_of(output) -> object:
     return output["cache"] if "cache" in output else output["past_key_values"]
 
 
+def sampled_messages(
+    tokens: torch.Tensor, token_mask: torch.Tensor, token_log_probs: torch.Tensor, token_entropy: torch.Tensor, finished: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The dict of :meth:`LMPolicy.sample`: the messages, their scores, and the sums and counts derived from them."""
+    return {
+        "tokens": tokens,
+        "token_mask": token_mask,
+        "token_log_probs": token_log_probs,
+        "token_entropy": token_entropy,
+        "log_prob": token_log_probs.sum(-1),
+        "num_tokens": token_mask.sum(-1),
+        "finished": finished,
+    }
+
+
 class LMPolicy(nn.Module):
     """Sample, score and value messages of a causal language model.
 
@@ -320,16 +335,7 @@ class LMPolicy(nn.Module):
                 use_cache=True,
                 **{self._cache_argument: _cache_of(output)},
             )
-        num_tokens = token_mask.sum(-1)
-        return {
-            "tokens": tokens,
-            "token_mask": token_mask,
-            "token_log_probs": token_log_probs,
-            "token_entropy": token_entropy,
-            "log_prob": token_log_probs.sum(-1),
-            "num_tokens": num_tokens,
-            "finished": ended,
-        }
+        return sampled_messages(tokens, token_mask, token_log_probs, token_entropy, ended)
 
     def _hit_stop_string(self, tokens: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """``(B,)``: rows among ``candidates`` whose last tokens' text contains a stop string."""

@@ -17,7 +17,7 @@ from nip_like.objectives.episodes import complete_episodes, group_relative
 from nip_like.objectives.masking import set_per_agent
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
 from nip_like.objectives.reference import ReferencePolicy
-from nip_like.objectives.scoring import AGGREGATIONS, aggregate, token_kl
+from nip_like.objectives.scoring import AGGREGATIONS, aggregate, sampler_weights, token_kl
 
 #: The reference policy's log-probability of each action token, ``(*batch, agents, T)``.
 REFERENCE_LOG_PROBS_KEY = ("agents", "reference_token_log_probs")
@@ -119,6 +119,9 @@ class GRPOLoss(RolloutLoss):
         scores, ratio, log_ratio = importance_ratio(self.actor_network, tensordict, self.tensor_keys, active)
         mask, mode = scores.token_mask, self.loss_aggregation
         surrogate = clipped_surrogate(ratio, advantage.unsqueeze(-1), self.clip_epsilon)
+        weights = sampler_weights(tensordict, surrogate)
+        if weights is not None:
+            surrogate = surrogate * weights
         policy_loss = -aggregate(surrogate, mask, active, mode)
         entropy = aggregate(scores.token_entropy, mask, active, mode)
         with torch.no_grad():

@@ -24,6 +24,7 @@ from nip_like.objectives.scoring import (
     ActionScores,
     aggregate,
     behaviour_token_log_probs,
+    sampler_weights,
     score_actions,
     token_kl,
 )
@@ -189,6 +190,9 @@ class MultiAgentPPOLoss(RolloutLoss):
             kl = self._kl_to_behaviour(tensordict, scores, log_ratio)
             # A copy: the coefficient adapts in place below, after the graph uses it.
             surrogate = ratio * token_advantage - self.kl_beta.clone() * kl
+        weights = sampler_weights(tensordict, surrogate)
+        if weights is not None:
+            surrogate = surrogate * weights
         policy_loss = -aggregate(surrogate, mask, active, mode)
         entropy = aggregate(scores.token_entropy, mask, active, mode)
         with torch.no_grad():

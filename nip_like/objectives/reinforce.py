@@ -15,7 +15,7 @@ from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
-from nip_like.objectives.scoring import score_actions
+from nip_like.objectives.scoring import sampler_weights, score_actions
 
 RETURN_KEY = ("agents", "return")
 
@@ -142,7 +142,11 @@ class MultiAgentReinforceLoss(RolloutLoss):
         if self.normalize_advantage:
             advantage = standardize_per_agent(advantage, active)
         scores = score_actions(self.actor_network, tensordict)
-        log_prob = torch.where(active, scores.log_prob, torch.zeros_like(scores.log_prob))
+        message_log_prob = scores.log_prob
+        weights = sampler_weights(tensordict, scores.token_log_probs)
+        if weights is not None:
+            message_log_prob = torch.where(scores.token_mask, scores.token_log_probs * weights, 0.0).sum(-1)
+        log_prob = torch.where(active, message_log_prob, torch.zeros_like(message_log_prob))
         policy_loss = -per_agent_mean(log_prob * advantage, active)
         # A message's entropy: the sum of its tokens' entropies (one term for a categorical action).
         message_entropy = torch.where(scores.token_mask, scores.token_entropy, 0.0).sum(-1)

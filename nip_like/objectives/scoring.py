@@ -94,6 +94,17 @@ def behaviour_token_log_probs(tensordict: TensorDictBase) -> torch.Tensor:
     return stored if stored is not None else tensordict.get(keys.LOG_PROB_KEY).unsqueeze(-1)
 
 
+def sampler_weights(tensordict: TensorDictBase, like: torch.Tensor) -> torch.Tensor | None:
+    """``(*batch, agents, T)`` truncated importance weights of tokens sampled by an inference server, None without any.
+
+    Stored at collection as ``("agents", "sampler_weight")`` (see
+    :mod:`nip_like.lm.server`); the losses multiply each token's term by it.
+    Broadcast to ``like``'s shape (a categorical action's ``T`` is 1).
+    """
+    weights = tensordict.get(keys.SAMPLER_WEIGHT_KEY, None)
+    return None if weights is None else weights.to(like.dtype).expand_as(like)
+
+
 def aggregate(values: torch.Tensor, token_mask: torch.Tensor, active: torch.Tensor, mode: str) -> torch.Tensor:
     """Average token-level ``values`` per agent over the active steps' real tokens.
 

@@ -149,7 +149,7 @@ class OpenAIChatModel(TextModel):
                 raise MalformedAnswer(f"an answer whose message content is not text: {content!r:.80}")
             return content or ""
 
-        return self._with_retries(ask, f"model {self.model}", failed)
+        return self.with_retries(ask, f"model {self.model}", failed)
 
     def check_server(self) -> None:
         """Ask the server for its models (``GET <base_url>/models``), with the retries and timeout of a request.
@@ -178,9 +178,9 @@ class OpenAIChatModel(TextModel):
             except ValueError as error:
                 raise MalformedAnswer(f"malformed JSON answer to GET /models: {_one_line(error)}") from None
 
-        self._with_retries(ask, "GET /models")
+        self.with_retries(ask, "GET /models")
 
-    def _with_retries(self, call: Callable[[], T], action: str, failed: threading.Event | None = None) -> T:
+    def with_retries(self, call: Callable[[], T], action: str, failed: threading.Event | None = None) -> T:
         """``call()``, retried with backoff on the failures worth retrying; one :class:`ModelServerError` line otherwise.
 
         Parameters

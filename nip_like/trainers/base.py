@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from nip_like import distributed
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.config import TrainerConfig, run_id
+from nip_like.errors import ConfigError
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import Scenario, TensorGame
@@ -184,6 +185,13 @@ class Trainer(ABC):
             The scenario, built but with no data loaded.
         """
 
+    def close(self) -> None:
+        """Release what the trainer holds outside this process (servers it started); nothing by default.
+
+        :func:`~nip_like.experiment.run_experiment` calls it when the run
+        ends, however it ends.
+        """
+
     @property
     def checkpoint_dir(self) -> Path:
         """Folder of ``last.pt`` (latest state) and ``best.pt`` (best evaluation)."""
@@ -280,9 +288,12 @@ class TensorDictTrainer(Trainer, ABC):
 
     requires = (TensorGame,)
 
+    #: Whether LM agents may sample from an inference server (``sampler.kind: server``): the RL loop's trainers.
+    samples_from_servers: ClassVar[bool] = False
+
     @classmethod
     def preflight(cls, config: DictConfig, scenario: TensorGame) -> None:
-        """Refuse LM agents whose memory clearly cannot fit the run's device (:func:`~nip_like.lm.memory.check_lm_memory`).
+        """Refuse LM agents whose memory clearly cannot fit the run's device (:func:`~nip_like.lm.memory.check_lm_memory`), and inference servers that do not answer with log-probabilities (:func:`~nip_like.lm.server.check_sampler`).
 
         The agents are the scenario's language-model agents
         (:meth:`~nip_like.scenarios.base.TensorGame.lm_agent_configs`); a scenario
@@ -297,6 +308,17 @@ class TensorDictTrainer(Trainer, ABC):
         world_size = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # torchrun splits the batch over the ranks
         batch = max(int(trainer.get("num_envs", 1)) // world_size, int(trainer.get("test_batch_episodes", 1)) // world_size, 1)
         check_lm_memory(agents, batch, int(trainer.get("minibatch_size", 1)), str(config.run.device))
+        from nip_like.lm.server import check_sampler, check_server_sharing, probe_server, server_agents
+
+        servers = server_agents(agents)
+        if servers and not cls.samples_from_servers:
+            where = next(iter(servers.values()))[0]
+            raise ConfigError(f"{where}.sampler.kind=server: trainer {config.trainer.trainer_type} samples with its own models; allowed: local")
+        for name, (where, sampler) in servers.items():
+            check_sampler(where, sampler, agents[name][1], world_size)
+        check_server_sharing(servers)
+        for name, (where, sampler) in servers.items():
+            probe_server(where, sampler, agents[name][1])
 
     def trainable_modules(self) -> list[nn.Module]:
         """Modules switched between train and eval mode by the contexts."""

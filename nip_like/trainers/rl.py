@@ -20,10 +20,10 @@ import math
 import time
 import warnings
 from abc import abstractmethod
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -35,7 +35,8 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.objectives import LossModule
 
 from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states
-from nip_like.errors import ConfigError
+from nip_like.errors import ConfigError, ModelServerError
+from nip_like.folders import resume_command
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
@@ -81,6 +82,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
     The attributes above are ready when :meth:`_get_loss_module_and_gae` runs.
     """
 
+    samples_from_servers = True
+
     @classmethod
     def requirements(cls, config: DictConfig) -> dict[str, tuple[type | tuple[type, ...], ...]]:
         """:attr:`requires`, and with ``trainer.pretrain.agents`` demonstrations or labelled data to fit them to."""
@@ -102,6 +105,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.agent_modules.modules().to(self.device)
         self.policy = self.agent_modules.policy
         self.value = self.agent_modules.value
+        self._attach_inference_servers()
         self.pretrain_metrics = self.warm_start()
         # The initial policy, frozen: the common reference of objective/kl.
         self.reference_policy = ReferencePolicy(self.policy)
@@ -111,6 +115,25 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.buffer: TensorDictReplayBuffer | None = None
         self.state = TrainState()
         self.final_metrics: dict[str, float] = {}
+
+    def _attach_inference_servers(self) -> None:
+        """Give the LM agents with ``sampler.kind: server`` their inference servers (:mod:`nip_like.lm.server`)."""
+        from nip_like.lm.server import InferenceServer, server_agents
+
+        found = server_agents(self.scenario.lm_agent_configs())
+        if not found:
+            return
+        agents = self.scenario.lm_agent_configs()
+        self.policy.attach_servers(
+            {
+                name: InferenceServer(name, where, sampler, agents[name][1].pretrained_path, self.run_dir / "sampler")
+                for name, (where, sampler) in found.items()
+            }
+        )
+
+    def close(self) -> None:
+        """Stop the inference servers the run started and close their clients."""
+        getattr(self.policy, "close_servers", lambda: None)()
 
     def warm_start(self) -> dict[str, float]:
         """The build order's warm start: fit the agents of ``trainer.pretrain.agents`` (cached), before the reference is taken.
@@ -277,15 +300,16 @@ class TensorDictRlTrainer(TensorDictTrainer):
         checkpoint_every = self.config.run.checkpoint_every
         while self.state.iteration < self.num_iterations:
             started = time.perf_counter()
-            metrics = self.train_iteration()
-            self.state.iteration += 1
-            iteration = self.state.iteration
-            last = iteration == self.num_iterations
-            if eval_every and (iteration % eval_every == 0 or last):
-                with ExitStack() as stack:
-                    self._build_test_context(stack, self.trainer_config.eval.deterministic)
-                    metrics.update(self.evaluate())
-                self._track_best(metrics)
+            with self._server_failures_name_the_checkpoint():
+                metrics = self.train_iteration()
+                self.state.iteration += 1
+                iteration = self.state.iteration
+                last = iteration == self.num_iterations
+                if eval_every and (iteration % eval_every == 0 or last):
+                    with ExitStack() as stack:
+                        self._build_test_context(stack, self.trainer_config.eval.deterministic)
+                        metrics.update(self.evaluate())
+                    self._track_best(metrics)
             self.state.train_seconds += time.perf_counter() - started
             metrics["timers/iteration"] = time.perf_counter() - started
             self.logger.log(metrics, step=iteration)
@@ -313,12 +337,15 @@ class TensorDictRlTrainer(TensorDictTrainer):
         started = time.perf_counter()
         dist = self.distributed
         # Collection: a batch, its finished episodes and their metrics.
+        sampler_metrics = getattr(self.policy, "pop_sampler_metrics", dict)
+        sampler_metrics()  # what evaluation sampled is not this iteration's
         batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
         collected = time.perf_counter()
         frames = batch.numel() * dist.world_size
         self.state.frames += frames
         episodes = dist.gather_cat(collection.finished_episodes(batch))
         metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
+        metrics.update(sampler_metrics())
         if iteration == 0:
             metrics.update(self.pretrain_metrics)
         every = self._diagnostics_every
@@ -341,6 +368,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         trained = self.update_schedule.trained_agents(iteration)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
         loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
+        if loss_stats:
+            getattr(self.policy, "weights_changed", lambda: None)()  # inference servers get the new weights
         if loss_stats or self._schedule_stepped:
             self.scheduler.step()
         else:
@@ -402,6 +431,16 @@ class TensorDictRlTrainer(TensorDictTrainer):
             self.optimizer, trained, self.update_settings.divergence_bound, self.state.iteration + 1, self._last_checkpoint_note
         )
         return stats
+
+    @contextmanager
+    def _server_failures_name_the_checkpoint(self) -> Iterator[None]:
+        """An inference server lost mid-iteration stops the run in one line that names the checkpoint to resume from."""
+        try:
+            yield
+        except ModelServerError as error:
+            raise ModelServerError(
+                f"{error}; {self._last_checkpoint_note()}; once the server answers, resume with: {resume_command(self.run_dir)}"
+            ) from None
 
     def _last_checkpoint_note(self) -> str:
         last = self.checkpoint_dir / "last.pt"
