@@ -125,12 +125,13 @@ def optimise(
 def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], dist: Distributed, max_grad_norm: float | None) -> torch.Tensor:
     """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order); drop the others' gradients."""
     norms = []
+    # The trained agents' gradients are summed over the ranks together, in a few flat all-reduces.
+    dist.sum_gradients([param for group in optimizer.param_groups if group["agent"] in trained for param in group["params"]])
     for group in optimizer.param_groups:
         if group["agent"] not in trained:
             for param in group["params"]:
                 param.grad = None
             continue
-        dist.sum_gradients(group["params"])
         grads = [param for param in group["params"] if param.grad is not None]
         if max_grad_norm is not None:
             norms.append(torch.nn.utils.clip_grad_norm_(grads, max_grad_norm))
