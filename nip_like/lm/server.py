@@ -331,7 +331,6 @@ class InferenceServer:
         self._pushed: Optional[Path] = None
         self._adapter: Optional[str] = None
         self._process: Optional[subprocess.Popen] = None
-        self._calls = 0
         self.stats = _Stats()
 
     # -------------------------------------------------------------- sampling
@@ -342,10 +341,10 @@ class InferenceServer:
             self.push(policy)
         settings = policy.settings
         temperature = 0.0 if greedy else settings.temperature
-        bias = {str(token): _BAN for token in policy.banned.nonzero().squeeze(-1).tolist() if token < len(policy.tokenizer)}
+        bias = {str(token): _BAN for token in policy.banned.nonzero().squeeze(-1).tolist()}
         length = policy.max_new_tokens
-        self._calls += 1
-        seed = derive_seed(self._calls, f"sampler:{self.name}")
+        # The requests' seeds come from torch's generator, which a checkpoint holds: a resumed run asks for the same.
+        seed = derive_seed(int(torch.randint(0, 2**31 - 1, ()).item()), f"sampler:{self.name}")
         prompts = [
             _Prompt(row[mask].tolist(), length, derive_seed(seed, f"row:{index}"))
             for index, (row, mask) in enumerate(zip(prompt_ids.cpu(), prompt_mask.cpu()))
