@@ -110,7 +110,7 @@ def existing_run(tmp_path_factory) -> Path:
 def _run_command(overrides: list[str], run_dir: Path) -> None:
     """What ``python -m nip_like`` does with ``overrides``, up to the first training step."""
     trainer = build_trainer(smoke_config(*overrides), run_dir)
-    trainer._check_eval_metric()
+    trainer.check_eval_metric()
 
 
 def test_there_are_at_least_forty_cases():

@@ -282,7 +282,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """Run the train loop, then the test loop; return the test metrics."""
         if self.state.iteration < self.num_iterations and not self.state.stopped_early:
             if self.trainer_config.eval.every:
-                self._check_eval_metric()
+                self.check_eval_metric()
             with ExitStack() as stack:
                 self._build_train_context(stack)
                 self._run_train_loop()
@@ -477,9 +477,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
             writer=self.distributed.is_writer,
         )
 
-    def _check_eval_metric(self) -> None:
+    def check_eval_metric(self) -> None:
         """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
 
+        :meth:`train` calls it when evaluation is on; a caller that builds a
+        trainer may call it to learn of a wrong metric before any training.
         Plays one evaluation (on the generator state it would use anyway, and
         with the global generators forked and restored, so training is the same
         with or without this check) and looks the metric up among its results.
