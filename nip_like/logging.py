@@ -20,7 +20,7 @@ from typing import Mapping
 from omegaconf import DictConfig
 from torchrl.record.loggers import CSVLogger, Logger
 
-from nip_like.errors import ConfigError
+from nip_like.errors import ConfigError, WriteError
 
 #: Optional logger backends and the package each needs.
 BACKEND_PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -41,6 +41,7 @@ class MetricLogger:
     def __init__(self, config: DictConfig, run_dir: Path, experiment_name: str) -> None:
         self.run_dir = Path(run_dir)
         self.loggers: dict[str, Logger] = {}
+        self._write_failed = False
         for backend in config.backends:
             if backend not in BACKEND_PACKAGES:
                 raise ConfigError(f"unknown logger backend {backend!r}; choose from {sorted(BACKEND_PACKAGES)}")
@@ -84,10 +85,27 @@ class MetricLogger:
         return self.run_dir / "metrics" / "scalars"
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        """Log every metric in ``metrics`` at ``step``."""
-        for name, value in metrics.items():
-            for logger in self.loggers.values():
-                logger.log_scalar(name, float(value), step=step)
+        """Log every metric in ``metrics`` at ``step``.
+
+        Raises
+        ------
+        WriteError
+            A backend could not write (a full disk, a file-size limit), in
+            one line; the rows of earlier steps are kept, and a resumed run
+            drops whatever part of this step was written
+            (:meth:`truncate_after`).
+        """
+        try:
+            for name, value in metrics.items():
+                for logger in self.loggers.values():
+                    logger.log_scalar(name, float(value), step=step)
+        except OSError as error:
+            self._write_failed = True
+            reason = error.strerror or " ".join(str(error).split()) or type(error).__name__
+            raise WriteError(
+                f"could not write the metrics of step {step} under {self.run_dir}: {reason}; the rows of the steps "
+                f"before are kept"
+            ) from error
 
     def log_text(self, name: str, text: str, step: int) -> None:
         """Send ``text`` to the backends that have a text channel.
@@ -117,7 +135,8 @@ class MetricLogger:
             dropped = path.relative_to(self.csv_dir).parts[0] in drop
             with open(path, newline="") as handle:
                 every_row = [row for row in csv.reader(handle) if row]
-            rows = [row for row in every_row if int(float(row[0])) <= step and not dropped]
+            # A row cut short by a write that failed (a full disk) is dropped with the step it belonged to.
+            rows = [row for row in every_row if _whole_row(row) and int(float(row[0])) <= step and not dropped]
             if rows == every_row:
                 continue  # nothing to drop: the file stays as it is, byte for byte
             temporary = path.with_suffix(".csv.tmp")
@@ -126,13 +145,33 @@ class MetricLogger:
             os.replace(temporary, path)
 
     def close(self) -> None:
-        """Flush and close the backends."""
+        """Flush and close the backends.
+
+        After a write that failed (:meth:`log` raised), files that cannot be
+        flushed are closed without their unwritten rest, so that the one-line
+        error of the failed write is the run's error.
+        """
         for logger in self.loggers.values():
             experiment = getattr(logger, "experiment", None)
             for handle in getattr(experiment, "files", {}).values():
-                handle.close()
+                try:
+                    handle.close()
+                except OSError:
+                    if not self._write_failed:
+                        raise
             if hasattr(experiment, "finish"):
                 experiment.finish()
+
+
+def _whole_row(row: list[str]) -> bool:
+    """Whether a CSV row is a whole ``step,value`` pair (not one cut short by a failed write)."""
+    if len(row) != 2:
+        return False
+    try:
+        float(row[0]), float(row[1])
+    except ValueError:
+        return False
+    return True
 
 
 def read_csv_metric(run_dir: Path, name: str) -> list[tuple[int, float]]:

@@ -7,6 +7,7 @@ line in subprocesses and signal or kill them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -563,3 +564,40 @@ def test_a_sweep_run_again_with_other_values_leaves_the_job_folder_as_it_was(tmp
     assert again.returncode == 2
     assert "holds a run of another config" in again.stderr
     assert file_hashes(folder, skip=job_log) == before
+
+
+def test_a_disk_that_fills_while_metric_rows_are_written_stops_the_run_in_one_line_and_the_resume_completes_it(
+    tmp_path, monkeypatch, capsys
+):
+    from torchrl.record.loggers.csv import CSVExperiment
+
+    config = smoke_config("trainer.num_iterations=4", "run.checkpoint_every=1", "logger=csv")
+    run_dir = tmp_path / "run"
+    write = CSVExperiment.add_scalar
+
+    def full_at_step_three(self, name, value, global_step=None):
+        if global_step == 3 and name == "train/reward":
+            handle = next(iter(self.files.values()))
+            handle.write("3,0.")  # half a row reaches the disk, then it is full
+            handle.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(self, name, value, global_step)
+
+    monkeypatch.setattr(CSVExperiment, "add_scalar", full_at_step_three)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info, report_errors():
+        run_experiment(config, run_dir)
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: could not write the metrics of step 3") and "No space left on device" in line
+    assert "\n" not in line and not (run_dir / "summary.json").exists()
+    assert [step for step, _ in read_csv_metric(run_dir, "train/reward")] == [1, 2]
+
+    monkeypatch.setattr(CSVExperiment, "add_scalar", write)
+    run_experiment(config, run_dir, resume=True)
+    scalars = run_dir / "metrics" / "scalars"
+    for path in scalars.rglob("*.csv"):  # the half row is gone with its step; every step once
+        metric = str(path.relative_to(scalars).with_suffix(""))
+        steps = [step for step, _ in read_csv_metric(run_dir, metric)]
+        assert steps == sorted(set(steps)) and (metric.startswith("test/") or steps[-1] == 4), (metric, steps)
+    assert [step for step, _ in read_csv_metric(run_dir, "train/reward")] == [1, 2, 3, 4]
