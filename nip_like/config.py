@@ -91,6 +91,7 @@ class PretrainConfig:
     max_grad_norm: Optional[float] = checked(None, gt=0)  # clip each step's gradient norm to this; null = no clipping
     keep_best: bool = False  # after each epoch score the agent on the validation split; keep the best epoch's weights
     restarts: int = checked(1, ge=1)  # fit each agent this many times from fresh weights; keep the best fit (held-out accuracy with keep_best, else train accuracy)
+    agent_restarts: dict[str, int] = checked(factory=dict, each=Allowed(ge=1))  # per-agent restarts, overriding restarts: {verifier: 3}
     cache_dir: str = "~/.cache/nip_like/pretrained"  # where pretrained agents are cached, keyed by what determines them
 
 

@@ -174,15 +174,21 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
             **{
                 name: value
                 for name, value in without_locations(OmegaConf.to_container(config.trainer.pretrain, resolve=True)).items()
-                if name not in ("agents", "agent_epochs", "agent_lr")
+                if name not in ("agents", "agent_epochs", "agent_lr", "agent_restarts")
             },
-            # This agent's own number of epochs and learning rate, not the others'.
+            # This agent's own number of epochs, learning rate and restarts, not the others'.
             "epochs": int(config.trainer.pretrain.agent_epochs.get(agent, config.trainer.pretrain.epochs)),
             "lr": float(config.trainer.pretrain.agent_lr.get(agent, config.trainer.pretrain.lr)),
+            "restarts": agent_restarts(config.trainer.pretrain, agent),
         },
         "agent": agent,
         "seed": int(config.seed),
     }
+
+
+def agent_restarts(options: Any, agent: str) -> int:
+    """How many fits from fresh weights ``agent``'s warm start makes (``agent_restarts``, else ``restarts``)."""
+    return int(options.get("agent_restarts", {}).get(agent, options.restarts))
 
 
 def policy_network(agents: AgentModules, agent: str) -> torch.nn.Module:
@@ -333,7 +339,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         )
     if options.epochs < 1:
         raise ConfigError(f"trainer.pretrain.epochs must be at least 1, got {options.epochs}")
-    for field_name in ("agent_epochs", "agent_lr"):  # their values' ranges are checked with the config
+    for field_name in ("agent_epochs", "agent_lr", "agent_restarts"):  # their values' ranges are checked with the config
         for agent in options[field_name]:
             if agent not in scenario.agent_names:
                 raise ConfigError(
@@ -364,7 +370,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
                 loaded["val"] = split_data(scenario, "val", int(config.seed), device)
             metrics["timers/pretrain/data"] = metrics.get("timers/pretrain/data", 0.0) + time.perf_counter() - data_started
             held_out = agent_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
-            restarts = int(options.restarts)
+            restarts = agent_restarts(options, agent)
             kept, chosen, scores = None, 0, []
             for restart in range(restarts):
                 if restart > 0:

@@ -285,6 +285,24 @@ def test_per_agent_pretraining_epochs_are_checked_and_used(tmp_path):
         build_trainer(bad, tmp_path / "run")
 
 
+def test_per_agent_restarts_fit_that_agent_again_and_leave_the_others_cache_keys(tmp_path):
+    from nip_like.checkpoint import load_checked
+    from nip_like.pretrain import pretrain_key
+
+    warm = tmp_path / "warm"
+    common = ("trainer.pretrain.agents=[verifier,prover]", "trainer.pretrain.epochs=1", f"trainer.pretrain.cache_dir={warm}")
+    plain = lm_smoke_config(tmp_path, *common)
+    config = lm_smoke_config(tmp_path, *common, "+trainer.pretrain.agent_restarts={verifier: 3}")
+    assert pretrain_key(config, "prover") == pretrain_key(plain, "prover")  # the prover's cached fit still serves
+    assert pretrain_key(config, "verifier") != pretrain_key(plain, "verifier")
+    build_trainer(config, tmp_path / "run")
+    fits = {path.name.split("_")[0]: load_checked(path, path.stem.split("_")[-1], what="cache") for path in warm.glob("*.pt")}
+    assert len(fits["verifier"]["restart_scores"]) == 3 and len(fits["prover"]["restart_scores"]) == 1
+    bad = lm_smoke_config(tmp_path, *common, "+trainer.pretrain.agent_restarts={judge: 2}")
+    with pytest.raises(ConfigError, match="trainer.pretrain.agent_restarts names judge; the protocol's agents are"):
+        build_trainer(bad, tmp_path / "run2")
+
+
 def test_decoys_name_cells_in_a_certificates_order(tmp_path):
     from nip_like.scenarios.duplicates.scenario import decoy_messages
 
