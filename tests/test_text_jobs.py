@@ -133,6 +133,7 @@ def test_a_job_cancelled_by_a_later_process_is_failed_also_when_the_trainer_igno
     assert later.wait(["slow"], poll_seconds=0.1, timeout=30)["slow"].state == "failed"
 
 
+@pytest.mark.slow
 def test_a_cancelled_job_whose_processes_ignore_interrupts_is_killed(tmp_path, model_folder, monkeypatch):
     # Without the reset of SIGINT the whole job ignores it; cancel kills the process group after its grace.
     monkeypatch.setattr(jobs_module, "_default_interrupt", lambda: None)
