@@ -24,7 +24,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -311,13 +311,33 @@ def without_locations(value: Any) -> Any:
     """``value`` (plain containers) with every mapping's :data:`LOCATION_KEYS` entries left out, recursively.
 
     For anything keyed by what determines results: the run id, the cache key
-    of a pretrained agent.
+    of a pretrained agent. The :data:`NEUTRAL_ENTRIES` at their neutral
+    values are left out too.
     """
     if isinstance(value, dict):
-        return {key: without_locations(item) for key, item in value.items() if key not in LOCATION_KEYS}
+        return {
+            key: without_locations(item)
+            for key, item in value.items()
+            if key not in LOCATION_KEYS and not _neutral(key, item)
+        }
     if isinstance(value, list):
         return [without_locations(item) for item in value]
     return value
+
+
+#: Options added after runs were keyed, at the value that behaves as before they existed: left out of run ids and
+#: warm-start keys at that value, so that adding them changed no key (an LM agent's ``sampler`` of kind ``local``,
+#: ``trainer.pretrain.agent_restarts`` empty). Set otherwise, they are hyper-parameters like any other.
+NEUTRAL_ENTRIES: dict[str, Callable[[Any], bool]] = {
+    "sampler": lambda item: isinstance(item, dict) and item.get("kind") == "local",
+    "agent_restarts": lambda item: item == {},
+}
+
+
+def _neutral(key: str, item: Any) -> bool:
+    """Whether ``key: item`` is one of :data:`NEUTRAL_ENTRIES` at its neutral value."""
+    test = NEUTRAL_ENTRIES.get(key)
+    return test is not None and test(item)
 
 
 def run_id(config: DictConfig) -> str:

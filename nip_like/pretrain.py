@@ -152,6 +152,15 @@ def without_deferred_adapters(value: Any) -> Any:
     return value
 
 
+def without_samplers(value: Any) -> Any:
+    """``value`` without the LM agents' ``sampler`` entries, recursively: where messages are sampled in the game never changes a warm start."""
+    if isinstance(value, dict):
+        return {key: without_samplers(item) for key, item in value.items() if key != "sampler"}
+    if isinstance(value, list):
+        return [without_samplers(item) for item in value]
+    return value
+
+
 def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any]:
     """Everything that determines a pretrained agent (hashed into its cache file name).
 
@@ -168,7 +177,7 @@ def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any
     return {
         **({"code": code} if code is not None else {}),
         "data_version": scenario.pretrain_data_version if scenario is not None else None,
-        "scenario": without_deferred_adapters(without_locations(OmegaConf.to_container(config.scenario, resolve=True))),
+        "scenario": without_samplers(without_deferred_adapters(without_locations(OmegaConf.to_container(config.scenario, resolve=True)))),
         "protocol": without_locations(OmegaConf.to_container(config.protocol, resolve=True)),
         "pretrain": {
             **{

@@ -40,6 +40,18 @@ def test_every_schema_field_has_a_default_and_a_comment():
     assert checked > 80
 
 
+def test_options_added_later_change_no_key_at_their_neutral_value_and_do_when_set():
+    from nip_like.config import hyper_parameters
+
+    lm = make_config("preset=lm_quick")
+    keyed = str(hyper_parameters(lm)) + str(pretrain_key(lm, "prover"))
+    assert "sampler" not in keyed and "agent_restarts" not in keyed  # as before the options existed
+    served = make_config("preset=lm_quick", "scenario.default_agent.sampler.kind=server")
+    assert run_id(served) != run_id(lm) and pretrain_key(served, "prover") == pretrain_key(lm, "prover")
+    restarted = make_config("preset=lm_quick", "+trainer.pretrain.agent_restarts={verifier: 2}")
+    assert run_id(restarted) != run_id(lm) and pretrain_key(restarted, "prover") == pretrain_key(lm, "prover")
+
+
 def test_run_settings_do_not_change_the_run_id():
     base = run_id(smoke_config())
     assert run_id(smoke_config("run.device=cuda", "run.test_run=true", "logger=tensorboard",
