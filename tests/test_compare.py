@@ -187,6 +187,26 @@ def test_a_group_must_differ_only_in_seeds(sweep):
     ]
 
 
+def test_runs_saved_before_an_option_existed_group_with_runs_that_have_it_at_its_neutral_value(sweep):
+    import yaml as yaml_module
+
+    folder = write_run(sweep / "seed=4,trainer=ppo", "ppo", 4, 0.9, [1, 1, 1, 1])
+    for saved in sweep.glob("*/config.yaml"):  # every run warm-started alike, saved before agent_restarts existed
+        earlier = yaml_module.safe_load(saved.read_text())
+        earlier["trainer"]["pretrain"] = {"epochs": 10}
+        saved.write_text(yaml_module.safe_dump(earlier))
+    config = yaml_module.safe_load((folder / "config.yaml").read_text())
+    config["trainer"]["pretrain"] = {"epochs": 10, "agent_restarts": {}}  # added later; empty behaves as before it existed
+    config["scenario"]["cache_dir"] = "/elsewhere"  # where a cache lives is no hyper-parameter either
+    (folder / "config.yaml").write_text(yaml_module.safe_dump(config))
+    report = build_report(find_runs([sweep]), options())
+    assert {row["objective"]: row["seeds"] for row in report.tasks[0].summary}["ppo"] == "0 1 2 3 4"
+    config["trainer"]["pretrain"] = {"epochs": 10, "agent_restarts": {"verifier": 3}}  # set, it is a hyper-parameter
+    (folder / "config.yaml").write_text(yaml_module.safe_dump(config))
+    with pytest.raises(ReportError, match=r"differ in trainer\.pretrain\.agent_restarts"):
+        build_report(find_runs([sweep]), options())
+
+
 def test_duplicate_seeds_are_refused(tmp_path, sweep):
     write_run(tmp_path / "other" / "seed=0,trainer=ppo", "ppo", 0, 0.9, [1, 1, 1, 1])
     with pytest.raises(ReportError, match="more than one run of seed 0"):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from nip_like.config import HYPER_PARAMETER_KEYS
+from nip_like.config import HYPER_PARAMETER_KEYS, without_locations
 from nip_like.errors import ReportError
 from nip_like.experiment import CONFIG_FILE, SUMMARY_FILE
 from nip_like.logging import read_csv_metric
@@ -106,8 +106,13 @@ class Run:
 
     @cached_property
     def hyper_parameters(self) -> dict[str, Any]:
-        """The flattened hyper-parameters (``trainer.lr`` -> value): what identifies a run."""
-        return flatten({key: self.config.get(key) for key in HYPER_PARAMETER_KEYS})
+        """The flattened hyper-parameters (``trainer.lr`` -> value): what identifies a run.
+
+        As for the run id (:func:`~nip_like.config.without_locations`): where
+        caches live, and options added later at their neutral value (a run
+        saved before they existed has none), are not among them.
+        """
+        return flatten(without_locations({key: self.config.get(key) for key in HYPER_PARAMETER_KEYS}))
 
     def value(self, key: str) -> Any:
         """Return the config value at a dotted key, or ``None`` if it is absent."""
