@@ -242,3 +242,19 @@ def test_exploding_losses_and_parameters_stop_with_the_last_checkpoint_intact(tm
     assert (tmp_path / "b" / "checkpoints" / "last.pt").read_bytes() == saved
     # null switches the bound off (the non-finite check stays).
     assert build_trainer(smoke_config("trainer.divergence_bound=null"), tmp_path / "c").update_settings.divergence_bound == math.inf
+
+
+def test_the_buffer_takes_items_whose_own_dimensions_change_between_iterations():
+    from tensordict import TensorDict
+
+    from nip_like.trainers.update import fill_buffer
+
+    # Whole episodes, padded to the batch's longest: 5 steps in one iteration, 3 in the next (a learning-aware
+    # trainer's layout failed on exactly this, mid-run).
+    long = TensorDict({"reward": torch.ones(299, 5)}, batch_size=[299, 5])
+    short = TensorDict({"reward": torch.full((299, 3), 2.0)}, batch_size=[299, 3])
+    buffer = fill_buffer(None, long, 128, torch.device("cpu"))
+    buffer = fill_buffer(buffer, short, 128, torch.device("cpu"))
+    assert buffer.sample().batch_size == torch.Size([128, 3]) and bool((buffer.sample()["reward"] == 2).all())
+    kept = fill_buffer(buffer, short.clone(), 128, torch.device("cpu"))
+    assert kept is buffer  # the same item shape reuses the storage

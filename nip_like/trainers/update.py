@@ -47,12 +47,16 @@ def fill_buffer(
     size = data.batch_size[0]
     capacity = max(size, 1)  # a storage needs room for one item even when the layout is empty
     minibatch_size = min(minibatch_size, capacity)
-    if buffer is None or buffer.storage.max_size != capacity or buffer.batch_size != minibatch_size:
+    # An item's own dimensions may change between iterations (episodes padded to the longest one of the batch).
+    item_shape = tuple(data.batch_size[1:])
+    other_items = buffer is not None and getattr(buffer, "item_shape", item_shape) != item_shape
+    if buffer is None or buffer.storage.max_size != capacity or buffer.batch_size != minibatch_size or other_items:
         buffer = TensorDictReplayBuffer(
             storage=LazyTensorStorage(capacity, device=device),
             sampler=SamplerWithoutReplacement(drop_last=True),
             batch_size=minibatch_size,
         )
+        buffer.item_shape = item_shape  # what its storage holds, once filled
     buffer.empty()
     if size:
         buffer.extend(data)
