@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +38,10 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the tests package
+
+from tests.fake_servers import free_port  # noqa: E402
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -195,13 +198,6 @@ def handler(engine: Engine):
 
 
 SCRIPT = Path(__file__).resolve()
-
-
-def free_port() -> int:
-    """A local TCP port that nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def command(model: str = "{model}", port: str = "{port}", *flags: str) -> str:

@@ -172,7 +172,7 @@ def probe_server(where: str, sampler: Any, agent: Any) -> None:
         # One token with its log-probability: a server that refuses the request or answers without it cannot serve.
         model = str(sampler.model or agent.pretrained_path or "")
         try:
-            _read_choice(_complete(client, model, _Prompt([0], 1, seed=0), _settings(1.0, 0, 1.0), (), {}, str(sampler.base_url)), None)
+            _read_choice(_complete(client, model, _Prompt([0], 1, seed=0), _settings(1.0, 0, 1.0), (), {}), None)
         except ModelServerError as error:
             raise ModelServerError(f"{path}: a completion of one token with its log-probability failed: {error}; {_NEEDS}") from None
         except _NoLogProbs:
@@ -243,7 +243,7 @@ def _client(sampler: SamplerConfig):
     )
 
 
-def _complete(client, model: str, prompt: _Prompt, settings: dict[str, Any], stop: Sequence[str], bias: dict[str, int], url: str, failed=None):
+def _complete(client, model: str, prompt: _Prompt, settings: dict[str, Any], stop: Sequence[str], bias: dict[str, int], failed=None):
     """One ``/v1/completions`` request for one prompt, with the client's retries; its first choice."""
     from nip_like.text.remote import MalformedAnswer
 
@@ -358,7 +358,7 @@ class InferenceServer:
         model = self._request_model()
         try:
             futures = [
-                pool.submit(_complete, self.client, model, prompt, settings, policy.stop_strings, bias, self.base_url, failed)
+                pool.submit(_complete, self.client, model, prompt, settings, policy.stop_strings, bias, failed)
                 for prompt in prompts
             ]
             wait(futures, return_when=FIRST_EXCEPTION)
