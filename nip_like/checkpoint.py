@@ -16,6 +16,7 @@ import hashlib
 import io
 import os
 import random
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,17 @@ def write_failed(path: Path, error: BaseException) -> WriteError:
     return WriteError(f"could not write {path}: {reason or type(error).__name__}; its previous version is kept")
 
 
+def temporary_sibling(path: Path) -> Path:
+    """A hidden temporary file beside ``path`` that no other writer uses: ``.NAME.<pid>-<random>.tmp``.
+
+    Several processes may write one file at once (the jobs of a sweep filling
+    a shared data cache): each writes its own temporary file and the last
+    ``os.replace`` wins, whole, where one shared temporary name would let a
+    writer rename or remove another's half-written file.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
 def write_text_atomic(text: str, path: Path) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and one ``os.replace``.
 
@@ -55,7 +67,7 @@ def write_text_atomic(text: str, path: Path) -> None:
         previous file is kept and the temporary one removed.
     """
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
+    temporary = temporary_sibling(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(text)
@@ -88,7 +100,7 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
     header = HEADER_PREFIX + (
         f"format={CHECKPOINT_FORMAT} size={len(payload)} sha256={hashlib.sha256(payload).hexdigest()}\n"
     ).encode()
-    temporary = path.with_name(f".{path.name}.tmp")
+    temporary = temporary_sibling(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as handle:

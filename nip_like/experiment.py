@@ -256,9 +256,10 @@ def check_run_folder(run_dir: Path, resume: bool = False) -> None:
 
 
 def _remove_stale_temporaries(run_dir: Path) -> None:
-    """Remove what an atomic write killed half-way left behind (``checkpoints/.last.pt.tmp``, ...)."""
-    for path in [*(run_dir / "checkpoints").glob(".*.tmp"), run_dir / f".{SUMMARY_FILE}.tmp"]:
-        path.unlink(missing_ok=True)
+    """Remove what an atomic write killed half-way left behind (``checkpoints/.last.pt.<pid>-<random>.tmp``, ...)."""
+    for path in [*(run_dir / "checkpoints").glob(".*.tmp"), *run_dir.glob(f".{SUMMARY_FILE}.*tmp")]:
+        if path.is_file():
+            path.unlink(missing_ok=True)
 
 
 def _interrupted(run_dir: Path, trainer: Trainer | None, stop: StopRequested | None) -> RunInterrupted:

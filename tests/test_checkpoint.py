@@ -5,12 +5,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.checkpoint import load_checked, save_atomic, write_text_atomic
 from nip_like.errors import CheckpointError
 from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
@@ -32,6 +34,52 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert load_checked(path, "a")["value"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+@pytest.mark.parametrize("write", ["state", "text"])
+def test_two_writers_of_one_file_at_once_both_succeed(tmp_path, monkeypatch, write):
+    # The jobs of a sweep fill one shared data cache: two writers may have their temporary files
+    # open at the same moment. Both must end without error and leave one whole file.
+    path = tmp_path / "shared.pt"
+    both_written = threading.Barrier(2, timeout=10)
+    if write == "state":
+        real_fsync = os.fsync
+
+        def fsync(descriptor):  # each writer waits here until the other has written its temporary file
+            real_fsync(descriptor)
+            both_written.wait()
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        writers = [lambda value=value: save_atomic({"value": value}, path) for value in (1, 2)]
+    else:
+        real_write_text = Path.write_text
+
+        def write_text(self, text, *args, **kwargs):
+            written = real_write_text(self, text, *args, **kwargs)
+            both_written.wait()
+            return written
+
+        monkeypatch.setattr(Path, "write_text", write_text)
+        writers = [lambda value=value: write_text_atomic(str(value), path) for value in (1, 2)]
+    errors = []
+
+    def run(writer):
+        try:
+            writer()
+        except Exception as error:  # noqa: BLE001 - the test reports what a writer raised
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(writer,)) for writer in writers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    if write == "state":
+        assert load_checked(path)["value"] in (1, 2)
+    else:
+        assert Path.read_text(path) in ("1", "2")
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_missing_corrupt_and_foreign_checkpoints_are_one_line_errors(tmp_path):

@@ -151,7 +151,7 @@ def disk_full_at_write(monkeypatch, name: str, count: int) -> None:
 
     def open_(path, mode="r", *args, **kwargs):
         handle = open(path, mode, *args, **kwargs)
-        if Path(path).name == f".{name}.tmp" and "w" in mode:
+        if Path(path).name.startswith(f".{name}.") and Path(path).name.endswith(".tmp") and "w" in mode:
             writes["count"] += 1
             if writes["count"] == count:
                 return HalfWritten(handle)
