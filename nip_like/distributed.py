@@ -66,6 +66,7 @@ class Distributed:
         self.rank = rank
         self.world_size = world_size
         self._rank_rng: torch.Tensor | None = None
+        self._others_waiting = False  # rank 0 inside rank_zero_first, the other ranks still waiting
 
     @property
     def enabled(self) -> bool:
@@ -148,11 +149,22 @@ class Distributed:
 
     @contextmanager
     def rank_zero_first(self) -> Iterator[None]:
-        """Run the block on rank 0, then on the others (caches that rank 0 writes, the others read)."""
+        """Run the block on rank 0, then on the others (caches that rank 0 writes, the others read).
+
+        Rank 0 may let the others start before it leaves the block
+        (:meth:`release_others`), from where the rest of the block needs every
+        rank at once.
+        """
         if self.rank != 0:
             self.barrier()
+        self._others_waiting = self.enabled and self.rank == 0
         yield
-        if self.rank == 0:
+        self.release_others()
+
+    def release_others(self) -> None:
+        """Inside :meth:`rank_zero_first`, on rank 0: let the other ranks start the block now (nothing elsewhere)."""
+        if self._others_waiting:
+            self._others_waiting = False
             self.barrier()
 
     def gather(self, value: Any) -> list[Any]:
@@ -191,6 +203,15 @@ class Distributed:
                 total[0] += float(value) * part_weight
                 total[1] += part_weight
         return {name: value / count for name, (value, count) in totals.items() if count}
+
+    def maximum(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of ``values`` over the ranks (``values`` itself with one rank)."""
+        if not self.enabled:
+            return values
+        values = values.clone()
+        with self._collective():
+            torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        return values
 
     def owns(self, position: int) -> bool:
         """Whether this rank computes the ``position``-th minibatch of an accumulation window."""

@@ -18,6 +18,7 @@ from nip_like.folders import check_writable_folder, resume_command
 from nip_like.config import check_config_values, check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopRequested
+from nip_like.lm.sharding import check_fsdp
 from nip_like.logging import MetricLogger
 from nip_like.protocols.base import Protocol
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS, Entry, typed_entry
@@ -104,6 +105,7 @@ def preflight(config: DictConfig) -> Entry:
     _check_device(config.run.device)
     scenario = build_scenario(config)
     check_requirements(trainer.cls, scenario, config)
+    check_fsdp(config, trainer.cls, scenario)
     scenario.preflight()
     trainer.cls.preflight(config, scenario)
     return trainer

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from nip_like.checkpoint import load_checked
 from nip_like.distributed import Distributed, current
@@ -19,7 +20,7 @@ from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.trainers.rl import TensorDictRlTrainer
-from tests.conftest import REPO_ROOT, smoke_config
+from tests.conftest import REPO_ROOT, run_cli, smoke_config
 from tests.test_checkpoint import lm_overrides
 
 PROBE = REPO_ROOT / "tests" / "distributed_probe.py"
@@ -62,8 +63,9 @@ def _replaying(monkeypatch, record_dir: Path) -> None:
     monkeypatch.setattr(TensorDictRlTrainer, "fill_buffer", replay)
 
 
-def _two_ranks_against_one(tmp_path, monkeypatch, overrides: tuple[str, ...]) -> None:
-    args = cli_args(tmp_path, *overrides, "trainer.num_iterations=3")
+def _two_ranks_against_one(tmp_path, monkeypatch, overrides: tuple[str, ...], settings: tuple[str, ...] = ()) -> None:
+    """``settings``: run settings of the torchrun run only (``run.fsdp=true``)."""
+    args = cli_args(tmp_path, *overrides, *settings, "trainer.num_iterations=3")
     distributed = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'two'}"], script=[str(PROBE), str(tmp_path / "record"), "--"]))
     assert distributed.returncode == 0, distributed.stderr[-3000:]
 
@@ -77,7 +79,13 @@ def _two_ranks_against_one(tmp_path, monkeypatch, overrides: tuple[str, ...]) ->
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6, msg=key)
     # The runs trained: the parameters moved from their initial values.
-    assert any(not torch.equal(one[key], value) for key, value in load_initial(tmp_path, overrides).items())
+    assert any(not torch.equal(one[key], value) for key, value in load_initial(tmp_path, overrides).items() if key in one)
+
+    # The model folders beside the checkpoint (LM agents) hold the same weights: a sharded run writes them whole.
+    for folder in sorted((tmp_path / "one" / "checkpoints" / "last").glob("*/*.safetensors")):
+        written = load_file(tmp_path / "two" / folder.relative_to(tmp_path / "one"))
+        for key, value in load_file(folder).items():
+            torch.testing.assert_close(written[key], value, rtol=1e-5, atol=1e-6, msg=f"{folder.name}: {key}")
 
     # Only rank 0 wrote the folder: one metrics file per metric, one row per step, one summary.
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
@@ -106,6 +114,23 @@ def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(
 def test_two_ranks_train_language_model_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch, objective):
     overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *objective, "trainer.optimizer.grad_accumulation_steps=2")
     _two_ranks_against_one(tmp_path, monkeypatch, overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # Micro-batches of at most 64 tokens (two sequences): the ranks score different numbers of them (stand-in passes).
+        ("scenario.default_agent.max_tokens_per_micro_batch=64",),
+        ("trainer=dpo", "trainer.minibatch_size=4"),
+        ("scenario.default_agent.lora.r=4",),
+    ],
+    ids=["ppo-micro-batches", "dpo", "ppo-lora"],
+)
+def test_two_sharded_ranks_train_language_model_agents_like_one_process(tmp_path, monkeypatch, variant):
+    # FSDP2 (run.fsdp): each rank holds half of every agent; the result is the replicated one-process run's.
+    overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *variant, "trainer.optimizer.grad_accumulation_steps=2")
+    _two_ranks_against_one(tmp_path, monkeypatch, overrides, settings=("run.fsdp=true",))
 
 
 @pytest.mark.slow
@@ -169,8 +194,13 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path):
-    args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=12", "trainer.eval.every=4", "run.checkpoint_every=1")
+@pytest.mark.parametrize("agents", ["graph", "lm-fsdp"])
+def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path, agents):
+    # lm-fsdp: LoRA language-model agents sharded with FSDP2 (a checkpoint holds whole tensors, each rank its shards).
+    chosen = GRAPH if agents == "graph" else (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy",
+                                               "scenario.default_agent.lora.r=4", "trainer.optimizer.grad_accumulation_steps=2",
+                                               "run.fsdp=true")
+    args = cli_args(tmp_path, *chosen, "trainer.num_iterations=12", "trainer.eval.every=4", "run.checkpoint_every=1")
     reference = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'reference'}"]))
     assert reference.returncode == 0, reference.stderr[-3000:]
 
@@ -200,7 +230,8 @@ def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path):
 
     # A checkpoint of two ranks is refused by one process, in one line.
     alone = run([sys.executable, "-m", "nip_like.resume", str(killed)])
-    assert alone.returncode == 2 and "written by a run of 2 rank(s)" in alone.stderr
+    refusal = "written by a run of 2 rank(s)" if agents == "graph" else "run.fsdp=true shards the agents over torchrun's ranks"
+    assert alone.returncode == 2 and refusal in alone.stderr and len(alone.stderr.strip().splitlines()) == 1
 
 
 def test_one_rank_context_does_nothing():
@@ -230,3 +261,32 @@ def test_a_rank_that_left_the_group_keeps_its_rank_and_does_not_join_again(monke
     context = current()
     assert context.rank == 1 and not context.enabled and not context.is_writer
     monkeypatch.setattr(module, "_current", None)
+
+
+@pytest.mark.slow
+def test_fsdp_in_one_process_is_refused_in_one_line_before_the_run_folder(tmp_path):
+    result = run_cli(["preset=smoke", "run.fsdp=true", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 2 and not (tmp_path / "run").exists()
+    assert result.stderr.strip() == (
+        "error: run.fsdp=true shards the agents over torchrun's ranks: start with torchrun --nproc_per_node=N (N >= 2), "
+        "or set run.fsdp=false"
+    )
+
+
+def test_fsdp_where_it_cannot_apply_is_refused_in_one_line(tmp_path, monkeypatch):
+    from nip_like.experiment import build_scenario
+    from nip_like.lm.sharding import check_fsdp
+    from nip_like.registry import TRAINERS
+
+    with pytest.raises(ConfigError, match=r"^run.fsdp=true shards the agents over torchrun's ranks"):
+        check_fsdp(smoke_config("run.fsdp=true"), TRAINERS.entry("ppo").cls, None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    graph = smoke_config(*GRAPH, "run.fsdp=true", f"scenario.cache_dir={tmp_path}")
+    scenario = build_scenario(graph)
+    with pytest.raises(ConfigError, match=r"^run.fsdp=true shards language-model agents; scenario graph_isomorphism has none"):
+        check_fsdp(graph, TRAINERS.entry("ppo").cls, scenario)
+    lm = smoke_config("run.fsdp=true", *lm_overrides(tmp_path))
+    scenario = build_scenario(lm)
+    with pytest.raises(ConfigError, match=r"^run.fsdp=true: trainer ppo does not shard .*; allowed: .*\bdpo\b.*\bppo\b"):
+        check_fsdp(lm, TRAINERS.entry("pola").cls, scenario)
+    check_fsdp(lm, TRAINERS.entry("grpo").cls, scenario)  # an LM scenario, a standard update: allowed

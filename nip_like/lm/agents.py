@@ -136,17 +136,32 @@ class LMActor(TensorDictModuleBase):
             real, total = real + counted[0], total + counted[1]
         return 1.0 - real / total if total else None
 
-    def save_pretrained(self, folder: Path) -> list[Path]:
+    def save_pretrained(self, folder: Path, states: Mapping[str, tuple[dict, dict | None]] | None = None) -> list[Path]:
         """Write each agent to ``folder/<agent>`` as a Hugging Face folder (model, tokenizer, value head).
 
         ``AutoModelForCausalLM.from_pretrained(folder / agent)`` reloads the
         model, ``AutoTokenizer.from_pretrained`` its tokenizer, and
         ``scenario.agents.<agent>.pretrained_path`` starts a run from it.
+        ``states`` (from :meth:`whole_states`) gives the weights of sharded
+        agents; None: the modules' own.
         """
+        states = states or {}
         return [
-            save_agent(Path(folder) / name, policy.model, policy.tokenizer, policy.value_head)
+            save_agent(Path(folder) / name, policy.model, policy.tokenizer, policy.value_head, *states.get(name, (None, None)))
             for name, policy in ((name, self.policy(name)) for name in self.agent_names)
         ]
+
+    def whole_states(self) -> dict[str, tuple[dict, dict | None]]:
+        """Each agent's model and value-head state dicts with whole tensors (sharded agents: a collective on every rank)."""
+        from nip_like.lm.sharding import whole
+
+        return {
+            name: (
+                whole(self.policy(name).model.state_dict()),
+                whole(self.policy(name).value_head.state_dict()) if self.policy(name).value_head is not None else None,
+            )
+            for name in self.agent_names
+        }
 
     @torch.no_grad()
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -222,6 +237,13 @@ class LMActor(TensorDictModuleBase):
                 rows_index = (where.nonzero().squeeze(-1),)
                 log_probs = log_probs.index_put(rows_index, scored["token_log_probs"].float())
                 entropy = entropy.index_put(rows_index, scored["entropy"].float())
+            elif self.policy(name).lockstep and rows:
+                # FSDP2 (nip_like.lm.sharding): every rank runs every agent's model in each minibatch; an agent
+                # without rows here runs on a stand-in row whose scores count zero.
+                scored = self.policy(name).evaluate(
+                    prompt_ids[:1, index], prompt_mask[:1, index], tokens[:1, index], token_mask[:1, index], with_value=False
+                )
+                log_probs = log_probs + 0 * scored["token_log_probs"].float().sum()
             per_agent_log_probs.append(log_probs)
             per_agent_entropy.append(entropy)
         shape = (*batch_shape, agents, length)

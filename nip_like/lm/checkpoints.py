@@ -33,6 +33,8 @@ def save_agent(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     value_head: Optional[LMValueHead] = None,
+    model_state: Optional[dict] = None,
+    head_state: Optional[dict] = None,
 ) -> Path:
     """Write a language-model agent to ``folder``, whole or not at all.
 
@@ -54,6 +56,9 @@ def save_agent(
         Saved with :func:`~nip_like.checkpoint.save_atomic` as
         ``value_head.pt``: whether its body is shared, its width and its
         state dict (a separate body's weights included).
+    model_state, head_state : dict, optional
+        The weights to write instead of the modules' own state dicts (whole
+        tensors of agents sharded with FSDP2, :mod:`nip_like.lm.sharding`).
 
     Returns
     -------
@@ -72,13 +77,13 @@ def save_agent(
         folder.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
         with quiet_progress():
-            model.save_pretrained(staging)
+            model.save_pretrained(staging, **({"state_dict": model_state} if model_state is not None else {}))
             tokenizer.save_pretrained(staging)
         if value_head is not None:
             state = {
                 "shared_body": value_head.shared_body,
                 "hidden_size": value_head.linear.in_features,
-                "state_dict": value_head.state_dict(),
+                "state_dict": head_state if head_state is not None else value_head.state_dict(),
             }
             save_atomic(state, staging / VALUE_HEAD_FILE)
     except (OSError, SafetensorError) as error:  # a full disk: safetensors reports it as its own error

@@ -237,6 +237,9 @@ class LMPolicy(nn.Module):
         self._keeps_logits = "logits_to_keep" in _forward_parameters(model)
         #: Real and padded tokens of the scoring passes since :meth:`pop_padding_counts` was last called.
         self._scored_tokens = [0, 0]
+        #: Whether every rank must run this policy's model the same number of times (its FSDP2 update,
+        #: :mod:`nip_like.lm.sharding`): :meth:`evaluate` then takes as many micro-batches as the rank with most.
+        self.lockstep = False
         banned = torch.zeros(vocab_size, dtype=torch.bool)
         for token_id in (self.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id):
             if token_id is not None and token_id != self.eos_token_id:
@@ -433,7 +436,8 @@ class LMPolicy(nn.Module):
         prompt_ids, prompt_mask = trim_padding_columns(prompt_ids, prompt_mask)
         lengths = prompt_mask.sum(-1) + token_mask.sum(-1)
         groups = micro_batches(lengths, prompt_ids.shape[1] + tokens.shape[1], self.max_tokens_per_micro_batch)
-        if len(groups) == 1:
+        stand_ins = self._lockstep_stand_ins(len(groups), lengths.device)
+        if len(groups) == 1 and not stand_ins:
             self._scored_tokens[0] += int(lengths.sum())
             self._scored_tokens[1] += lengths.numel() * (prompt_ids.shape[1] + tokens.shape[1])
             return self._evaluate_rows(prompt_ids, prompt_mask, tokens, token_mask, with_log_probs, with_value)
@@ -452,6 +456,16 @@ class LMPolicy(nn.Module):
             else:
                 part = self._evaluate_rows(*inputs, with_log_probs, with_value)
             parts.append((rows, part))
+        # Lockstep (FSDP2): as many passes as the rank with most micro-batches; a stand-in pass counts zero.
+        for _ in range(stand_ins):
+            rows = groups[0][:1]
+            group = trim_padding_columns(prompt_ids[rows], prompt_mask[rows])
+            inputs = (*group, tokens[rows], token_mask[rows])
+            if torch.is_grad_enabled():
+                part = checkpoint(self._evaluate_rows, *inputs, with_log_probs, with_value, use_reentrant=False)
+            else:
+                part = self._evaluate_rows(*inputs, with_log_probs, with_value)
+            parts.append((rows, {name: value * 0 for name, value in part.items()}))
         result = {}
         for name in parts[0][1]:
             shape = (tokens.shape[0], *(() if name == "value" else (tokens.shape[1],)))
@@ -462,10 +476,18 @@ class LMPolicy(nn.Module):
                     value = nn.functional.pad(value, (0, tokens.shape[1] - value.shape[1]))
                 if merged is None:
                     merged = value.new_zeros(shape)
-                # index_put keeps the gradient path into each group's pass.
-                merged = merged.index_put((rows,), value)
+                # index_put keeps the gradient path into each group's pass (a stand-in adds its zeros).
+                merged = merged.index_put((rows,), value, accumulate=True)
             result[name] = merged
         return result
+
+    def _lockstep_stand_ins(self, passes: int, device: torch.device) -> int:
+        """Stand-in passes this rank adds so that every rank takes as many scoring passes (0 unless :attr:`lockstep`)."""
+        if not self.lockstep:
+            return 0
+        most = torch.tensor([passes], device=device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        return int(most) - passes
 
     def after_warm_start(self) -> None:
         """Add the LoRA adapters deferred to after the warm start (``lora.warm_start: full``), once."""

@@ -43,6 +43,8 @@ class LearningAwareTrainer(TensorDictRlTrainer):
     with a schema that has ``clip_epsilon``.
     """
 
+    shards_lm_agents = False  # its lookahead steps the agents outside the standard update
+
     #: The loss module class, called with the objective's options.
     loss_class: ClassVar[type[LearningAwareLoss]]
 

@@ -20,10 +20,10 @@ import math
 import time
 import warnings
 from abc import abstractmethod
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -38,6 +38,7 @@ from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.folders import resume_command
 from nip_like.interrupts import StopRequested, stop_requested
+from nip_like.lm.sharding import ShardedAgents, shard_like, shard_optimizer_state, whole
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
 from nip_like.objectives.reference import ReferencePolicy
@@ -83,6 +84,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
     """
 
     samples_from_servers = True
+    #: Whether ``run.fsdp`` may shard this trainer's LM agents (:mod:`nip_like.lm.sharding`): its update is the standard one.
+    shards_lm_agents: ClassVar[bool] = True
 
     @classmethod
     def requirements(cls, config: DictConfig) -> dict[str, tuple[type | tuple[type, ...], ...]]:
@@ -109,9 +112,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.pretrain_metrics = self.warm_start()
         # The initial policy, frozen: the common reference of objective/kl.
         self.reference_policy = ReferencePolicy(self.policy)
+        self.sharded = self.shard_agents()
         self._build_loss()
         self._build_optimiser()
-        self._build_collection()
+        with self.whole_weights():  # the collector runs the policy once to read its outputs
+            self._build_collection()
         self.buffer: TensorDictReplayBuffer | None = None
         self.state = TrainState()
         self.final_metrics: dict[str, float] = {}
@@ -130,6 +135,26 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 for name, (where, sampler) in found.items()
             }
         )
+
+    def shard_agents(self) -> ShardedAgents | None:
+        """The build order's FSDP2 step (``run.fsdp``): shard the LM agents over the ranks, after the reference is taken.
+
+        None when the run does not shard (the default). The optimiser is built
+        after this step, on the sharded parameters.
+        """
+        if not self.config.run.get("fsdp") or not self.distributed.enabled:
+            return None
+        # Rank 0 builds first (it writes the caches); from here on the build needs every rank at once.
+        self.distributed.release_others()
+        return ShardedAgents({name: self.policy.policy(name) for name in self.agent_names})
+
+    def whole_weights(self) -> Any:
+        """A context in which sharded agents keep their weights whole (sampling, evaluation, test); else nothing."""
+        return self.sharded.gathered() if self.sharded is not None else nullcontext()
+
+    def _build_test_context(self, stack: ExitStack, deterministic: bool = True) -> None:
+        super()._build_test_context(stack, deterministic)
+        stack.enter_context(self.whole_weights())
 
     def close(self) -> None:
         """Stop the inference servers the run started and close their clients."""
@@ -180,6 +205,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
             accumulation=int(optimizer_config.grad_accumulation_steps),
             max_grad_norm=optimizer_config.max_grad_norm,
             divergence_bound=float(bound) if bound is not None else math.inf,
+            lockstep=self.sharded is not None,
         )
         # Read once: OmegaConf lookups are slow enough to show in the inner loop.
         self._diagnostics_every = int(self.config.logger.diagnostics_every)
@@ -339,29 +365,32 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # Collection: a batch, its finished episodes and their metrics.
         sampler_metrics = getattr(self.policy, "pop_sampler_metrics", dict)
         sampler_metrics()  # what evaluation sampled is not this iteration's
-        batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
-        collected = time.perf_counter()
-        frames = batch.numel() * dist.world_size
-        self.state.frames += frames
-        episodes = dist.gather_cat(collection.finished_episodes(batch))
-        metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
-        metrics.update(sampler_metrics())
-        if iteration == 0:
-            metrics.update(self.pretrain_metrics)
-        every = self._diagnostics_every
-        if every and iteration % every == 0:
-            diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
-            metrics.update(dist.mean(diagnostics))
+        # Sampling, advantages and the layout run with whole weights when the agents are sharded (run.fsdp):
+        # the ranks' forward passes differ in number there.
+        with self.whole_weights():
+            batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
+            collected = time.perf_counter()
+            frames = batch.numel() * dist.world_size
+            self.state.frames += frames
+            episodes = dist.gather_cat(collection.finished_episodes(batch))
+            metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
+            metrics.update(sampler_metrics())
+            if iteration == 0:
+                metrics.update(self.pretrain_metrics)
+            every = self._diagnostics_every
+            if every and iteration % every == 0:
+                diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
+                metrics.update(dist.mean(diagnostics))
 
-        # The loss's layout of the batch: advantages, then its items in the replay buffer.
-        with torch.no_grad():
-            if self.advantage_module is not None:
-                self.advantage_module(batch)
-            self.loss_contract.start_iteration(iteration)
-            # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
-            data = dist.gather_cat(self.loss_contract.layout_rollouts(batch))
-        metrics["train/layout_items"] = data.batch_size[0]
-        metrics.update({f"train/{k}": v for k, v in dist.mean(self.loss_contract.layout_metrics()).items()})
+            # The loss's layout of the batch: advantages, then its items in the replay buffer.
+            with torch.no_grad():
+                if self.advantage_module is not None:
+                    self.advantage_module(batch)
+                self.loss_contract.start_iteration(iteration)
+                # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
+                data = dist.gather_cat(self.loss_contract.layout_rollouts(batch))
+            metrics["train/layout_items"] = data.batch_size[0]
+            metrics.update({f"train/{k}": v for k, v in dist.mean(self.loss_contract.layout_metrics()).items()})
         self.fill_buffer(data)
 
         # The update: epochs x minibatches for the agents this iteration trains, then the schedule's step.
@@ -428,7 +457,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
         for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
             stats[f"train/grad_norm/{name}"] = values
         update.check_parameters(
-            self.optimizer, trained, self.update_settings.divergence_bound, self.state.iteration + 1, self._last_checkpoint_note
+            self.optimizer,
+            trained,
+            self.update_settings.divergence_bound,
+            self.state.iteration + 1,
+            self._last_checkpoint_note,
+            self.distributed,
         )
         return stats
 
@@ -543,14 +577,18 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """
         path = super().save_checkpoint(name)
         save_pretrained = getattr(self.policy, "save_pretrained", None)
+        # Sharded agents are made whole on every rank (a collective); rank 0 writes them.
+        states = self.policy.whole_states() if self.sharded is not None else None
         if save_pretrained is not None and self.distributed.is_writer:
-            save_pretrained(self.checkpoint_dir / name)
+            save_pretrained(self.checkpoint_dir / name, states)
         return path
 
     def _frozen_keys(self) -> set[str]:
         return rl_state.frozen_keys(self.agent_modules.modules(), self.loss_module)
 
     def _load_loss_module_state(self, state: dict[str, Any]) -> None:
+        if self.sharded is not None:  # a checkpoint holds whole tensors: each rank keeps its shards
+            state = shard_like(state, self.loss_module.state_dict())
         rl_state.load_loss_module_state(self.loss_module, state, self._frozen_keys())
 
     def state_dict(self) -> dict[str, Any]:
@@ -560,6 +598,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
             "loss_module": rl_state.loss_module_state(self.loss_module, self._frozen_keys()),
             "reference_policy": self.reference_policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+        }
+        if self.sharded is not None:  # whole tensors (every rank gathers): the file a replicated run writes
+            state = whole(state)
+        state |= {
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
             "rng": get_rng_states(),
@@ -574,7 +616,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         collection_state = state["ranks"][self.distributed.rank] if "ranks" in state else state
         self._load_loss_module_state(state["loss_module"])
         self.reference_policy.load_state_dict(state["reference_policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizer_state = state["optimizer"]
+        if self.sharded is not None:
+            optimizer_state = shard_optimizer_state(optimizer_state, (p for g in self.optimizer.param_groups for p in g["params"]))
+        self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.state = TrainState(**state["train_state"])
         rl_state.load_collection_state(self.collector, self.train_env, collection_state, self.device)

@@ -17,6 +17,7 @@ from torch import nn
 from torchrl.collectors import Collector
 
 from nip_like.errors import CheckpointError
+from nip_like.lm.sharding import is_sharded
 
 
 @dataclass
@@ -35,10 +36,16 @@ class TrainState:
 
 def frozen_keys(agents: nn.Module, loss_module: nn.Module) -> set[str]:
     """Keys of ``loss_module``'s state that hold frozen weights of ``agents`` (a LoRA agent's base model)."""
-    frozen = {param.data_ptr() for param in agents.parameters() if not param.requires_grad}
+    frozen = {_storage_identity(param) for param in agents.parameters() if not param.requires_grad}
     if not frozen:
         return set()
-    return {key for key, value in loss_module.state_dict(keep_vars=True).items() if value.data_ptr() in frozen}
+    named = nn.Module.named_parameters(loss_module, remove_duplicate=False)  # as the state dict names them
+    return {key for key, value in named if _storage_identity(value) in frozen}
+
+
+def _storage_identity(tensor: torch.Tensor) -> int:
+    """What tells two views of one weight apart from other weights: its data pointer, a sharded parameter's identity."""
+    return id(tensor) if is_sharded(tensor) else tensor.data_ptr()
 
 
 def loss_module_state(loss_module: nn.Module, frozen: set[str]) -> dict[str, Any]:
@@ -58,8 +65,10 @@ def load_loss_module_state(loss_module: nn.Module, state: dict[str, Any], frozen
 
 def collection_state(collector: Collector, env) -> dict[str, Any]:
     """The collection's state: the collector's, its in-flight episodes and the environments' generator."""
+    # Without the policy's weights, which the loss module's state holds already (once, not once per rank).
+    collector_state = {key: value for key, value in collector.state_dict().items() if key != "policy_state_dict"}
     return {
-        "collector": collector.state_dict(),
+        "collector": collector_state,
         # The collector's current TensorDict holds every in-flight episode
         # (the environments keep their state in it), so restoring it
         # continues collection exactly.
@@ -70,7 +79,7 @@ def collection_state(collector: Collector, env) -> dict[str, Any]:
 
 def load_collection_state(collector: Collector, env, state: dict[str, Any], device: torch.device) -> None:
     """Restore what :func:`collection_state` returned."""
-    collector.load_state_dict(state["collector"])
+    collector.load_state_dict(state["collector"], strict=False)  # strict would ask for the policy's weights
     collector._carrier.update(state["collector_carrier"].to(device))
     env.set_rng_state(state["env_rng"])
 

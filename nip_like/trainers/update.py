@@ -21,6 +21,7 @@ from torchrl.objectives import LossModule
 
 from nip_like.distributed import Distributed
 from nip_like.errors import TrainingError
+from nip_like.lm.sharding import is_sharded, local_abs_max
 from nip_like.objectives.contract import LossContract
 
 
@@ -32,6 +33,7 @@ class UpdateSettings:
     accumulation: int  # minibatches per optimiser step (trainer.optimizer.grad_accumulation_steps)
     max_grad_norm: float | None  # gradient clipping per agent; None = none
     divergence_bound: float  # largest loss or parameter magnitude allowed (math.inf = none)
+    lockstep: bool = False  # every rank runs as many loss passes per step (FSDP2, run.fsdp; nip_like.lm.sharding)
 
 
 def fill_buffer(
@@ -121,16 +123,28 @@ def optimise(
                 records.append(losses.detach())
             position += 1
             if position == window_of[minibatch]:
+                if settings.lockstep:  # a rank with fewer minibatches in a short window runs stand-ins that count zero
+                    for _ in range(stand_in_passes(window_of[minibatch], dist)):
+                        losses = loss_module(sample)
+                        (sum(losses.get(key) for key in losses.keys() if key.startswith("loss_")) * 0).backward()
                 norms.append(optimizer_step(optimizer, trained, dist, settings.max_grad_norm))
                 position = 0
     return records, norms
 
 
+def stand_in_passes(window: int, dist: Distributed) -> int:
+    """Loss passes this rank lacks in a window of ``window`` minibatches, against the rank that runs most."""
+    return -(-window // dist.world_size) - len(range(dist.rank, window, dist.world_size))
+
+
 def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], dist: Distributed, max_grad_norm: float | None) -> torch.Tensor:
     """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order); drop the others' gradients."""
     norms = []
-    # The trained agents' gradients are summed over the ranks together, in a few flat all-reduces.
-    dist.sum_gradients([param for group in optimizer.param_groups if group["agent"] in trained for param in group["params"]])
+    # The trained agents' gradients are summed over the ranks together, in a few flat all-reduces
+    # (sharded parameters' gradients are summed by FSDP2's reduce-scatter already).
+    dist.sum_gradients(
+        [param for group in optimizer.param_groups if group["agent"] in trained for param in group["params"] if not is_sharded(param)]
+    )
     for group in optimizer.param_groups:
         if group["agent"] not in trained:
             for param in group["params"]:
@@ -138,9 +152,10 @@ def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], dist: Distrib
             continue
         grads = [param for param in group["params"] if param.grad is not None]
         if max_grad_norm is not None:
-            norms.append(torch.nn.utils.clip_grad_norm_(grads, max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(grads, max_grad_norm)
         else:
-            norms.append(torch.nn.utils.get_total_norm([param.grad for param in grads]))
+            norm = torch.nn.utils.get_total_norm([param.grad for param in grads])
+        norms.append(norm.full_tensor() if is_sharded(norm) else norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return torch.stack(norms)
@@ -168,13 +183,20 @@ def stat_name(key: str | tuple[str, ...], contract: LossContract) -> str:
 
 
 def check_parameters(
-    optimizer: Optimizer, trained: tuple[str, ...], bound: float, iteration: int, checkpoint_note: Callable[[], str]
+    optimizer: Optimizer,
+    trained: tuple[str, ...],
+    bound: float,
+    iteration: int,
+    checkpoint_note: Callable[[], str],
+    dist: Distributed,
 ) -> None:
     """Stop if a trained agent's parameters left the divergence bound (or became non-finite)."""
     if not trained:
         return
     groups = [group for group in optimizer.param_groups if group["agent"] in trained]
-    largest = torch.stack([torch.stack([p.detach().abs().max() for p in g["params"]]).max() for g in groups])
+    largest = torch.stack([torch.stack([local_abs_max(p) for p in g["params"]]).max() for g in groups])
+    if any(is_sharded(p) for g in groups for p in g["params"]):  # each rank holds a part of a sharded agent
+        largest = dist.maximum(largest.nan_to_num(math.inf))
     worst = int(largest.nan_to_num(math.inf).argmax())
     value = largest[worst].item()
     if not value <= bound:
