@@ -56,15 +56,15 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if type(module).__name__ in names]
 
 
-def shard_module(module: nn.Module) -> list[nn.Module]:
-    """``fully_shard`` each decoder layer of ``module``, then ``module`` itself; return the units, outermost last."""
+def shard_module(module: nn.Module, mesh) -> list[nn.Module]:
+    """``fully_shard`` each decoder layer of ``module``, then ``module`` itself, over ``mesh``; return the units, outermost last."""
     from torch.distributed.fsdp import fully_shard
 
     units = []
     for layer in decoder_layers(module):
-        fully_shard(layer)
+        fully_shard(layer, mesh=mesh)
         units.append(layer)
-    fully_shard(module)
+    fully_shard(module, mesh=mesh)
     units.append(module)
     for unit in units:
         unit.set_gradient_divide_factor(1.0)  # the ranks' gradients are summed, as the replicated update does
@@ -84,15 +84,20 @@ class ShardedAgents:
     """
 
     def __init__(self, policies: Mapping[str, nn.Module]) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
         self.policies = dict(policies)
         self.units: list[nn.Module] = []
+        # One mesh of every rank, on the agents' device type (fully_shard's default would take the accelerator's).
+        device = next(iter(self.policies.values())).banned.device
+        mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
         for policy in self.policies.values():
-            self.units += shard_module(policy.model)
+            self.units += shard_module(policy.model, mesh)
             head = policy.value_head
             if head is not None:
                 if head.body is not None:
-                    self.units += shard_module(head.body)
-                self.units += shard_module(head.linear)
+                    self.units += shard_module(head.body, mesh)
+                self.units += shard_module(head.linear, mesh)
             policy.lockstep = True
 
     @contextmanager
