@@ -346,11 +346,20 @@ class LMPolicy(nn.Module):
         rows = candidates.nonzero().squeeze(-1).tolist()
         if not rows:
             return hit
-        tails = self.tokenizer.batch_decode(tokens[rows, -self._stop_window :].tolist())
-        for row, text in zip(rows, tails):
-            if any(stop in text for stop in self.stop_strings):
-                hit[row] = True
+        for row in rows:
+            hit[row] = self.ends_with_stop(tokens[row].tolist())
         return hit
+
+    def ends_with_stop(self, ids: Sequence[int]) -> bool:
+        """Whether the text of a message's last tokens holds one of :attr:`stop_strings` (False without any).
+
+        Only the last few tokens are decoded: a stop string spans at most as
+        many tokens as it has characters.
+        """
+        if not self.stop_strings or not ids:
+            return False
+        tail = self.tokenizer.decode(list(ids)[-self._stop_window :])
+        return any(stop in tail for stop in self.stop_strings)
 
     def log_probs(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor, token_mask: torch.Tensor

@@ -375,7 +375,7 @@ class InferenceServer:
             except _NoLogProbs:
                 raise ModelServerError(f"{self.where}: the server at {self.base_url} returned no per-token log-probabilities; {_NEEDS}") from None
             finished = reason == "stop"
-            if finished and (not ids or ids[-1] != policy.eos_token_id) and not _ends_with_stop(policy, ids):
+            if finished and (not ids or ids[-1] != policy.eos_token_id) and not policy.ends_with_stop(ids):
                 # A server that leaves the eos out of its tokens: the message ends with it all the same.
                 ids, log_probs = ids + [policy.eos_token_id], log_probs + [float("nan")]
             replies.append(ServerSample(ids, log_probs, finished, retokenized, mismatch))
@@ -515,13 +515,6 @@ class InferenceServer:
         """Stop a started server and close the client."""
         self.stop()
         self.client.close()
-
-
-def _ends_with_stop(policy: LMPolicy, ids: list[int]) -> bool:
-    if not policy.stop_strings or not ids:
-        return False
-    tail = policy.tokenizer.decode(ids[-policy._stop_window :])
-    return any(stop in tail for stop in policy.stop_strings)
 
 
 def _save(model, folder: Path, tokenizer, adapter_only: bool = False) -> None:
