@@ -8,8 +8,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = REPO_ROOT / "nip_like"
-#: Imports allowed to run back up, each named in the docs below the drawing: (importer, imported), by module.
-BACK_UP = {("nip_like.lm.server", "nip_like.text.remote")}
+#: Imports allowed to run back up, each to be named in the docs below the drawing: (importer, imported), by module.
+BACK_UP: set[tuple[str, str]] = set()
 #: A layer line of the drawing: its number, its name (words, one space apart), then its rooms two spaces apart.
 LAYER_LINE = re.compile(r"^\s+(\d+)  +(\S+(?: \S+)*)  +(\S.*)$")
 

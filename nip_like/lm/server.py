@@ -60,6 +60,7 @@ from nip_like.lm.checkpoints import quiet_progress
 from nip_like.lm.lora import has_lora, merged_model
 
 from nip_like.lm.policy import LMPolicy, sampled_messages
+from nip_like.openai_client import MalformedAnswer, OpenAIClient, check_base_url
 
 #: The ways a server gets an agent's new weights.
 SYNC_MODES = ("lora", "disk", "restart", "none")
@@ -127,8 +128,6 @@ def check_sampler(where: str, sampler: Any, agent: Any, world_size: int) -> None
     ConfigError
         A wrong combination of options.
     """
-    from nip_like.text.remote import check_base_url
-
     path = f"{where}.sampler"
     if world_size > 1:
         raise ConfigError(f"{path}.kind=server runs with one rank (each rank would push its weights to the server); run without torchrun or set kind=local")
@@ -230,9 +229,7 @@ def _settings(temperature: float, top_k: int, top_p: float) -> dict[str, Any]:
 
 
 def _client(sampler: SamplerConfig):
-    from nip_like.text.remote import OpenAIChatModel
-
-    return OpenAIChatModel(
+    return OpenAIClient(
         model=str(sampler.model or ""),
         base_url=str(sampler.base_url),
         api_key=os.environ.get(str(sampler.api_key_env)),
@@ -245,8 +242,6 @@ def _client(sampler: SamplerConfig):
 
 def _complete(client, model: str, prompt: _Prompt, settings: dict[str, Any], stop: Sequence[str], bias: dict[str, int], failed=None):
     """One ``/v1/completions`` request for one prompt, with the client's retries; its first choice."""
-    from nip_like.text.remote import MalformedAnswer
-
     extra = {
         "return_tokens_as_token_ids": True,  # vLLM: tokens named token_id:<id>
         "skip_special_tokens": False,
