@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -299,7 +300,8 @@ def report_errors() -> Iterator[None]:
     says how to resume, and exits with 128 + the signal number. Under torchrun,
     a rank other than 0 names itself (``error: rank 1: ...``), and a rank
     stopped because another one failed (which reported its own error) prints
-    nothing and exits with status 1.
+    nothing and exits with status 1. A config error is the same on every rank:
+    rank 0 alone prints it (the others exit with status 2 in silence).
     """
     from nip_like.distributed import PeerFailure, current
 
@@ -313,13 +315,23 @@ def report_errors() -> Iterator[None]:
         if not error.quiet:
             print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
+    except ConfigError as error:
+        if _launch_rank() == 0:
+            print(f"error: {error}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     except NipLikeError as error:
         rank = current().rank
         print(f"error: {f'rank {rank}: ' if rank else ''}{error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except (OmegaConfBaseException, HydraException) as error:
-        print(f"error: config: {one_line(error)}{_quoting_hint()}", file=sys.stderr)
+        if _launch_rank() == 0:
+            print(f"error: config: {one_line(error)}{_quoting_hint()}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def _launch_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun), read without joining the process group."""
+    return int(os.environ.get("RANK", "0"))
 
 
 class RunFolderCallback(Callback):

@@ -264,6 +264,14 @@ def test_a_rank_that_left_the_group_keeps_its_rank_and_does_not_join_again(monke
 
 
 @pytest.mark.slow
+def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
+    for override in ("trainer.num_envs=15", "trainer.bogus=1"):  # a relation between fields; an unknown key
+        result = run(torchrun(cli_args(tmp_path, override, f"hydra.run.dir={tmp_path / 'run'}")))
+        assert result.returncode != 0 and not (tmp_path / "run" / "checkpoints").exists()
+        assert len([line for line in result.stderr.splitlines() if line.startswith("error")]) == 1, result.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_fsdp_in_one_process_is_refused_in_one_line_before_the_run_folder(tmp_path):
     result = run_cli(["preset=smoke", "run.fsdp=true", f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 2 and not (tmp_path / "run").exists()
