@@ -21,6 +21,11 @@ Run it from the repository root::
     python scripts/benchmark_scaling.py                       # paper and lm_quick presets, 1 and 2 ranks
     python scripts/benchmark_scaling.py --presets smoke --iterations 3 --skip 1 --output scaling.json
     python scripts/benchmark_scaling.py --ranks 1 2 4 --device cuda   # one GPU per rank (NCCL)
+    python scripts/benchmark_scaling.py --presets lm_quick --fsdp     # also each N > 1 with run.fsdp=true
+
+With ``--fsdp`` every rank count above 1 also runs with its language-model
+agents sharded (``run.fsdp=true``, FSDP2), in a row marked ``sharded``
+beside the replicated one, with the same steps.
 
 Options after the flags (``key=value``) go to every run, after the preset's
 own (see ``PRESET_OVERRIDES``).
@@ -74,17 +79,26 @@ def run_command(
 
 
 def time_run(
-    preset: str, ranks: int, iterations: int, skip: int, root: Path, device: str, accumulation: int, extra: list[str]
+    preset: str,
+    ranks: int,
+    iterations: int,
+    skip: int,
+    root: Path,
+    device: str,
+    accumulation: int,
+    extra: list[str],
+    sharded: bool = False,
 ) -> dict[str, Any]:
-    """Run one configuration; its mean per-iteration figures after ``skip`` iterations."""
-    run_dir = root / f"{preset}-{ranks}"
+    """Run one configuration (``sharded``: with ``run.fsdp=true``); its mean per-iteration figures after ``skip`` iterations."""
+    run_dir = root / f"{preset}-{ranks}{'-sharded' if sharded else ''}"
+    extra = [*extra, "run.fsdp=true"] if sharded else extra
     command = run_command(preset, ranks, iterations, run_dir, root / "cache", device, accumulation, extra)
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     started = time.perf_counter()
     result = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{preset} with {ranks} rank(s) failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}")
-    figures: dict[str, Any] = {"preset": preset, "ranks": ranks, "wall_s": time.perf_counter() - started}
+    figures: dict[str, Any] = {"preset": preset, "ranks": ranks, "sharded": sharded, "wall_s": time.perf_counter() - started}
     for name, metric in METRICS.items():
         rows = [value for step, value in read_csv_metric(run_dir, metric) if step > skip]
         if not rows:
@@ -96,7 +110,7 @@ def time_run(
 
 def efficiencies(rows: list[dict[str, Any]]) -> None:
     """Add ``efficiency`` (SPS(N) / (N x SPS(1))) and ``speedup`` to each row, against its preset's 1-rank row."""
-    single = {row["preset"]: row["sps"] for row in rows if row["ranks"] == 1}
+    single = {row["preset"]: row["sps"] for row in rows if row["ranks"] == 1 and not row.get("sharded")}
     for row in rows:
         base = single.get(row["preset"])
         row["speedup"] = row["sps"] / base if base else None
@@ -105,13 +119,13 @@ def efficiencies(rows: list[dict[str, Any]]) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The figures as an rst list-table-like plain table."""
-    header = f"{'preset':<10} {'ranks':>5} {'frames/s':>10} {'collect s':>10} {'update s':>10} {'speedup':>8} {'efficiency':>10}"
+    header = f"{'preset':<10} {'ranks':>5} {'sharded':>7} {'frames/s':>10} {'collect s':>10} {'update s':>10} {'speedup':>8} {'efficiency':>10}"
     lines = [header, "-" * len(header)]
     for row in rows:
         speedup = f"{row['speedup']:.2f}" if row["speedup"] is not None else "-"
         efficiency = f"{row['efficiency']:.2f}" if row["efficiency"] is not None else "-"
         lines.append(
-            f"{row['preset']:<10} {row['ranks']:>5} {row['sps']:>10.1f} {row['collect_s']:>10.2f} {row['update_s']:>10.2f} "
+            f"{row['preset']:<10} {row['ranks']:>5} {'yes' if row.get('sharded') else 'no':>7} {row['sps']:>10.1f} {row['collect_s']:>10.2f} {row['update_s']:>10.2f} "
             f"{speedup:>8} {efficiency:>10}"
         )
     return "\n".join(lines)
@@ -126,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", type=Path, default=None, help="write the figures as JSON here")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs' folders here (default: a temporary folder)")
+    parser.add_argument("--fsdp", action="store_true", help="also run each rank count above 1 with run.fsdp=true (LM presets)")
     parser.add_argument("overrides", nargs="*", help="key=value options for every run")
     args = parser.parse_args(argv)
     if args.skip >= args.iterations:
@@ -138,9 +153,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # Every rank count takes the same optimiser steps: each step's minibatches are shared by the ranks.
         accumulation = math.lcm(*args.ranks)
         rows = [
-            time_run(preset, ranks, args.iterations, args.skip, root, args.device, accumulation, args.overrides)
+            time_run(preset, ranks, args.iterations, args.skip, root, args.device, accumulation, args.overrides, sharded)
             for preset in args.presets
             for ranks in sorted(args.ranks)
+            for sharded in ((False, True) if args.fsdp and ranks > 1 else (False,))
         ]
     efficiencies(rows)
     result = {
