@@ -134,8 +134,12 @@ def test_two_sharded_ranks_train_language_model_agents_like_one_process(tmp_path
 
 
 @pytest.mark.slow
-def test_a_failing_rank_stops_the_others_with_its_one_line_error(tmp_path):
-    args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=5", f"hydra.run.dir={tmp_path / 'run'}")
+@pytest.mark.parametrize("agents", ["graph", "lm-fsdp"])
+def test_a_failing_rank_stops_the_others_with_its_one_line_error(tmp_path, agents):
+    # lm-fsdp: rank 0 waits in FSDP2's all-gather of the sharded agents' weights, not in one of nip_like's collectives.
+    chosen = GRAPH if agents == "graph" else (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy",
+                                               "trainer.optimizer.grad_accumulation_steps=2", "run.fsdp=true")
+    args = cli_args(tmp_path, *chosen, "trainer.num_iterations=5", f"hydra.run.dir={tmp_path / 'run'}")
     started = time.time()
     # Rank 1 fails as its iteration 2 starts, while rank 0 waits for it in a collective.
     result = run(torchrun(args, script=[str(PROBE), str(tmp_path / "record"), "1", "2", "--"]), timeout=200)
