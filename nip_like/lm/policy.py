@@ -460,20 +460,12 @@ class LMPolicy(nn.Module):
             inputs = (*group, tokens[rows, :width], token_mask[rows, :width])
             self._scored_tokens[0] += int(lengths[rows].sum())
             self._scored_tokens[1] += rows.numel() * (group[0].shape[1] + width)
-            if torch.is_grad_enabled():
-                part = checkpoint(self._evaluate_rows, *inputs, with_log_probs, with_value, use_reentrant=False)
-            else:
-                part = self._evaluate_rows(*inputs, with_log_probs, with_value)
-            parts.append((rows, part))
+            parts.append((rows, self._micro_batch_pass(inputs, with_log_probs, with_value)))
         # Lockstep (FSDP2): as many passes as the rank with most micro-batches; a stand-in pass counts zero.
         for _ in range(stand_ins):
             rows = groups[0][:1]
-            group = trim_padding_columns(prompt_ids[rows], prompt_mask[rows])
-            inputs = (*group, tokens[rows], token_mask[rows])
-            if torch.is_grad_enabled():
-                part = checkpoint(self._evaluate_rows, *inputs, with_log_probs, with_value, use_reentrant=False)
-            else:
-                part = self._evaluate_rows(*inputs, with_log_probs, with_value)
+            inputs = (*trim_padding_columns(prompt_ids[rows], prompt_mask[rows]), tokens[rows], token_mask[rows])
+            part = self._micro_batch_pass(inputs, with_log_probs, with_value)
             parts.append((rows, {name: value * 0 for name, value in part.items()}))
         result = {}
         for name in parts[0][1]:
@@ -489,6 +481,12 @@ class LMPolicy(nn.Module):
                 merged = merged.index_put((rows,), value, accumulate=True)
             result[name] = merged
         return result
+
+    def _micro_batch_pass(self, inputs: tuple[torch.Tensor, ...], with_log_probs: bool, with_value: bool) -> dict[str, torch.Tensor]:
+        """One micro-batch's pass of :meth:`evaluate`; with gradients, its activations are recomputed in the backward pass."""
+        if torch.is_grad_enabled():
+            return checkpoint(self._evaluate_rows, *inputs, with_log_probs, with_value, use_reentrant=False)
+        return self._evaluate_rows(*inputs, with_log_probs, with_value)
 
     def _lockstep_stand_ins(self, passes: int, device: torch.device) -> int:
         """Stand-in passes this rank adds so that every rank takes as many scoring passes (0 unless :attr:`lockstep`)."""
