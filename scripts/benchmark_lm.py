@@ -474,7 +474,7 @@ def measure_rollout(policy: LMPolicy, prompts: Prompts, args: argparse.Namespace
 
 # ------------------------------------------------------------------ framework updates
 def clone_policy(policy: LMPolicy) -> LMPolicy:
-    """A policy with a deep copy of ``policy``'s model (adapters included), the same sampling settings and token budget."""
+    """A policy with a deep copy of ``policy``'s model (adapters included), the same sampling settings, token budget and scoring chunks."""
     settings = policy.settings
     return LMPolicy(
         copy.deepcopy(policy.model),
@@ -484,6 +484,7 @@ def clone_policy(policy: LMPolicy) -> LMPolicy:
         top_k=settings.top_k,
         top_p=settings.top_p,
         max_tokens_per_micro_batch=policy.max_tokens_per_micro_batch,
+        score_chunk_tokens=policy.score_chunk_tokens,
     )
 
 

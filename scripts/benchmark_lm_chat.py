@@ -134,7 +134,12 @@ def model_folder(args: argparse.Namespace) -> Path:
 
 
 def load_policy(
-    folder: Path, new_tokens: int, lora_r: int = 0, budget: int | None = None, gradient_checkpointing: bool = False
+    folder: Path,
+    new_tokens: int,
+    lora_r: int = 0,
+    budget: int | None = None,
+    gradient_checkpointing: bool = False,
+    score_chunk_tokens: int | None = None,
 ) -> LMPolicy:
     """The policy of the model folder through the user path (``pretrained_path``), as an agent config builds it."""
     config = LMAgentConfig(
@@ -144,6 +149,7 @@ def load_policy(
         lora=LoraOptions(r=lora_r),
         max_tokens_per_micro_batch=budget,
         gradient_checkpointing=gradient_checkpointing,
+        score_chunk_tokens=score_chunk_tokens,
     )
     return build_lm_policy(config)
 
@@ -250,7 +256,9 @@ def measure_all_updates(folder: Path, args: argparse.Namespace, device: torch.de
     update_args = update_arguments(args, args.new_tokens)
     results: dict[str, Any] = {}
     for name, lora_r in (("full", 0), ("lora", args.lora_r)):
-        policy = load_policy(folder, args.new_tokens, lora_r, gradient_checkpointing=args.gradient_checkpointing).to(device)
+        policy = load_policy(
+            folder, args.new_tokens, lora_r, gradient_checkpointing=args.gradient_checkpointing, score_chunk_tokens=args.score_chunk_tokens
+        ).to(device)
         total, trained = parameter_count(policy)
         print(f"\n{name}: {trained:,} of {total:,} parameters train", flush=True)
         prompts = chat_prompts(policy.tokenizer, args, device)
@@ -423,6 +431,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's updates")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="the updates' policies recompute each block's activations in the backward pass (both sides)")
+    parser.add_argument("--score-chunk-tokens", type=int, default=None,
+                        help="the updates' policies score replies this many positions at a time (both sides; default: all at once)")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repeat (for tests)")
     parser.add_argument("--output", "--json", type=Path, default=None, help="also write the results as JSON here")
     if argv is None:

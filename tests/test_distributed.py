@@ -302,3 +302,6 @@ def test_fsdp_where_it_cannot_apply_is_refused_in_one_line(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"^run.fsdp=true: trainer ppo does not shard .*; allowed: .*\bdpo\b.*\bppo\b"):
         check_fsdp(lm, TRAINERS.entry("pola").cls, scenario)
     check_fsdp(lm, TRAINERS.entry("grpo").cls, scenario)  # an LM scenario, a standard update: allowed
+    chunked = smoke_config("run.fsdp=true", *lm_overrides(tmp_path), "scenario.default_agent.score_chunk_tokens=2")
+    with pytest.raises(ConfigError, match=r"^scenario.default_agent.score_chunk_tokens and run.fsdp=true do not go together"):
+        check_fsdp(chunked, TRAINERS.entry("ppo").cls, build_scenario(chunked))

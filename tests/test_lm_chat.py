@@ -16,6 +16,7 @@ from nip_like import keys
 from nip_like.checkpoint import load_checked
 from nip_like.errors import ConfigError
 from nip_like.export import main as export_main
+from nip_like.lm.lora import LoraOptions
 from nip_like.lm.models import LMAgentConfig, build_lm_policy
 from nip_like.lm.policy import micro_batches
 from nip_like.scenarios.duplicates.chat_view import ChatSpeaker, DuplicatesChatViewEnv, list_line, parse_reply, read_list_line
@@ -150,6 +151,40 @@ def test_micro_batches_by_a_token_budget_give_the_one_pass_gradient(chat_model):
     # Same real tokens, less padding when rows of similar length share a pass.
     assert counts_one[0] == counts_split[0] == int(prompt_lengths.sum() + token_mask.sum())
     assert counts_split[1] < counts_one[1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scoring_in_chunks_gives_the_one_pass_scores_and_gradient(chat_model, family):
+    folder = chat_model(family)
+    torch.manual_seed(0)
+    prompts = torch.randint(300, 900, (5, 9))
+    mask = torch.ones_like(prompts, dtype=torch.bool)
+    tokens = torch.randint(300, 900, (5, 7))
+    token_mask = torch.arange(7) < torch.randint(1, 8, (5, 1))
+    weights = torch.randn(5, 7)
+    results = []
+    for chunk in (None, 3):  # chunks of 3, 3 and 1 positions
+        torch.manual_seed(1)  # the same value head
+        policy = policy_of(folder, max_new_tokens=7, score_chunk_tokens=chunk, lora=LoraOptions(r=4))
+        scored = policy.evaluate(prompts, mask, tokens, token_mask)
+        ((scored["token_log_probs"] * weights).sum() + scored["entropy"].mean() + scored["value"].sum()).backward()
+        results.append((scored, {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None}))
+    (whole, grads_whole), (chunked, grads_chunked) = results
+    for name in ("token_log_probs", "entropy", "value"):
+        torch.testing.assert_close(whole[name], chunked[name], atol=1e-5, rtol=1e-4)
+    assert grads_whole.keys() == grads_chunked.keys() and any("lora" in name for name in grads_whole)
+    for name in grads_whole:
+        torch.testing.assert_close(grads_whole[name], grads_chunked[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_scoring_in_chunks_refuses_a_model_whose_logits_are_not_its_output_layer(chat_model):
+    policy = policy_of(chat_model("llama"), max_new_tokens=3, score_chunk_tokens=2)
+    head = policy.model.get_output_embeddings()
+    other = torch.nn.Linear(head.in_features, head.out_features, bias=False)  # not the layer the model's logits come from
+    policy.model.get_output_embeddings = lambda: other
+    prompts = torch.randint(300, 900, (2, 5))
+    with pytest.raises(ConfigError, match=r"^score_chunk_tokens: the logits of LlamaForCausalLM are not its output layer"):
+        policy.evaluate(prompts, torch.ones_like(prompts, dtype=torch.bool), prompts[:, :3], torch.ones(2, 3, dtype=torch.bool))
 
 
 def test_gradient_checkpointing_gives_the_same_gradient_and_bfloat16_halves_the_weights(chat_model):

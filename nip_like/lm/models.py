@@ -46,6 +46,7 @@ class LMAgentConfig:
     lora: LoraOptions = field(default_factory=LoraOptions)  # LoRA adapters through peft (r, alpha, dropout, target_modules); r=0 = full fine-tuning
     gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
     max_tokens_per_micro_batch: Optional[int] = checked(None, ge=1)  # token budget of one scoring pass with gradients; null = the whole minibatch at once
+    score_chunk_tokens: Optional[int] = checked(None, ge=1)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = all logits at once
     dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # where messages are sampled: kind local (this model) or server (an OpenAI-compatible completions server; see nip_like.lm.server)
 
@@ -266,6 +267,7 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
         value_head=value_head,
         stop_strings=tuple(_option(config, "stop_strings", ()) or ()),
         max_tokens_per_micro_batch=_option(config, "max_tokens_per_micro_batch", None),
+        score_chunk_tokens=_option(config, "score_chunk_tokens", None),
         deferred_lora=lora if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "full" else None,
     )
 

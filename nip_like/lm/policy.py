@@ -182,6 +182,14 @@ class LMPolicy(nn.Module):
     max_tokens_per_micro_batch : int, optional
         Token budget of one scoring pass with gradients (see
         :meth:`evaluate`); None scores every row in one pass.
+    score_chunk_tokens : int, optional
+        Score a message's tokens this many positions at a time: the model's
+        last hidden states go through its output layer one chunk at a time,
+        and each chunk's logits are recomputed in the backward pass instead
+        of kept, so the float32 logits (``rows x T x vocabulary``, three
+        times over) are never held whole. For models whose logits are their
+        output embeddings applied to their last hidden state (checked once,
+        on the first scoring pass); None computes all logits at once.
     deferred_lora : LoraOptions, optional
         LoRA adapters to add after the warm start (:meth:`after_warm_start`)
         instead of now.
@@ -209,6 +217,7 @@ class LMPolicy(nn.Module):
         value_head: Optional[LMValueHead] = None,
         stop_strings: Sequence[str] = (),
         max_tokens_per_micro_batch: Optional[int] = None,
+        score_chunk_tokens: Optional[int] = None,
         deferred_lora: Optional[object] = None,
     ) -> None:
         super().__init__()
@@ -232,6 +241,10 @@ class LMPolicy(nn.Module):
         if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
             raise ConfigError(f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}")
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        if score_chunk_tokens is not None and score_chunk_tokens < 1:
+            raise ConfigError(f"score_chunk_tokens must be at least 1, got {score_chunk_tokens}")
+        self.score_chunk_tokens = score_chunk_tokens
+        self._chunking_checked = False  # whether the model's logits were found to be its output layer on its last hidden state
         self._cache_argument = cache_argument(model)
         self._deferred_lora = deferred_lora
         self._keeps_logits = "logits_to_keep" in _forward_parameters(model)
@@ -482,6 +495,37 @@ class LMPolicy(nn.Module):
             result[name] = merged
         return result
 
+    def _chunked_scores(self, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T)`` log-probabilities and entropies from the hidden states that predict ``tokens``, chunk by chunk."""
+        head = self.model.get_output_embeddings()
+        scores = []
+        for start in range(0, tokens.shape[1], self.score_chunk_tokens):
+            part = slice(start, start + self.score_chunk_tokens)
+            if torch.is_grad_enabled():
+                scores.append(checkpoint(self._chunk_scores, head, hidden[:, part], tokens[:, part], use_reentrant=False))
+            else:
+                scores.append(self._chunk_scores(head, hidden[:, part], tokens[:, part]))
+        return torch.cat([lp for lp, _ in scores], dim=1), torch.cat([ent for _, ent in scores], dim=1)
+
+    def _chunk_scores(self, head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = processed_log_probs(head(hidden), self.banned, self.settings)
+        return log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), entropy(log_probs)
+
+    def _check_chunking(self, output) -> None:
+        """Once: refuse ``score_chunk_tokens`` for a model whose logits are not its output layer on its last hidden state."""
+        if self._chunking_checked:
+            return
+        with torch.no_grad():
+            head = self.model.get_output_embeddings()
+            expected = output.logits[:, -1].float()
+            found = head(output.hidden_states[-1][:, -1]).float() if head is not None else None
+        if found is None or not torch.allclose(found, expected, rtol=1e-4, atol=1e-4):
+            raise ConfigError(
+                f"score_chunk_tokens: the logits of {type(self.model).__name__} are not its output layer applied to its "
+                "last hidden state (a soft cap or scale between them); set score_chunk_tokens=null"
+            )
+        self._chunking_checked = True
+
     def _micro_batch_pass(self, inputs: tuple[torch.Tensor, ...], with_log_probs: bool, with_value: bool) -> dict[str, torch.Tensor]:
         """One micro-batch's pass of :meth:`evaluate`; with gradients, its activations are recomputed in the backward pass."""
         if torch.is_grad_enabled():
@@ -525,21 +569,28 @@ class LMPolicy(nn.Module):
         attention_mask = torch.cat([prompt_mask, token_mask], dim=-1).long()
         positions = position_ids(attention_mask)
         shared_hidden = with_value and self.value_head.shared_body
+        chunked = with_log_probs and self.score_chunk_tokens is not None
         result: dict[str, torch.Tensor] = {}
         if with_log_probs or shared_hidden:
             extra = {}
             if self._keeps_logits:
-                # Only the logits that predict the message: the last message_length + 1 positions.
-                extra["logits_to_keep"] = message_length + 1 if with_log_probs else 1
+                # Only the logits that predict the message: the last message_length + 1 positions (chunked: none kept).
+                extra["logits_to_keep"] = message_length + 1 if with_log_probs and not chunked else 1
             output = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=positions,
                 use_cache=False,
-                output_hidden_states=shared_hidden,
+                output_hidden_states=shared_hidden or chunked,
                 **extra,
             )
-        if with_log_probs:
+        if chunked:
+            hidden = output.hidden_states[-1][:, prompt_length - 1 : prompt_length - 1 + message_length]
+            self._check_chunking(output)
+            token_log_probs, token_entropy = self._chunked_scores(hidden, tokens)
+            result["token_log_probs"] = torch.where(token_mask, token_log_probs, 0.0)
+            result["entropy"] = torch.where(token_mask, token_entropy, 0.0)
+        elif with_log_probs:
             # The logits at position i predict token i + 1: the message's tokens are predicted from P - 1 on.
             first = 0 if self._keeps_logits else prompt_length - 1
             logits = output.logits[:, first : first + message_length]

@@ -199,3 +199,6 @@ def check_fsdp(config, trainer_cls: type, scenario) -> None:
             f"run.fsdp=true shards language-model agents; scenario {config.scenario.name} has none "
             "(its agents are replicated on every rank: set run.fsdp=false)"
         )
+    for where, agent, _ in lm_agents.values():
+        if agent.get("score_chunk_tokens") is not None:  # its output layer runs outside the model's sharded forward
+            raise ConfigError(f"{where}.score_chunk_tokens and run.fsdp=true do not go together: set one of them to null/false")
