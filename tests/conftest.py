@@ -37,6 +37,22 @@ def stop_at(monkeypatch, iteration: int, error: type[BaseException]) -> None:
     monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stopped)
 
 
+def tiered(names: list[str], fast: list[str]) -> list:
+    """Parameters for ``names``: those in ``fast`` in the fast tier, the rest marked slow (the full run has them all)."""
+    unknown = set(fast) - set(names)
+    assert fast and not unknown, f"fast-tier names that are not parameters: {sorted(unknown)}"
+    return [pytest.param(name, marks=() if name in fast else pytest.mark.slow) for name in names]
+
+
+def fast_trainers(names: list[str]) -> list[str]:
+    """Of trainer ``names``, those the fast tier trains: every standard objective and the first learning-aware trainer."""
+    from nip_like.registry import TRAINERS
+    from nip_like.trainers.learning_aware import LearningAwareTrainer
+
+    learning_aware = [name for name in names if issubclass(TRAINERS.get(name), LearningAwareTrainer)]
+    return [name for name in names if name not in learning_aware] + learning_aware[:1]
+
+
 def make_config(*overrides: str) -> DictConfig:
     """Compose the experiment config with ``overrides`` (no Hydra run folder).
 

@@ -130,6 +130,7 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(existing_run, capsys, ov
     assert _hashes(existing_run) == before
 
 
+@pytest.mark.slow  # the command line end to end (6 s); the same refusals in process are among CASES above
 def test_a_scenario_without_what_the_trainer_requires_is_refused_before_the_run_folder_is_made(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(["preset=smoke", "trainer=solo_agent", f"hydra.run.dir={run_dir}"])

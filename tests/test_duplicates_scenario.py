@@ -19,7 +19,7 @@ from nip_like.registry import PROTOCOLS, TRAINERS
 from nip_like.trainers.rl import TensorDictRlTrainer
 from nip_like.scenarios.duplicates.data import certificate_holds
 from nip_like.scenarios.duplicates.scenario import DuplicatesConfig, DuplicatesScenario
-from tests.conftest import smoke_config
+from tests.conftest import fast_trainers, smoke_config, tiered
 
 TINY_AGENT = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32, "max_new_tokens": 3}
 
@@ -205,7 +205,7 @@ RL_TRAINERS = [
 ]
 
 
-@pytest.mark.parametrize("trainer", RL_TRAINERS)
+@pytest.mark.parametrize("trainer", tiered(RL_TRAINERS, fast=fast_trainers(RL_TRAINERS)))
 def test_every_objective_trains_lm_agents(tmp_path, trainer):
     group = ["trainer.group_size=4"]  # for the objectives that compare episodes; the others do not mind
     config = lm_smoke_config(

@@ -17,7 +17,7 @@ from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS
 from nip_like.registry import TRAINERS
 from nip_like.scenarios.graph_isomorphism.isomorphism import are_isomorphic
 from nip_like.trainers import TensorDictRlTrainer
-from tests.conftest import make_config, smoke_config
+from tests.conftest import fast_trainers, make_config, smoke_config, tiered
 
 #: Every registered interactive-proof protocol, from the registry (no list of names here).
 PROTOCOLS = REGISTERED_PROTOCOLS.names(subclass_of=ProofProtocol)
@@ -62,7 +62,7 @@ def decided_correctly(probe, num_episodes: int = 64) -> tuple[torch.Tensor, torc
     return accepted, accepted == torch.tensor(isomorphic), decisions["state", "round"] + 1
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("protocol", tiered(PROTOCOLS, fast=PROTOCOLS[:3]))  # the first three registered in the fast tier
 def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol, run_probe):
     # Protocols whose schema limits the rounds get four (the others have fixed turns or their own count).
     takes_turns = "max_rounds" in {field.name for field in dataclasses.fields(REGISTERED_PROTOCOLS.entry(protocol).schema)}
@@ -277,7 +277,8 @@ def test_decision_and_message_entropies_closed_form(tmp_path, cache_dir):
 OBJECTIVES = [name for name in TRAINERS.names(subclass_of=TensorDictRlTrainer) if name != "ppo"]
 
 
-@pytest.mark.parametrize("trainer", OBJECTIVES)
+#: The fast tier trains one learning-aware trainer beside the standard objectives; the full run trains them all.
+@pytest.mark.parametrize("trainer", tiered(OBJECTIVES, fast=fast_trainers(OBJECTIVES)))
 def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_dir, trainer, run_probe):
     config = gi_config(cache_dir, f"trainer={trainer}", "protocol=nip", "protocol.max_rounds=4", "logger=csv")
     metrics = run_experiment(config, tmp_path)

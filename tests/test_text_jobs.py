@@ -78,6 +78,7 @@ def test_a_local_job_runs_once_and_a_failed_one_names_its_error_and_log(tmp_path
     assert status.log.endswith("_0_log.out") and "Traceback" in Path(status.log).read_text()
 
 
+@pytest.mark.slow  # a real fine-tune job started, adopted and killed: 5-6 s
 def test_a_running_job_is_adopted_by_a_later_process_and_a_killed_one_is_failed_with_its_log(tmp_path, model_folder):
     data = write_jsonl(tmp_path / "sft.jsonl", sft_records(64))
     spec = FineTuneSpec("slow", "sft", str(model_folder), str(data), str(tmp_path / "out"), epochs=10_000, num_threads=1)
@@ -100,7 +101,6 @@ def test_a_running_job_is_adopted_by_a_later_process_and_a_killed_one_is_failed_
         assert Path(status.log).is_file() and status.log == str(attempts(tmp_path / "jobs" / "slow")[0])
 
 
-@pytest.mark.slow
 def ignored_signals(pid: int) -> int:
     """The mask of signals process ``pid`` ignores (``SigIgn`` of its /proc status)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
