@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import traceback
@@ -303,7 +302,7 @@ def report_errors() -> Iterator[None]:
     nothing and exits with status 1. A config error is the same on every rank:
     rank 0 alone prints it (the others exit with status 2 in silence).
     """
-    from nip_like.distributed import PeerFailure, current
+    from nip_like.distributed import PeerFailure, current, launched_rank
 
     try:
         yield
@@ -316,7 +315,7 @@ def report_errors() -> Iterator[None]:
             print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
     except ConfigError as error:
-        if _launch_rank() == 0:
+        if launched_rank() == 0:
             print(f"error: {error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except NipLikeError as error:
@@ -324,14 +323,9 @@ def report_errors() -> Iterator[None]:
         print(f"error: {f'rank {rank}: ' if rank else ''}{error}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except (OmegaConfBaseException, HydraException) as error:
-        if _launch_rank() == 0:
+        if launched_rank() == 0:
             print(f"error: config: {one_line(error)}{_quoting_hint()}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-
-
-def _launch_rank() -> int:
-    """This process's rank as torchrun set it (0 without torchrun), read without joining the process group."""
-    return int(os.environ.get("RANK", "0"))
 
 
 class RunFolderCallback(Callback):

@@ -308,6 +308,15 @@ def hyper_parameters(config: DictConfig) -> dict[str, Any]:
     return {key: without_locations(resolved[key]) for key in HYPER_PARAMETER_KEYS}
 
 
+def without_entries(value: Any, drop: Callable[[str, Any], bool]) -> Any:
+    """``value`` (plain containers) with every mapping entry ``key: item`` for which ``drop(key, item)`` left out, recursively."""
+    if isinstance(value, dict):
+        return {key: without_entries(item, drop) for key, item in value.items() if not drop(key, item)}
+    if isinstance(value, list):
+        return [without_entries(item, drop) for item in value]
+    return value
+
+
 def without_locations(value: Any) -> Any:
     """``value`` (plain containers) with every mapping's :data:`LOCATION_KEYS` entries left out, recursively.
 
@@ -315,15 +324,7 @@ def without_locations(value: Any) -> Any:
     of a pretrained agent. The :data:`NEUTRAL_ENTRIES` at their neutral
     values are left out too.
     """
-    if isinstance(value, dict):
-        return {
-            key: without_locations(item)
-            for key, item in value.items()
-            if key not in LOCATION_KEYS and not _neutral(key, item)
-        }
-    if isinstance(value, list):
-        return [without_locations(item) for item in value]
-    return value
+    return without_entries(value, lambda key, item: key in LOCATION_KEYS or _neutral(key, item))
 
 
 #: Options added after runs were keyed, at the value that behaves as before they existed: left out of run ids and

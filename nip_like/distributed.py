@@ -301,6 +301,16 @@ def hydra_overrides(arguments: list[str]) -> list[str]:
 _current: Distributed | None = None
 
 
+def launched_world_size() -> int:
+    """The number of ranks torchrun started (1 without torchrun), read from its environment without joining the group."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def launched_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun), read from its environment without joining the group."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def current() -> Distributed:
     """The rank context of this process; joins torchrun's process group on first use.
 
@@ -312,8 +322,7 @@ def current() -> Distributed:
     global _current
     if _current is not None:
         return _current
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if launched_world_size() == 1:
         _current = Distributed()
         return _current
     if not torch.distributed.is_initialized():

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import derive_seed, load_checked, save_atomic
-from nip_like.config import without_locations
+from nip_like.config import without_entries, without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.lm.pretrain import demonstration_loss, held_out_scores, sync_value_body
@@ -141,24 +141,14 @@ def without_deferred_adapters(value: Any) -> Any:
     them, so a LoRA run and a full fine-tuning run of the same agents share
     their warm start.
     """
-    if isinstance(value, dict):
-        return {
-            key: without_deferred_adapters(item)
-            for key, item in value.items()
-            if not (key == "lora" and isinstance(item, dict) and (not item.get("r") or item.get("warm_start") == "full"))
-        }
-    if isinstance(value, list):
-        return [without_deferred_adapters(item) for item in value]
-    return value
+    return without_entries(
+        value, lambda key, item: key == "lora" and isinstance(item, dict) and (not item.get("r") or item.get("warm_start") == "full")
+    )
 
 
 def without_samplers(value: Any) -> Any:
     """``value`` without the LM agents' ``sampler`` entries, recursively: where messages are sampled in the game never changes a warm start."""
-    if isinstance(value, dict):
-        return {key: without_samplers(item) for key, item in value.items() if key != "sampler"}
-    if isinstance(value, list):
-        return [without_samplers(item) for item in value]
-    return value
+    return without_entries(value, lambda key, item: key == "sampler")
 
 
 def pretrain_key(config: DictConfig, agent: str, scenario=None) -> dict[str, Any]:

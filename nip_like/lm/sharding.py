@@ -27,7 +27,6 @@ collectives, as the update needs; the RL loop itself is unchanged:
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -133,32 +132,33 @@ def whole(value: Any) -> Any:
     return value
 
 
-def shard_like(state: Mapping[str, Any], template: Mapping[str, Any]) -> dict[str, Any]:
-    """A whole-tensor ``state`` (a state dict) cut to ``template``'s shards where the template holds DTensors (no communication)."""
+def _shard_of(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of the whole tensor ``value``, laid out as the DTensor ``like`` (no communication)."""
     from torch.distributed.tensor import distribute_tensor
 
+    return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def shard_like(state: Mapping[str, Any], template: Mapping[str, Any]) -> dict[str, Any]:
+    """A whole-tensor ``state`` (a state dict) cut to ``template``'s shards where the template holds DTensors (no communication)."""
     cut = {}
     for key, value in state.items():
         like = template.get(key)
         if is_sharded(like) and isinstance(value, torch.Tensor) and not is_sharded(value):
-            value = distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+            value = _shard_of(value, like)
         cut[key] = value
     return cut
 
 
 def shard_optimizer_state(state: dict[str, Any], params: Iterable[nn.Parameter]) -> dict[str, Any]:
     """An optimiser state dict of whole tensors cut to the shards of its (sharded) parameters, in the optimiser's order."""
-    from torch.distributed.tensor import distribute_tensor
-
     ordered = list(params)
     per_param = {}
     for index, entries in state["state"].items():
         param = ordered[int(index)]
         if is_sharded(param):
             entries = {
-                name: distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
-                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.dim()
-                else value
+                name: _shard_of(value, param) if isinstance(value, torch.Tensor) and value.shape == param.shape and value.dim() else value
                 for name, value in entries.items()
             }
         per_param[index] = entries
@@ -180,8 +180,9 @@ def check_fsdp(config, trainer_cls: type, scenario) -> None:
     """
     if not config.run.get("fsdp"):
         return
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size < 2:
+    from nip_like.distributed import launched_world_size
+
+    if launched_world_size() < 2:
         raise ConfigError(
             "run.fsdp=true shards the agents over torchrun's ranks: start with torchrun --nproc_per_node=N (N >= 2), "
             "or set run.fsdp=false"

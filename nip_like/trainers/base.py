@@ -11,7 +11,6 @@ anything runs.
 from __future__ import annotations
 
 import functools
-import os
 from abc import ABC, abstractmethod
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -305,7 +304,7 @@ class TensorDictTrainer(Trainer, ABC):
         from nip_like.lm.memory import check_lm_memory
 
         trainer = config.trainer
-        world_size = max(1, int(os.environ.get("WORLD_SIZE", "1")))  # torchrun splits the batch over the ranks
+        world_size = distributed.launched_world_size()  # torchrun splits the batch over the ranks
         batch = max(int(trainer.get("num_envs", 1)) // world_size, int(trainer.get("test_batch_episodes", 1)) // world_size, 1)
         check_lm_memory(agents, batch, int(trainer.get("minibatch_size", 1)), str(config.run.device))
         from nip_like.lm.server import check_sampler, check_server_sharing, probe_server, server_agents

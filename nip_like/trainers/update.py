@@ -116,7 +116,7 @@ def optimise(
             sample = buffer.sample()  # every rank draws every minibatch: the same stream on each
             if dist.owns(position):  # under torchrun, the ranks take a window's minibatches in turn
                 losses = loss_module(sample)
-                loss = sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
+                loss = total_loss(losses)
                 if not loss.abs() <= settings.divergence_bound:  # also true for NaN
                     raise _loss_diverged(loss.item(), losses, iteration, epoch, minibatch, settings.divergence_bound, checkpoint_note)
                 (loss / window_of[minibatch]).backward()
@@ -125,11 +125,15 @@ def optimise(
             if position == window_of[minibatch]:
                 if settings.lockstep:  # a rank with fewer minibatches in a short window runs stand-ins that count zero
                     for _ in range(stand_in_passes(window_of[minibatch], dist)):
-                        losses = loss_module(sample)
-                        (sum(losses.get(key) for key in losses.keys() if key.startswith("loss_")) * 0).backward()
+                        (total_loss(loss_module(sample)) * 0).backward()
                 norms.append(optimizer_step(optimizer, trained, dist, settings.max_grad_norm))
                 position = 0
     return records, norms
+
+
+def total_loss(losses: TensorDictBase) -> torch.Tensor:
+    """The sum of a loss module's ``loss_*`` outputs: what the update differentiates."""
+    return sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
 
 
 def stand_in_passes(window: int, dist: Distributed) -> int:
