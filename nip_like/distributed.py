@@ -15,11 +15,12 @@ What the trainer asks of it, at a few named points:
   random stream of its own;
 * :meth:`Distributed.gather`: the laid-out rollouts and the finished episodes
   of every rank, in rank order, on every rank; metrics are computed on them;
-* :meth:`Distributed.owns` and :meth:`Distributed.sum_gradients`: every rank
-  draws the same minibatches from the same gathered buffer, computes the loss
-  of the minibatches it owns (round robin within each gradient-accumulation
-  window) and the gradients are summed over ranks before each optimiser step,
-  which is then the same on every rank;
+* :meth:`Distributed.owns`: every rank draws the same minibatches from the
+  same gathered buffer and computes the loss of the minibatches it owns (round
+  robin within each gradient-accumulation window); the gradients are summed
+  over the ranks by ``DistributedDataParallel``
+  (:mod:`nip_like.trainers.data_parallel`) or FSDP2 before each optimiser
+  step, which is then the same on every rank;
 * :attr:`Distributed.is_writer`: only rank 0 writes logs, transcripts,
   checkpoints and the summary, and holds the run folder's lock.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
 from tensordict import TensorDictBase
@@ -132,7 +133,8 @@ class Distributed:
 
     # ------------------------------------------------------------ collectives
     @contextmanager
-    def _collective(self) -> Iterator[None]:
+    def collective(self) -> Iterator[None]:
+        """Run collectives of torch.distributed; a rank that stopped or did not answer raises :class:`PeerFailure`."""
         try:
             yield
         except RuntimeError as error:  # torch.distributed's errors (DistBackendError, ...) are RuntimeErrors
@@ -144,7 +146,7 @@ class Distributed:
     def barrier(self) -> None:
         """Wait for every rank."""
         if self.enabled:
-            with self._collective():
+            with self.collective():
                 torch.distributed.barrier()
 
     @contextmanager
@@ -173,7 +175,7 @@ class Distributed:
             return [value]
         moved = value.to("cpu") if isinstance(value, (torch.Tensor, TensorDictBase)) else value
         values: list[Any] = [None] * self.world_size
-        with self._collective():
+        with self.collective():
             torch.distributed.all_gather_object(values, moved)
         return values
 
@@ -209,62 +211,13 @@ class Distributed:
         if not self.enabled:
             return values
         values = values.clone()
-        with self._collective():
+        with self.collective():
             torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
         return values
 
     def owns(self, position: int) -> bool:
         """Whether this rank computes the ``position``-th minibatch of an accumulation window."""
         return position % self.world_size == self.rank
-
-    def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Sum ``params``' gradients over the ranks, in place, in a few flat all-reduces.
-
-        A parameter without a gradient on every rank keeps none (as with one
-        rank); one with a gradient on some rank gets the sum, missing ones
-        counting as zero. The gradients go in buckets of at most
-        :data:`BUCKET_ELEMENTS` elements per dtype, each one all-reduce with
-        the parameters' presence flags in its last elements (as DDP buckets
-        them): one collective per bucket instead of one per tensor.
-        """
-        if not self.enabled or not params:
-            return
-        with self._collective():
-            for bucket in _buckets(params):
-                grads = [param.grad if param.grad is not None else torch.zeros_like(param) for param in bucket]
-                present = torch.tensor(
-                    [float(param.grad is not None) for param in bucket], dtype=grads[0].dtype, device=grads[0].device
-                )
-                flat = torch.cat([*(grad.reshape(-1) for grad in grads), present])
-                torch.distributed.all_reduce(flat)
-                offset = 0
-                for param, grad in zip(bucket, grads):
-                    size = grad.numel()
-                    param.grad = grad.copy_(flat[offset : offset + size].view_as(grad))
-                    offset += size
-                for param, used in zip(bucket, flat[offset:].tolist()):
-                    if not used:
-                        param.grad = None
-
-
-#: Most gradient elements in one all-reduce of :meth:`Distributed.sum_gradients` (DDP's 25 MB buckets, in float32).
-BUCKET_ELEMENTS = 25 * 2**20 // 4
-
-
-def _buckets(params: Sequence[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
-    """``params`` in order, in runs of one dtype and device of at most :data:`BUCKET_ELEMENTS` elements (a bigger tensor alone)."""
-    buckets: list[list[torch.nn.Parameter]] = []
-    size = 0
-    for param in params:
-        last = buckets[-1] if buckets else None
-        fits = last is not None and size + param.numel() <= BUCKET_ELEMENTS
-        if fits and last[0].dtype == param.dtype and last[0].device == param.device:
-            last.append(param)
-            size += param.numel()
-        else:
-            buckets.append([param])
-            size = param.numel()
-    return buckets
 
 
 def hydra_overrides(arguments: list[str]) -> list[str]:

@@ -47,6 +47,7 @@ from nip_like.pretrain import pretrain_agents
 from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
 from nip_like.trainers import collection, evaluation, rl_state, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
+from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.rl_state import TrainState
 from nip_like.trainers.update import UpdateSettings
 
@@ -205,8 +206,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
             accumulation=int(optimizer_config.grad_accumulation_steps),
             max_grad_norm=optimizer_config.max_grad_norm,
             divergence_bound=float(bound) if bound is not None else math.inf,
-            lockstep=self.sharded is not None,
         )
+        self._loss_passes: LossPasses | None = None  # built at the first update (see _optimise)
         # Read once: OmegaConf lookups are slow enough to show in the inner loop.
         self._diagnostics_every = int(self.config.logger.diagnostics_every)
 
@@ -438,8 +439,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # LM agents count the padding of their scoring passes: only the update's are reported.
         padding_fraction = getattr(self.policy, "pop_padding_fraction", lambda: None)
         padding_fraction()
+        if self._loss_passes is None:
+            # Under torchrun, DDP (replicated agents) or FSDP2 (run.fsdp) sums the ranks' gradients. Built here, where
+            # every rank arrives together (rank 0 builds the trainer before the others), after the warm start.
+            self._loss_passes = LossPasses(self.loss_module, self.distributed, lockstep=self.sharded is not None)
         records, norms = update.optimise(
-            self.loss_module,
+            self._loss_passes,
             self.buffer,
             self.optimizer,
             trained,

@@ -17,12 +17,12 @@ import torch
 from tensordict import TensorDictBase
 from torch.optim import Optimizer
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
-from torchrl.objectives import LossModule
 
 from nip_like.distributed import Distributed
 from nip_like.errors import TrainingError
 from nip_like.lm.sharding import is_sharded, local_abs_max
 from nip_like.objectives.contract import LossContract
+from nip_like.trainers.data_parallel import LossPasses
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,6 @@ class UpdateSettings:
     accumulation: int  # minibatches per optimiser step (trainer.optimizer.grad_accumulation_steps)
     max_grad_norm: float | None  # gradient clipping per agent; None = none
     divergence_bound: float  # largest loss or parameter magnitude allowed (math.inf = none)
-    lockstep: bool = False  # every rank runs as many loss passes per step (FSDP2, run.fsdp; nip_like.lm.sharding)
 
 
 def fill_buffer(
@@ -76,7 +75,7 @@ def accumulation_windows(num_minibatches: int, accumulation: int) -> list[int]:
 
 
 def optimise(
-    loss_module: LossModule,
+    passes: LossPasses,
     buffer: TensorDictReplayBuffer,
     optimizer: Optimizer,
     trained: tuple[str, ...],
@@ -85,14 +84,17 @@ def optimise(
     iteration: int,
     checkpoint_note: Callable[[], str],
 ) -> tuple[list[TensorDictBase], list[torch.Tensor]]:
-    """``settings.num_epochs`` passes of ``loss_module`` over ``buffer``, one optimiser step per window.
+    """``settings.num_epochs`` passes of the loss over ``buffer``, one optimiser step per window.
 
     Under torchrun every rank draws every minibatch (the same stream on each)
-    and the ranks take a window's minibatches in turn. Only the agents in
+    and the ranks take a window's minibatches in turn; ``passes`` sums their
+    gradients (:mod:`~nip_like.trainers.data_parallel`). Only the agents in
     ``trained`` step (the optimiser has one parameter group per agent).
 
     Parameters
     ----------
+    passes : LossPasses
+        The loss module's forward and backward passes.
     iteration : int
         The iteration (1-based), for an error's message.
     checkpoint_note : callable
@@ -114,41 +116,30 @@ def optimise(
         position = 0
         for minibatch in range(num_minibatches):
             sample = buffer.sample()  # every rank draws every minibatch: the same stream on each
+            window = window_of[minibatch]
             if dist.owns(position):  # under torchrun, the ranks take a window's minibatches in turn
-                losses = loss_module(sample)
-                loss = total_loss(losses)
+                last = passes.is_last(position, window)
+                losses, loss = passes.forward(sample, last)
                 if not loss.abs() <= settings.divergence_bound:  # also true for NaN
                     raise _loss_diverged(loss.item(), losses, iteration, epoch, minibatch, settings.divergence_bound, checkpoint_note)
-                (loss / window_of[minibatch]).backward()
+                passes.backward(loss / window, last)
                 records.append(losses.detach())
             position += 1
-            if position == window_of[minibatch]:
-                if settings.lockstep:  # a rank with fewer minibatches in a short window runs stand-ins that count zero
-                    for _ in range(stand_in_passes(window_of[minibatch], dist)):
-                        (total_loss(loss_module(sample)) * 0).backward()
-                norms.append(optimizer_step(optimizer, trained, dist, settings.max_grad_norm))
+            if position == window:
+                for _ in range(passes.stand_ins(window)):  # passes that count zero, so that every rank joins in
+                    _, loss = passes.forward(sample, last=True)
+                    passes.backward(loss * 0, last=True)
+                norms.append(optimizer_step(optimizer, trained, settings.max_grad_norm))
                 position = 0
     return records, norms
 
 
-def total_loss(losses: TensorDictBase) -> torch.Tensor:
-    """The sum of a loss module's ``loss_*`` outputs: what the update differentiates."""
-    return sum(losses.get(key) for key in losses.keys() if key.startswith("loss_"))
+def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], max_grad_norm: float | None) -> torch.Tensor:
+    """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order); drop the others' gradients.
 
-
-def stand_in_passes(window: int, dist: Distributed) -> int:
-    """Loss passes this rank lacks in a window of ``window`` minibatches, against the rank that runs most."""
-    return -(-window // dist.world_size) - len(range(dist.rank, window, dist.world_size))
-
-
-def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], dist: Distributed, max_grad_norm: float | None) -> torch.Tensor:
-    """Clip each trained agent's gradient, step, and return their norms (in ``trained`` order); drop the others' gradients."""
+    Under torchrun the gradients are already summed over the ranks (by DDP or FSDP2, in the backward pass).
+    """
     norms = []
-    # The trained agents' gradients are summed over the ranks together, in a few flat all-reduces
-    # (sharded parameters' gradients are summed by FSDP2's reduce-scatter already).
-    dist.sum_gradients(
-        [param for group in optimizer.param_groups if group["agent"] in trained for param in group["params"] if not is_sharded(param)]
-    )
     for group in optimizer.param_groups:
         if group["agent"] not in trained:
             for param in group["params"]:
