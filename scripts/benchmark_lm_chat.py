@@ -257,7 +257,12 @@ def measure_all_updates(folder: Path, args: argparse.Namespace, device: torch.de
     results: dict[str, Any] = {}
     for name, lora_r in (("full", 0), ("lora", args.lora_r)):
         policy = load_policy(
-            folder, args.new_tokens, lora_r, gradient_checkpointing=args.gradient_checkpointing, score_chunk_tokens=args.score_chunk_tokens
+            folder,
+            args.new_tokens,
+            lora_r,
+            budget=args.update_token_budget,
+            gradient_checkpointing=args.gradient_checkpointing,
+            score_chunk_tokens=args.score_chunk_tokens,
         ).to(device)
         total, trained = parameter_count(policy)
         print(f"\n{name}: {trained:,} of {total:,} parameters train", flush=True)
@@ -431,6 +436,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-trl", action="store_true", help="leave out TRL's updates")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="the updates' policies recompute each block's activations in the backward pass (both sides)")
+    parser.add_argument("--update-token-budget", type=int, default=None,
+                        help="max_tokens_per_micro_batch of nip_like's updates in the updates part (none)")
     parser.add_argument("--score-chunk-tokens", type=int, default=None,
                         help="the updates' policies score replies this many positions at a time (both sides; default: all at once)")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repeat (for tests)")
