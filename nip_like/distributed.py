@@ -41,6 +41,9 @@ from nip_like.errors import ConfigError, NipLikeError
 #: Seconds a rank waits for the others in one collective before it gives up
 #: (a rank that hangs), unless ``NIP_LIKE_DISTRIBUTED_TIMEOUT`` says otherwise.
 DEFAULT_TIMEOUT = 1800
+#: Seconds the ranks wait for each other while rank 0 builds the run first (data caches, a warm start),
+#: unless ``NIP_LIKE_BUILD_TIMEOUT`` says otherwise.
+BUILD_TIMEOUT = 7 * 24 * 3600
 
 
 class PeerFailure(NipLikeError):
@@ -63,9 +66,10 @@ class Distributed:
         Number of ranks.
     """
 
-    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, rank: int = 0, world_size: int = 1, patient_group: Any = None) -> None:
         self.rank = rank
         self.world_size = world_size
+        self._patient_group = patient_group  # gloo, for the waits of rank_zero_first (None: the default group)
         self._rank_rng: torch.Tensor | None = None
         self._others_waiting = False  # rank 0 inside rank_zero_first, the other ranks still waiting
 
@@ -155,19 +159,28 @@ class Distributed:
 
         Rank 0 may let the others start before it leaves the block
         (:meth:`release_others`), from where the rest of the block needs every
-        rank at once.
+        rank at once. The ranks wait for each other here without the
+        collectives' time limit (a warm start may take hours), up to
+        ``NIP_LIKE_BUILD_TIMEOUT`` seconds (default :data:`BUILD_TIMEOUT`);
+        a rank that fails meanwhile still stops the others at once.
         """
         if self.rank != 0:
-            self.barrier()
+            self._wait_patiently()
         self._others_waiting = self.enabled and self.rank == 0
         yield
         self.release_others()
+        self._wait_patiently()  # every rank has left the block (the others' part may take long too)
 
     def release_others(self) -> None:
         """Inside :meth:`rank_zero_first`, on rank 0: let the other ranks start the block now (nothing elsewhere)."""
         if self._others_waiting:
             self._others_waiting = False
-            self.barrier()
+            self._wait_patiently()
+
+    def _wait_patiently(self) -> None:
+        if self.enabled:
+            with self.collective():
+                torch.distributed.barrier(group=self._patient_group)
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order, on every rank (``[value]`` with one rank)."""
@@ -270,7 +283,9 @@ def current() -> Distributed:
     Without torchrun's variables, or with ``WORLD_SIZE=1``, a one-rank context
     that does nothing. The process group's timeout is
     ``NIP_LIKE_DISTRIBUTED_TIMEOUT`` seconds (default :data:`DEFAULT_TIMEOUT`):
-    a rank that waits longer for the others in one collective stops with an error.
+    a rank that waits longer for the others in one collective stops with an
+    error. A second (gloo) group with ``NIP_LIKE_BUILD_TIMEOUT`` (default
+    :data:`BUILD_TIMEOUT`) serves the waits of :meth:`Distributed.rank_zero_first`.
     """
     global _current
     if _current is not None:
@@ -286,7 +301,9 @@ def current() -> Distributed:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             backend = "cpu:gloo,cuda:nccl"
         torch.distributed.init_process_group(backend, timeout=timeout)
-    _current = Distributed(torch.distributed.get_rank(), torch.distributed.get_world_size())
+    build_timeout = timedelta(seconds=float(os.environ.get("NIP_LIKE_BUILD_TIMEOUT", BUILD_TIMEOUT)))
+    patient = torch.distributed.new_group(backend="gloo", timeout=build_timeout)
+    _current = Distributed(torch.distributed.get_rank(), torch.distributed.get_world_size(), patient)
     return _current
 
 

@@ -4,16 +4,21 @@
 rank 0 records, at each iteration, the buffer's data (the whole batch's layout, gathered from
 every rank) and torch's global generator state when the buffer is filled, to
 ``RECORD_DIR/<iteration>.pt``; with ``FAIL_RANK`` and ``FAIL_ITERATION``, that rank raises a
-TrainingError when it starts that iteration (1-based).
+TrainingError when it starts that iteration (1-based). With ``NIP_LIKE_PROBE_SLOW_BUILD=SECONDS``
+rank 0 sleeps that long before it builds the trainer (a long warm start); with
+``NIP_LIKE_PROBE_FAIL_BUILD=1`` besides, it then fails with a ConfigError.
 """
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+import nip_like.experiment
 from nip_like.__main__ import main
-from nip_like.errors import TrainingError
+from nip_like.errors import ConfigError, TrainingError
 from nip_like.trainers.rl import TensorDictRlTrainer
 
 split = sys.argv.index("--")
@@ -36,6 +41,19 @@ def failing_iteration(self):
     return iterate(self)
 
 
+build = nip_like.experiment.build_trainer
+
+
+def slow_build(config, run_dir):
+    if int(os.environ["RANK"]) == 0:
+        time.sleep(float(os.environ["NIP_LIKE_PROBE_SLOW_BUILD"]))
+        if os.environ.get("NIP_LIKE_PROBE_FAIL_BUILD"):
+            raise ConfigError("probe failure while rank 0 builds")
+    return build(config, run_dir)
+
+
+if os.environ.get("NIP_LIKE_PROBE_SLOW_BUILD"):
+    nip_like.experiment.build_trainer = slow_build
 TensorDictRlTrainer.fill_buffer = recording_fill
 TensorDictRlTrainer.train_iteration = failing_iteration
 sys.exit(main())

@@ -152,6 +152,29 @@ def test_a_failing_rank_stops_the_others_with_its_one_line_error(tmp_path, agent
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fails", [False, True], ids=["slow-build", "slow-build-fails"])
+def test_the_ranks_wait_for_a_build_of_rank_zero_longer_than_the_collective_timeout(tmp_path, fails):
+    # Rank 0 builds first (a warm start may take hours) while the others wait beyond NIP_LIKE_DISTRIBUTED_TIMEOUT;
+    # a build that fails still stops them at once.
+    args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=1", f"hydra.run.dir={tmp_path / 'run'}")
+    environment = {**_environment(), "NIP_LIKE_DISTRIBUTED_TIMEOUT": "10", "NIP_LIKE_PROBE_SLOW_BUILD": "25"}
+    if fails:
+        environment["NIP_LIKE_PROBE_FAIL_BUILD"] = "1"
+    command = torchrun(args, script=[str(PROBE), str(tmp_path / "record"), "--"])
+    started = time.time()
+    result = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=200)
+    if not fails:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 1
+    else:
+        assert result.returncode != 0  # torchrun's own status for a failed rank
+        assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+            "error: probe failure while rank 0 builds"
+        ]
+        assert time.time() - started < 25 + 60, "the other rank must stop at once, not wait for a timeout"
+
+
 def _iteration_of(path: Path) -> int:
     try:
         return load_checked(path)["trainer"]["train_state"]["iteration"]

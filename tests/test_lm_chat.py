@@ -177,14 +177,20 @@ def test_scoring_in_chunks_gives_the_one_pass_scores_and_gradient(chat_model, fa
         torch.testing.assert_close(grads_whole[name], grads_chunked[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_scoring_in_chunks_refuses_a_model_whose_logits_are_not_its_output_layer(chat_model):
-    policy = policy_of(chat_model("llama"), max_new_tokens=3, score_chunk_tokens=2)
-    head = policy.model.get_output_embeddings()
-    other = torch.nn.Linear(head.in_features, head.out_features, bias=False)  # not the layer the model's logits come from
-    policy.model.get_output_embeddings = lambda: other
-    prompts = torch.randint(300, 900, (2, 5))
+def test_scoring_in_chunks_is_refused_when_the_policy_is_built(chat_model, monkeypatch):
+    from transformers import LlamaForCausalLM
+
+    folder = chat_model("llama")
+    other = {}
+
+    def another_layer(model):  # not the layer the model's logits come from
+        head = model.lm_head
+        return other.setdefault("layer", torch.nn.Linear(head.in_features, head.out_features, bias=False))
+
+    monkeypatch.setattr(LlamaForCausalLM, "get_output_embeddings", another_layer)
     with pytest.raises(ConfigError, match=r"^score_chunk_tokens: the logits of LlamaForCausalLM are not its output layer"):
-        policy.evaluate(prompts, torch.ones_like(prompts, dtype=torch.bool), prompts[:, :3], torch.ones(2, 3, dtype=torch.bool))
+        policy_of(folder, max_new_tokens=3, score_chunk_tokens=2)
+    assert policy_of(folder, max_new_tokens=3).score_chunk_tokens is None  # without chunks the same folder builds
 
 
 def test_gradient_checkpointing_gives_the_same_gradient_and_bfloat16_halves_the_weights(chat_model):

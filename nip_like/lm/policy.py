@@ -244,7 +244,6 @@ class LMPolicy(nn.Module):
         if score_chunk_tokens is not None and score_chunk_tokens < 1:
             raise ConfigError(f"score_chunk_tokens must be at least 1, got {score_chunk_tokens}")
         self.score_chunk_tokens = score_chunk_tokens
-        self._chunking_checked = False  # whether the model's logits were found to be its output layer on its last hidden state
         self._cache_argument = cache_argument(model)
         self._deferred_lora = deferred_lora
         self._keeps_logits = "logits_to_keep" in _forward_parameters(model)
@@ -260,6 +259,11 @@ class LMPolicy(nn.Module):
         banned[len(tokenizer) :] = True
         # (vocab,) booleans: the tokens that are never sampled.
         self.register_buffer("banned", banned, persistent=False)
+        if score_chunk_tokens is not None:  # a model that cannot be scored in chunks is refused now, before any work
+            device = next(model.parameters()).device
+            with torch.no_grad():
+                probe = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device), use_cache=False, output_hidden_states=True)
+            self._check_chunking(probe)
 
     @torch.no_grad()
     def sample(
@@ -512,9 +516,7 @@ class LMPolicy(nn.Module):
         return log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), entropy(log_probs)
 
     def _check_chunking(self, output) -> None:
-        """Once: refuse ``score_chunk_tokens`` for a model whose logits are not its output layer on its last hidden state."""
-        if self._chunking_checked:
-            return
+        """Refuse ``score_chunk_tokens`` for a model whose logits are not its output layer on its last hidden state."""
         with torch.no_grad():
             head = self.model.get_output_embeddings()
             expected = output.logits[:, -1].float()
@@ -524,7 +526,6 @@ class LMPolicy(nn.Module):
                 f"score_chunk_tokens: the logits of {type(self.model).__name__} are not its output layer applied to its "
                 "last hidden state (a soft cap or scale between them); set score_chunk_tokens=null"
             )
-        self._chunking_checked = True
 
     def _micro_batch_pass(self, inputs: tuple[torch.Tensor, ...], with_log_probs: bool, with_value: bool) -> dict[str, torch.Tensor]:
         """One micro-batch's pass of :meth:`evaluate`; with gradients, its activations are recomputed in the backward pass."""
@@ -586,7 +587,6 @@ class LMPolicy(nn.Module):
             )
         if chunked:
             hidden = output.hidden_states[-1][:, prompt_length - 1 : prompt_length - 1 + message_length]
-            self._check_chunking(output)
             token_log_probs, token_entropy = self._chunked_scores(hidden, tokens)
             result["token_log_probs"] = torch.where(token_mask, token_log_probs, 0.0)
             result["entropy"] = torch.where(token_mask, token_entropy, 0.0)
