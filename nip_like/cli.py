@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 import traceback
@@ -324,7 +325,7 @@ def report_errors() -> Iterator[None]:
         sys.exit(EXIT_BAD_INPUT)
     except (OmegaConfBaseException, HydraException) as error:
         if launched_rank() == 0:
-            print(f"error: config: {one_line(error)}{_quoting_hint()}", file=sys.stderr)
+            print(f"error: config: {one_line(error)}{_preset_hint(error)}{_quoting_hint()}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
 
 
@@ -408,6 +409,18 @@ def report_job_errors(run_dir: Path) -> Iterator[None]:
             message = f"{type(error).__name__}: {error}"
         print(f"error: {run_dir}: {message}", file=sys.stderr)
         raise SweepJobError(f"sweep job {run_dir} failed: {message}") from error
+
+
+def _preset_hint(error: Exception) -> str:
+    """A hint for a preset that sets a key the chosen scenario (or trainer) lacks: it was made for another one."""
+    found = re.search(r"In 'preset/([\w-]+)'.*Key '[^']+' not in '[^']+'; full_key: ([\w.]+)", one_line(error))
+    if found is None:
+        return ""
+    preset, key = found.groups()
+    return (
+        f"; preset {preset} sets {key}, which this choice does not have: the preset is made for another "
+        "scenario or trainer (add preset=none, or choose a preset made for this one)"
+    )
 
 
 def _quoting_hint() -> str:

@@ -601,3 +601,19 @@ def test_a_disk_that_fills_while_metric_rows_are_written_stops_the_run_in_one_li
         steps = [step for step, _ in read_csv_metric(run_dir, metric)]
         assert steps == sorted(set(steps)) and (metric.startswith("test/") or steps[-1] == 4), (metric, steps)
     assert [step for step, _ in read_csv_metric(run_dir, "train/reward")] == [1, 2, 3, 4]
+
+
+def test_a_preset_made_for_another_scenario_gets_a_hint(monkeypatch, capsys):
+    from nip_like.cli import compose_config
+
+    # The default preset (quick) sets scenario.num_pairs, which the duplicates scenario does not have.
+    monkeypatch.setattr(sys, "argv", ["nip_like", "scenario=duplicates"])
+    with pytest.raises(SystemExit) as exit_info, report_errors():
+        compose_config(sys.argv[1:])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Key 'num_pairs' not in 'DuplicatesConfig'" in err
+    assert err.strip().endswith(
+        "preset quick sets scenario.num_pairs, which this choice does not have: the preset is made for another "
+        "scenario or trainer (add preset=none, or choose a preset made for this one)"
+    )
