@@ -874,7 +874,7 @@ def print_rollout(rollout: dict[str, Any], args: argparse.Namespace) -> None:
     verdict = "meets" if rollout["meets_target"] else "misses"
     print(
         f"ratio sample / generate (time per token): {rollout['ratio']:.3f}, {verdict} the target of at most "
-        f"{TARGET_ROLLOUT_RATIO:.2f}; same messages: {rollout['same_messages']}"
+        f"{rollout['target_ratio']:.2f}; same messages: {rollout['same_messages']}"
     )
 
 

@@ -222,8 +222,9 @@ def measure_whole_rollout(folder: Path, args: argparse.Namespace) -> dict[str, A
         overrides=overrides,
     )
     result = rollout_bench.run(rollout_args)
-    rollout_bench.print_result(result)
+    # This benchmark's target (the tiny model's script has its own), before the table that states it.
     result.update(target_ratio=TARGET_ROLLOUT_RATIO, meets_target=result["ratio"] <= TARGET_ROLLOUT_RATIO)
+    rollout_bench.print_result(result)
     return result
 
 
@@ -233,6 +234,7 @@ def measure_sampling(folder: Path, args: argparse.Namespace, device: torch.devic
     prompts = chat_prompts(policy.tokenizer, args, device)
     sample_args = argparse.Namespace(warmup=args.warmup, repeats=args.sample_repeats, seed=args.seed)
     result = bench.measure_rollout(policy, prompts, sample_args)
+    result.update(target_ratio=TARGET_ROLLOUT_RATIO, meets_target=result["ratio"] <= TARGET_ROLLOUT_RATIO)
     bench.print_rollout(result, sample_args)
     return result
 
