@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from tensordict import TensorDictBase
@@ -192,14 +192,17 @@ class Distributed:
             torch.distributed.all_gather_object(values, moved)
         return values
 
-    def gather_cat(self, data: TensorDictBase) -> TensorDictBase:
-        """Concatenate every rank's ``data`` along its first dimension, in rank order (``data`` with one rank)."""
+    def gather_cat(
+        self, data: TensorDictBase, join: Callable[[list[TensorDictBase]], TensorDictBase] | None = None
+    ) -> TensorDictBase:
+        """Every rank's ``data`` joined along its first dimension, in rank order (``data`` with one rank).
+
+        ``join`` joins the parts (default :func:`concatenated`); a layout whose
+        items' shape depends on the batch pads them to one shape there.
+        """
         if not self.enabled:
             return data
-        parts = self.gather(data)
-        # An empty part (a rank whose layout found no pair) may lack keys that only items carry.
-        filled = [part for part in parts if part.batch_size[0]] or parts[:1]
-        return torch.cat(filled).to(data.device)
+        return (join or concatenated)(self.gather(data)).to(data.device)
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on some rank."""
@@ -231,6 +234,12 @@ class Distributed:
     def owns(self, position: int) -> bool:
         """Whether this rank computes the ``position``-th minibatch of an accumulation window."""
         return position % self.world_size == self.rank
+
+
+def concatenated(parts: list[TensorDictBase]) -> TensorDictBase:
+    """``parts`` concatenated along their first dimension; empty ones left out (they may lack keys that only items carry)."""
+    filled = [part for part in parts if part.batch_size[0]] or parts[:1]
+    return torch.cat(filled)
 
 
 def hydra_overrides(arguments: list[str]) -> list[str]:

@@ -110,6 +110,12 @@ def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(
 
 
 @pytest.mark.slow
+def test_two_ranks_train_a_learning_aware_trainer_like_one_process(tmp_path, monkeypatch):
+    # Its loss differentiates through the other agents' updates (second derivatives) inside DDP's forward pass.
+    _two_ranks_against_one(tmp_path, monkeypatch, (*GRAPH, "trainer=lola"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", [(), ("trainer=dpo", "trainer.minibatch_size=4")], ids=["ppo", "dpo"])
 def test_two_ranks_train_language_model_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch, objective):
     overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *objective, "trainer.optimizer.grad_accumulation_steps=2")

@@ -415,3 +415,24 @@ def test_stackelberg_game_spg_reaches_the_leaders_payoff(tmp_path, method):
     plain = ("trainer.objective.baseline=false", "trainer.objective.normalize_advantage=false")
     path = _play(tmp_path / "plain", "reinforce", 300, *game, *rates, *plain)
     assert sum(3 + p - 2 * q for p, q in path[200:]) / 100 < 2.3
+
+
+def test_the_ranks_padded_episodes_are_padded_to_the_longest_when_joined():
+    from tensordict import TensorDict
+
+    from nip_like.objectives.learning_aware import VALID_KEY, joined_episodes, padded_to
+
+    def episodes(count: int, length: int) -> TensorDict:
+        valid = torch.ones(count, length, dtype=torch.bool)
+        active = torch.ones(count, length, 2, dtype=torch.bool)
+        step = torch.arange(length).expand(count, length) + 10 * torch.arange(count).unsqueeze(-1)
+        return TensorDict({VALID_KEY: valid, keys.ACTIVE_KEY: active, "step": step}, [count, length])
+
+    short, long = episodes(2, 2), episodes(1, 4)
+    padded = padded_to(short, 4)
+    assert padded.batch_size == (2, 4) and padded_to(long, 4) is long
+    assert padded[:, :2].get("step").tolist() == short.get("step").tolist()
+    assert padded[:, 2:].get("step").tolist() == [[0, 0], [10, 10]]  # each episode's first step, repeated
+    assert not padded[:, 2:].get(VALID_KEY).any() and not padded[:, 2:].get(keys.ACTIVE_KEY).any()
+    joined = joined_episodes([short, episodes(0, 3), long])  # rank order; an empty part too
+    assert joined.batch_size == (3, 4) and joined.get(VALID_KEY).sum(-1).tolist() == [2, 2, 4]

@@ -32,6 +32,7 @@ from tensordict import TensorDictBase
 from torchrl.objectives import LossModule
 
 from nip_like import keys
+from nip_like.distributed import concatenated
 
 #: Logged names of the output keys TorchRL's losses and nip_like's share (TRL's names where they exist).
 STANDARD_METRIC_NAMES: Mapping[str, str] = {
@@ -90,6 +91,8 @@ class LossContract(Protocol):
 
     def layout_metrics(self) -> dict[str, float]: ...
 
+    def join_layouts(self, parts: list[TensorDictBase]) -> TensorDictBase: ...
+
     def start_iteration(self, iteration: int) -> None: ...
 
     def metric_name(self, key: str) -> str: ...
@@ -122,6 +125,14 @@ class RolloutLoss(LossModule):
         """Statistics of the last :meth:`layout_rollouts` (logged under ``train/``); none by default."""
         return {}
 
+    def join_layouts(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        """Under torchrun: the ranks' layouts, in rank order, as one (default: :func:`~nip_like.distributed.concatenated`).
+
+        A layout whose items' shape depends on the batch (episodes padded to
+        the longest) pads the parts to one shape here.
+        """
+        return concatenated(parts)
+
     def start_iteration(self, iteration: int) -> None:
         """Called before each iteration's layout with the 0-based iteration (a moving reference syncs here)."""
 
@@ -151,6 +162,10 @@ class PlainLossContract:
     def layout_metrics(self) -> dict[str, float]:
         """None."""
         return {}
+
+    def join_layouts(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        """Concatenated (:func:`~nip_like.distributed.concatenated`)."""
+        return concatenated(parts)
 
     def start_iteration(self, iteration: int) -> None:
         """Nothing to do."""

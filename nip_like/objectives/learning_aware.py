@@ -65,6 +65,7 @@ from torchrl.objectives.value import GAE
 from nip_like import keys
 from nip_like.agents import PerAgent
 from nip_like.allowed import checked
+from nip_like.distributed import concatenated
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
@@ -145,6 +146,23 @@ class PSOSConfig(SOSConfig):
 
 
 # ------------------------------------------------------------------ layout
+def joined_episodes(parts: list[TensorDictBase]) -> TensorDictBase:
+    """Padded episodes of several batches (the ranks'), each padded to the longest of all, concatenated."""
+    length = max(part.batch_size[1] for part in parts)
+    return concatenated([padded_to(part, length) for part in parts])
+
+
+def padded_to(episodes: TensorDictBase, length: int) -> TensorDictBase:
+    """``(episodes, T)`` padded episodes (:func:`padded_episodes`) padded further to ``length`` steps, in the same way."""
+    missing = length - episodes.batch_size[1]
+    if missing <= 0:
+        return episodes
+    padding = episodes[:, :1].expand(episodes.batch_size[0], missing).clone()
+    padding.set(VALID_KEY, torch.zeros(padding.batch_size, dtype=torch.bool, device=padding.device))
+    padding.set(keys.ACTIVE_KEY, torch.zeros_like(padding.get(keys.ACTIVE_KEY)))
+    return torch.cat([episodes, padding], dim=1)
+
+
 def padded_episodes(batch: TensorDictBase) -> TensorDictBase:
     """The complete episodes of a collected ``(env, time)`` batch, padded to one length.
 
@@ -473,6 +491,10 @@ class LearningAwareLoss(RolloutLoss):
     def layout_metrics(self) -> dict[str, float]:
         """Number and mean length of the complete episodes laid out."""
         return dict(self._last_layout)
+
+    def join_layouts(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        """The ranks' padded episodes as one layout (:func:`joined_episodes`)."""
+        return joined_episodes(parts)
 
     def start_iteration(self, iteration: int) -> None:
         """Note which agents learn on this iteration (the others are not anticipated to move)."""

@@ -389,7 +389,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
                     self.advantage_module(batch)
                 self.loss_contract.start_iteration(iteration)
                 # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
-                data = dist.gather_cat(self.loss_contract.layout_rollouts(batch))
+                data = dist.gather_cat(self.loss_contract.layout_rollouts(batch), self.loss_contract.join_layouts)
             metrics["train/layout_items"] = data.batch_size[0]
             metrics.update({f"train/{k}": v for k, v in dist.mean(self.loss_contract.layout_metrics()).items()})
         self.fill_buffer(data)
