@@ -110,9 +110,12 @@ def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(
 
 
 @pytest.mark.slow
-def test_two_ranks_train_a_learning_aware_trainer_like_one_process(tmp_path, monkeypatch):
-    # Its loss differentiates through the other agents' updates (second derivatives) inside DDP's forward pass.
-    _two_ranks_against_one(tmp_path, monkeypatch, (*GRAPH, "trainer=lola"))
+@pytest.mark.parametrize("trainer", ["lola", "dpo"])
+def test_two_ranks_train_on_episodes_of_every_length_like_one_process(tmp_path, monkeypatch, trainer):
+    # Graph isomorphism's episodes end when the verifier decides: each rank pads its episodes (lola) or its
+    # preference pairs' episodes (dpo) to its own longest; the joined layout pads them to the longest of all.
+    # lola's loss also differentiates through the other agents' updates (second derivatives) inside DDP's forward.
+    _two_ranks_against_one(tmp_path, monkeypatch, (*GRAPH, f"trainer={trainer}"))
 
 
 @pytest.mark.slow

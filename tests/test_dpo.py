@@ -271,3 +271,15 @@ def test_preference_trainers_run_end_to_end_and_log_trl_names(tmp_path, trainer,
     assert metrics["test/accuracy"] == pytest.approx(correct.float().mean().item())
     agents = [metrics["test/agents/prover/reward"], metrics["test/agents/verifier/reward"]]
     assert metrics["test/reward"] == pytest.approx(sum(agents) / 2)
+
+
+def test_pairs_of_episodes_of_different_lengths_train(tmp_path):
+    # Graph isomorphism's episodes end when the verifier decides: a pair's two episodes, and the longest episode
+    # of one iteration and the next, differ in length (the sides are padded alike; the buffer is rebuilt).
+    config = smoke_config(
+        "scenario=graph_isomorphism", "protocol=nip", "scenario.num_pairs=200", f"scenario.cache_dir={tmp_path / 'data'}",
+        "trainer=dpo", "trainer.num_iterations=3", "logger=csv",
+    )
+    run_experiment(config, tmp_path / "run")
+    assert [step for step, _ in read_csv_metric(tmp_path / "run", "train/iteration")] == [1, 2, 3]
+    assert sum(value for _, value in read_csv_metric(tmp_path / "run", "train/pairs/kept")) > 0

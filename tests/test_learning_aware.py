@@ -420,7 +420,8 @@ def test_stackelberg_game_spg_reaches_the_leaders_payoff(tmp_path, method):
 def test_the_ranks_padded_episodes_are_padded_to_the_longest_when_joined():
     from tensordict import TensorDict
 
-    from nip_like.objectives.learning_aware import VALID_KEY, joined_episodes, padded_to
+    from nip_like.objectives.episodes import lengthened
+    from nip_like.objectives.learning_aware import VALID_KEY, joined_episodes
 
     def episodes(count: int, length: int) -> TensorDict:
         valid = torch.ones(count, length, dtype=torch.bool)
@@ -429,10 +430,13 @@ def test_the_ranks_padded_episodes_are_padded_to_the_longest_when_joined():
         return TensorDict({VALID_KEY: valid, keys.ACTIVE_KEY: active, "step": step}, [count, length])
 
     short, long = episodes(2, 2), episodes(1, 4)
-    padded = padded_to(short, 4)
-    assert padded.batch_size == (2, 4) and padded_to(long, 4) is long
+    padded = lengthened(short, 4, 0, (VALID_KEY, keys.ACTIVE_KEY))
+    assert padded.batch_size == (2, 4) and lengthened(long, 4, 0, (VALID_KEY,)) is long
     assert padded[:, :2].get("step").tolist() == short.get("step").tolist()
     assert padded[:, 2:].get("step").tolist() == [[0, 0], [10, 10]]  # each episode's first step, repeated
     assert not padded[:, 2:].get(VALID_KEY).any() and not padded[:, 2:].get(keys.ACTIVE_KEY).any()
     joined = joined_episodes([short, episodes(0, 3), long])  # rank order; an empty part too
     assert joined.batch_size == (3, 4) and joined.get(VALID_KEY).sum(-1).tolist() == [2, 2, 4]
+    last = lengthened(short, 3, -1, (keys.ACTIVE_KEY,))  # DPO's padding repeats an episode's last step
+    assert last.get("step").tolist() == [[0, 1, 1], [10, 11, 11]] and last.get(VALID_KEY).all()
+    assert not last.get(keys.ACTIVE_KEY)[:, 2].any()

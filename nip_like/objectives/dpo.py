@@ -20,8 +20,9 @@ from torchrl.modules import ProbabilisticActor
 
 from nip_like import keys
 from nip_like.allowed import checked
+from nip_like.distributed import concatenated
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
-from nip_like.objectives.episodes import complete_episodes
+from nip_like.objectives.episodes import complete_episodes, lengthened
 from nip_like.objectives.reference import ReferencePolicy
 from nip_like.objectives.scoring import ActionScores, score_actions
 
@@ -298,6 +299,18 @@ class DPOLoss(RolloutLoss):
         return self._layout_metrics
 
     # ------------------------------------------------------------------ layout
+    def join_layouts(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        """The ranks' pairs as one layout: their episodes lengthened to the longest of any rank, as :func:`pad_episodes` pads."""
+        filled = [part for part in parts if part.batch_size[0]]
+        if len(filled) < 2:
+            return concatenated(parts)
+        length = max(part.get(CHOSEN).batch_size[1] for part in filled)
+        joined = [part.clone(recurse=False) for part in filled]
+        for part in joined:
+            for side in (CHOSEN, REJECTED):
+                part.set(side, lengthened(part.get(side), length, -1, (keys.ACTIVE_KEY,)))
+        return concatenated(joined)
+
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
         """Pair the batch's complete episodes; one buffer item per (group, agent) pair.
 
@@ -323,10 +336,13 @@ class DPOLoss(RolloutLoss):
             dropped += float((~keep).sum())
         chosen, rejected, agent = torch.cat(chosen), torch.cat(rejected), torch.cat(agents)
         self._layout_metrics.update({"pairs/kept": float(agent.numel()), "pairs/dropped": dropped})
+        sides = [pad_episodes(batch, ids, episodes[chosen]), pad_episodes(batch, ids, episodes[rejected])]
+        length = max(side.batch_size[1] for side in sides)  # both sides as long, so that they stack
+        sides = [lengthened(side, length, -1, (keys.ACTIVE_KEY,)) if side.batch_size[0] else side for side in sides]
         pairs = TensorDict(
             {
-                CHOSEN: pad_episodes(batch, ids, episodes[chosen]),
-                REJECTED: pad_episodes(batch, ids, episodes[rejected]),
+                CHOSEN: sides[0],
+                REJECTED: sides[1],
                 PAIR_AGENT_KEY: agent,
                 RETURN_GAP_KEY: (returns[chosen] - returns[rejected]).gather(-1, agent.unsqueeze(-1)).squeeze(-1),
             },

@@ -110,3 +110,21 @@ def complete_episodes(batch: TensorDictBase) -> CompleteEpisodes:
     ends = batch.get(("next", "done")).squeeze(-1) & complete
     returns = batch.get(("next", *keys.EPISODE_RETURN_KEY))[ends].squeeze(-1)
     return CompleteEpisodes(ids, complete, ends, ids[ends], returns, batch.get(keys.GROUP_ID_KEY)[ends])
+
+
+def lengthened(steps: TensorDictBase, length: int, repeat: int, off: tuple[str | tuple[str, ...], ...]) -> TensorDictBase:
+    """``(n, T)`` padded episodes lengthened to ``length`` steps with more padding of the same kind.
+
+    Each new step repeats step ``repeat`` of its row (0: the first, -1: the
+    last) with the boolean entries ``off`` (the active flags, a valid flag)
+    set False, so that it counts for nothing. Under torchrun the ranks pad
+    their episodes to their own longest; the joined layout pads them all to
+    the longest of any rank this way.
+    """
+    missing = length - steps.batch_size[1]
+    if missing <= 0:
+        return steps
+    padding = steps[:, repeat : repeat + 1 if repeat != -1 else None].expand(steps.batch_size[0], missing).clone()
+    for key in off:
+        padding.set(key, torch.zeros_like(padding.get(key)))
+    return torch.cat([steps, padding], dim=1)

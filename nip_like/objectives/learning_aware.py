@@ -67,7 +67,7 @@ from nip_like.agents import PerAgent
 from nip_like.allowed import checked
 from nip_like.distributed import concatenated
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
-from nip_like.objectives.episodes import complete_episodes
+from nip_like.objectives.episodes import complete_episodes, lengthened
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.ppo import CRITIC_LOSS_TYPES, clipped_surrogate
 from nip_like.objectives.scoring import behaviour_token_log_probs, score_actions
@@ -149,18 +149,7 @@ class PSOSConfig(SOSConfig):
 def joined_episodes(parts: list[TensorDictBase]) -> TensorDictBase:
     """Padded episodes of several batches (the ranks'), each padded to the longest of all, concatenated."""
     length = max(part.batch_size[1] for part in parts)
-    return concatenated([padded_to(part, length) for part in parts])
-
-
-def padded_to(episodes: TensorDictBase, length: int) -> TensorDictBase:
-    """``(episodes, T)`` padded episodes (:func:`padded_episodes`) padded further to ``length`` steps, in the same way."""
-    missing = length - episodes.batch_size[1]
-    if missing <= 0:
-        return episodes
-    padding = episodes[:, :1].expand(episodes.batch_size[0], missing).clone()
-    padding.set(VALID_KEY, torch.zeros(padding.batch_size, dtype=torch.bool, device=padding.device))
-    padding.set(keys.ACTIVE_KEY, torch.zeros_like(padding.get(keys.ACTIVE_KEY)))
-    return torch.cat([episodes, padding], dim=1)
+    return concatenated([lengthened(part, length, 0, (VALID_KEY, keys.ACTIVE_KEY)) for part in parts])
 
 
 def padded_episodes(batch: TensorDictBase) -> TensorDictBase:

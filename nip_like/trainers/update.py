@@ -48,8 +48,9 @@ def fill_buffer(
     size = data.batch_size[0]
     capacity = max(size, 1)  # a storage needs room for one item even when the layout is empty
     minibatch_size = min(minibatch_size, capacity)
-    # An item's own dimensions may change between iterations (episodes padded to the longest one of the batch).
-    item_shape = tuple(data.batch_size[1:])
+    # An item's own dimensions may change between iterations (episodes padded to the longest one of the batch),
+    # also those of its nested entries only (a preference pair's episodes).
+    item_shape = tuple((key, tuple(value.shape[1:])) for key, value in data.items(include_nested=True, leaves_only=True))
     other_items = buffer is not None and getattr(buffer, "item_shape", item_shape) != item_shape
     if buffer is None or buffer.storage.max_size != capacity or buffer.batch_size != minibatch_size or other_items:
         buffer = TensorDictReplayBuffer(
