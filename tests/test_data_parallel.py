@@ -25,7 +25,7 @@ def test_one_process_runs_the_loss_module_itself_and_sums_its_loss_terms():
     module = _Squares()
     passes = LossPasses(module, Distributed(), lockstep=False)
     losses, loss = passes.forward(TensorDict({"x": torch.tensor([1.0, 1.0])}, []), last=True)
-    assert float(loss) == 9.0 + 3.0 == float(total_loss(losses))  # the loss_* entries, not the entropy
+    assert loss.item() == 9.0 + 3.0 == total_loss(losses).item()  # the loss_* entries, not the entropy
     passes.backward(loss, last=True)
     assert module.weight.grad.tolist() == [7.0, 7.0]  # 2 * 3 + 1 for each weight
     assert passes.stand_ins(1) == 0 and passes.is_last(0, 1)
