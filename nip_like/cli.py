@@ -413,7 +413,7 @@ def report_job_errors(run_dir: Path) -> Iterator[None]:
 
 def _preset_hint(error: Exception) -> str:
     """A hint for a preset that sets a key the chosen scenario (or trainer) lacks: it was made for another one."""
-    found = re.search(r"In 'preset/([\w-]+)'.*Key '[^']+' not in '[^']+'; full_key: ([\w.]+)", one_line(error))
+    found = re.search(r"In 'preset/([\w/-]+)'.*Key '[^']+' not in '[^']+'; full_key: ([\w.]+)", one_line(error))
     if found is None:
         return ""
     preset, key = found.groups()

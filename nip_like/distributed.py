@@ -138,10 +138,17 @@ class Distributed:
     # ------------------------------------------------------------ collectives
     @contextmanager
     def collective(self) -> Iterator[None]:
-        """Run collectives of torch.distributed; a rank that stopped or did not answer raises :class:`PeerFailure`."""
+        """Run collectives of torch.distributed; a rank that stopped or did not answer raises :class:`PeerFailure`.
+
+        Other errors raised inside (an out-of-memory error in a backward pass
+        that reduces gradients as it runs) pass through unchanged: the rank
+        that meets them reports them.
+        """
         try:
             yield
         except RuntimeError as error:  # torch.distributed's errors (DistBackendError, ...) are RuntimeErrors
+            if not from_process_group(error):
+                raise
             text = str(error)
             timed_out = "imed out" in text or "imeout" in text
             what = "no answer from the other ranks in time" if timed_out else "another rank stopped"
@@ -234,6 +241,18 @@ class Distributed:
     def owns(self, position: int) -> bool:
         """Whether this rank computes the ``position``-th minibatch of an accumulation window."""
         return position % self.world_size == self.rank
+
+
+def from_process_group(error: RuntimeError) -> bool:
+    """Whether ``error`` comes from the process group (a peer gone or silent), not from this rank's own work.
+
+    NCCL's errors are ``torch.distributed.DistError``; gloo's are plain
+    RuntimeErrors whose text names gloo's sources.
+    """
+    if isinstance(error, torch.distributed.DistError):
+        return True
+    text = str(error).lower()
+    return "gloo" in text or "nccl" in text or "connection closed" in text or "connection reset" in text
 
 
 def concatenated(parts: list[TensorDictBase]) -> TensorDictBase:

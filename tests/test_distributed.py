@@ -281,6 +281,21 @@ def test_one_rank_context_does_nothing():
         assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_only_errors_of_the_process_group_are_taken_for_a_peer_failure():
+    from nip_like.distributed import PeerFailure
+
+    dist = Distributed(rank=1, world_size=2)
+    # This rank's own error inside a collective (DDP reduces in the backward pass): reported as it is.
+    with pytest.raises(torch.OutOfMemoryError), dist.collective():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(PeerFailure) as gone, dist.collective():
+        raise RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    assert gone.value.quiet and str(gone.value).startswith("rank 1: another rank stopped")
+    with pytest.raises(PeerFailure) as silent, dist.collective():
+        raise RuntimeError("[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv")
+    assert not silent.value.quiet and "no answer from the other ranks in time" in str(silent.value)
+
+
 def test_a_rank_share_that_does_not_divide_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^trainer.num_envs \(15\) must be a multiple of the number of ranks \(2\)$"):
         Distributed(rank=1, world_size=2).share(15, "trainer.num_envs")

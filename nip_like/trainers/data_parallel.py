@@ -94,7 +94,10 @@ class LossPasses:
             # broadcast_buffers=False: every rank takes the same steps, so the buffers stay equal.
             with dist.collective():  # DDP checks the parameters' shapes across the ranks and broadcasts rank 0's
                 self._replicas = nn.parallel.DistributedDataParallel(
-                    _TotalLoss(loss_module), find_unused_parameters=True, broadcast_buffers=False
+                    _TotalLoss(loss_module),
+                    find_unused_parameters=True,
+                    broadcast_buffers=False,
+                    gradient_as_bucket_view=True,  # the gradients live in DDP's buckets: no second copy of them
                 )
             self._replicas.register_comm_hook(None, _summed)
 
