@@ -336,13 +336,12 @@ class DPOLoss(RolloutLoss):
             dropped += float((~keep).sum())
         chosen, rejected, agent = torch.cat(chosen), torch.cat(rejected), torch.cat(agents)
         self._layout_metrics.update({"pairs/kept": float(agent.numel()), "pairs/dropped": dropped})
-        sides = [pad_episodes(batch, ids, episodes[chosen]), pad_episodes(batch, ids, episodes[rejected])]
-        length = max(side.batch_size[1] for side in sides)  # both sides as long, so that they stack
-        sides = [lengthened(side, length, -1, (keys.ACTIVE_KEY,)) if side.batch_size[0] else side for side in sides]
+        # Both sides padded in one call, to one length, so that they stack.
+        sides = pad_episodes(batch, ids, torch.cat([episodes[chosen], episodes[rejected]]))
         pairs = TensorDict(
             {
-                CHOSEN: sides[0],
-                REJECTED: sides[1],
+                CHOSEN: sides[: agent.numel()],
+                REJECTED: sides[agent.numel() :],
                 PAIR_AGENT_KEY: agent,
                 RETURN_GAP_KEY: (returns[chosen] - returns[rejected]).gather(-1, agent.unsqueeze(-1)).squeeze(-1),
             },
