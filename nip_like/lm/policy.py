@@ -18,7 +18,8 @@ left-padded row gets the same logits as the same row unpadded.
 from __future__ import annotations
 
 import inspect
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -56,6 +57,32 @@ def _forward_parameters(model: nn.Module) -> set[str]:
     """The keyword parameters of the transformers model's forward (under a peft wrapper, the base model's)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return set(inspect.signature(base.forward).parameters)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (where the tensors built around it belong)."""
+    return next(model.parameters()).device
+
+
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Run the block with ``module`` in eval mode, then give every submodule back the mode it had.
+
+    Sampling needs eval mode whatever the trainer's loop is in: transformers
+    turns the KV cache off for a model in train mode with gradient
+    checkpointing on (5.17 even under ``no_grad``), and dropout must not
+    change a sampled distribution.
+    """
+    modes = [(child, child.training) for child in module.modules()]
+    if not any(training for _, training in modes):
+        yield
+        return
+    module.eval()
+    try:
+        yield
+    finally:
+        for child, training in modes:
+            child.training = training
 
 
 def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,15 +279,15 @@ class LMPolicy(nn.Module):
         #: Whether every rank must run this policy's model the same number of times (its FSDP2 update,
         #: :mod:`nip_like.lm.sharding`): :meth:`evaluate` then takes as many micro-batches as the rank with most.
         self.lockstep = False
-        banned = torch.zeros(vocab_size, dtype=torch.bool)
+        device = model_device(model)
+        banned = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         for token_id in (self.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id):
             if token_id is not None and token_id != self.eos_token_id:
                 banned[token_id] = True
         banned[len(tokenizer) :] = True
-        # (vocab,) booleans: the tokens that are never sampled.
+        # (vocab,) booleans on the model's device: the tokens that are never sampled.
         self.register_buffer("banned", banned, persistent=False)
         if score_chunk_tokens is not None:  # a model that cannot be scored in chunks is refused now, before any work
-            device = next(model.parameters()).device
             with torch.no_grad():
                 probe = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device), use_cache=False, output_hidden_states=True)
             self._check_chunking(probe)
@@ -310,6 +337,13 @@ class LMPolicy(nn.Module):
             * ``"finished"`` ``(B,)`` bool: the message ended with ``<eos>``
               or a stop string (False: cut at ``max_new_tokens``).
         """
+        with eval_mode(self.model):
+            return self._sample(prompt_ids, prompt_mask, generator, greedy)
+
+    def _sample(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generator: Optional[torch.Generator], greedy: bool
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`sample`'s decoding loop (the model in eval mode)."""
         self._check_prompts(prompt_ids, prompt_mask)
         prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
         batch_size, device = prompt_ids.shape[0], prompt_ids.device

@@ -28,12 +28,15 @@ class LMValueHead(nn.Module):
         A transformer without LM head (such as ``model.base_model``) whose
         last hidden state the head reads; None: the head reads the policy's
         last hidden state (shared body).
+    device : torch.device or str, optional
+        Where the linear layer is made (the model's device); None: the
+        default device.
     """
 
-    def __init__(self, hidden_size: int, body: Optional[PreTrainedModel] = None) -> None:
+    def __init__(self, hidden_size: int, body: Optional[PreTrainedModel] = None, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.body = body
-        self.linear = nn.Linear(hidden_size, 1)
+        self.linear = nn.Linear(hidden_size, 1, device=device)
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, shared_body: bool = True) -> "LMValueHead":
@@ -54,7 +57,7 @@ class LMValueHead(nn.Module):
         """
         hidden_size = model.config.get_text_config().hidden_size
         body = None if shared_body else copy.deepcopy(model.base_model)
-        return cls(hidden_size, body)
+        return cls(hidden_size, body, device=next(model.parameters()).device)
 
     @property
     def shared_body(self) -> bool:

@@ -537,7 +537,7 @@ class LearningAwareLoss(RolloutLoss):
                 "loss_entropy": -self.entropy_coeff * entropy.sum(),
                 "entropy": entropy.detach().mean(),
                 "clip_fraction": clip_fraction.mean(),
-                "episodes": torch.tensor(float(valid.shape[0])),
+                "episodes": advantage.new_tensor(float(valid.shape[0])),
             }
         )
         statistics = {"loss_objective": -own.detach(), "entropy": entropy.detach(), "clip_fraction": clip_fraction}
@@ -547,15 +547,15 @@ class LearningAwareLoss(RolloutLoss):
             corrections, extra = self._corrections(joint_losses, own_losses)
             for key, value in extra.items():
                 if isinstance(value, dict):
-                    statistics[key] = torch.tensor([value.get(name, 0.0) for name in self.agent_names])
+                    statistics[key] = advantage.new_tensor([value.get(name, 0.0) for name in self.agent_names])
                 else:
-                    output[key] = torch.as_tensor(value, dtype=torch.float32)
-        shaping = torch.zeros(())
+                    output[key] = advantage.new_tensor(value)
+        shaping = advantage.new_zeros(())
         norms = []
         for name in self.agent_names:
             correction = corrections.get(name)
             if correction is None:
-                norms.append(torch.zeros(()))
+                norms.append(advantage.new_zeros(()))
                 continue
             shaping = shaping + _dot(self.parameters_of[name], [c.detach() for c in correction])
             norms.append(_flat(correction).detach().norm())
@@ -654,8 +654,8 @@ class _OpponentShapingLoss(LearningAwareLoss):
         looking: dict[str, Vector] = {}
         for agent in self._trained():
             targets = self.anticipated(agent)
-            shaping_value = torch.zeros(())
-            lookahead_value = torch.zeros(())
+            shaping_value = joint_losses.new_zeros(())
+            lookahead_value = joint_losses.new_zeros(())
             for other in targets:
                 if other not in own_grads:
                     own_grads[other] = self._grad(joint_losses[index[other]], other, create_graph=True)
@@ -834,7 +834,7 @@ class SPGLoss(LearningAwareLoss):
             followers = [name for name in self.followers(leader) if self.parameters_of[name]]
             if not followers:
                 continue
-            total = torch.zeros(())
+            total = joint_losses.new_zeros(())
             worst = 0.0
             for follower in followers:
                 if follower not in own_grads:

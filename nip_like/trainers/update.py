@@ -147,11 +147,16 @@ def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], max_grad_norm
                 param.grad = None
             continue
         grads = [param for param in group["params"] if param.grad is not None]
+        if not grads:  # an agent that played no part in this window: torch's empty-list norm would be a CPU tensor
+            first = group["params"][0]
+            norms.append((first.to_local() if is_sharded(first) else first).new_zeros((), dtype=torch.float32))
+            continue
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(grads, max_grad_norm)
         else:
             norm = torch.nn.utils.get_total_norm([param.grad for param in grads])
-        norms.append(norm.full_tensor() if is_sharded(norm) else norm)
+        norm = norm.full_tensor() if is_sharded(norm) else norm
+        norms.append(norm.float())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return torch.stack(norms)
