@@ -517,3 +517,19 @@ def test_lm_chat_demonstrations_teach_the_verifier_to_compare_not_to_count(tmp_p
         counted += accepts == (len(seen) == 2)
     assert compared == len(prompts)  # the sound rule: accept exactly when the two seen values are equal
     assert counted / len(prompts) < 0.7  # counting the named cells is a poor guess (it was 0.83)
+
+
+def test_sampling_runs_in_eval_mode_and_gives_every_module_its_mode_back(chat_model):
+    """With gradient checkpointing in train mode some transformers versions (5.17) turn the KV cache off; sampling
+    must not depend on that rule: the model samples in eval mode, and afterwards each module has its own mode again."""
+    policy = policy_of(chat_model("qwen2"), gradient_checkpointing=True, max_new_tokens=5)
+    policy.train()
+    policy.model.get_submodule("model.layers.0").eval()  # a mixed state, as a user's frozen part may leave it
+    modes = {name: module.training for name, module in policy.named_modules()}
+    seen = []
+    policy.model.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    prompt = policy.tokenizer(["list: 1 2 3"], return_tensors="pt")["input_ids"]
+    sample = policy.sample(prompt, torch.ones_like(prompt, dtype=torch.bool), generator=torch.Generator().manual_seed(0))
+    assert seen and not any(seen)
+    assert int(sample["num_tokens"][0]) >= 1
+    assert {name: module.training for name, module in policy.named_modules()} == modes
