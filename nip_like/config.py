@@ -181,6 +181,7 @@ class RunSettings:
     checkpoint_every: int = checked(10, ge=0)  # save the whole state every N iterations (and at the end); 0 = only at the end
     num_threads: Optional[int] = checked(None, ge=1)  # torch CPU threads; null leaves torch's default
     autocast_dtype: Optional[str] = checked(None, choices=(None, "bfloat16", "float16"))  # run loops under torch.autocast with this dtype (bfloat16, float16); null = off
+    memory_limit_gib: Optional[float] = checked(None, gt=0)  # memory the run may use on its device (GiB), for the LM memory preflight and automatic token budgets; null = what the device has free
     fsdp: bool = False  # under torchrun, shard each LM agent's weights, gradients and optimiser state over the ranks (FSDP2's fully_shard)
 
 

@@ -25,7 +25,7 @@ def test_the_kv_cache_is_keys_and_values_of_every_layer_head_and_token():
 
 def test_a_batch_is_refused_just_above_the_memory_and_passes_just_below(monkeypatch):
     needed = SHAPE.kv_cache_bytes(1000, 500, 4) + SHAPE.parameters * 4
-    monkeypatch.setattr(memory, "available_memory", lambda device: (needed, "a test budget"))
+    monkeypatch.setattr(memory, "available_memory", lambda device, limit=None: (needed, "a test budget"))
     check_lm_memory(agents(max_new_tokens=500), 1000, 8, "cpu")
     with pytest.raises(ConfigError) as error:
         check_lm_memory(agents(max_new_tokens=501), 1000, 8, "cpu")
@@ -35,14 +35,14 @@ def test_a_batch_is_refused_just_above_the_memory_and_passes_just_below(monkeypa
 
 
 def test_the_logits_of_a_scoring_pass_count_with_the_token_budget(monkeypatch):
-    monkeypatch.setattr(memory, "available_memory", lambda device: (GIB, "a test budget"))
+    monkeypatch.setattr(memory, "available_memory", lambda device, limit=None: (GIB, "a test budget"))
     vocab = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6), 50_000)}
-    with pytest.raises(ConfigError, match=r"logits of a scoring pass 558\.8 GiB.*lower scenario\.default_agent\.max_tokens_per_micro_batch"):
+    with pytest.raises(ConfigError, match=r"logits 558\.8 GiB.*lower .*scenario\.default_agent\.max_tokens_per_micro_batch \(1000000\)"):
         check_lm_memory(vocab, 4, 8, "cpu")
 
 
 def test_unknown_memory_checks_nothing(monkeypatch):
-    monkeypatch.setattr(memory, "available_memory", lambda device: None)
+    monkeypatch.setattr(memory, "available_memory", lambda device, limit=None: None)
     check_lm_memory(agents(max_new_tokens=10**6), 10**6, 8, "cpu")
 
 
@@ -60,3 +60,41 @@ def test_the_cuda_figure_is_the_free_memory():
 def test_a_folders_shape_is_read_from_its_config(chat_model):
     shape = shape_of_folder(chat_model("qwen2"))
     assert shape.num_layers >= 1 and shape.head_dim * shape.num_kv_heads <= shape.hidden_size and shape.vocab_size > 0
+
+
+def test_the_whole_update_counts_and_the_refusal_names_what_would_lower_it(monkeypatch):
+    """Full fine-tuning of a 24-block model with a large budget: gradients, Adam's moments and activations, one line."""
+    shape = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "intermediate_size": 4864}
+    full = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=60_000, **shape), 8000)}
+    monkeypatch.setattr(memory, "available_memory", lambda device, limit=None: (40 * GIB, "a test budget"))
+    with pytest.raises(ConfigError) as error:
+        check_lm_memory(full, 8, 256, "cuda")
+    message = str(error.value)
+    assert "\n" not in message and "gradients and optimiser state" in message and "activations" in message
+    for setting in ("lora.r", "max_tokens_per_micro_batch (60000)", "gradient_checkpointing=true", "run.autocast_dtype=bfloat16"):
+        assert setting in message, setting
+    # The same with those settings fits.
+    lora = LMAgentConfig(max_tokens_per_micro_batch=8192, gradient_checkpointing=True, lora={"r": 16}, **shape)
+    check_lm_memory({"prover": ("scenario.default_agent", lora, 8000)}, 8, 256, "cuda", autocast_dtype="bfloat16")
+
+
+def test_a_memory_limit_caps_what_the_preflight_sees():
+    free, source = available_memory("cpu", limit_gib=0.5)
+    assert free == GIB // 2 and source == "run.memory_limit_gib=0.5"
+    free, source = available_memory("cpu", limit_gib=10**6)
+    assert "MemAvailable" in source
+    with pytest.raises(ConfigError, match=r"run\.memory_limit_gib=0\.001"):
+        check_lm_memory(agents(hidden_size=256, num_layers=4, intermediate_size=512), 64, 8, "cpu", limit_gib=0.001)
+
+
+def test_the_probe_measures_what_checkpointing_lora_and_bfloat16_save(chat_model):
+    from nip_like.lm.memory import activation_bytes_per_token
+    from nip_like.lm.models import build_lm_policy
+
+    folder = str(chat_model("qwen2"))
+    plain = activation_bytes_per_token(build_lm_policy(LMAgentConfig(pretrained_path=folder)))
+    checkpointed = activation_bytes_per_token(build_lm_policy(LMAgentConfig(pretrained_path=folder, gradient_checkpointing=True)))
+    halved = activation_bytes_per_token(build_lm_policy(LMAgentConfig(pretrained_path=folder)), "bfloat16")
+    assert 0 < checkpointed < plain and 0 < halved < plain
+    frozen = build_lm_policy(LMAgentConfig(pretrained_path=folder)).requires_grad_(False)
+    assert activation_bytes_per_token(frozen) == 0.0

@@ -209,12 +209,24 @@ class LMActor(TensorDictModuleBase):
             tensordict.set(keys.SAMPLER_WEIGHT_KEY, weights.reshape(*shape, length))
         return tensordict
 
-    def score_actions(self, tensordict: TensorDictBase) -> ActionScores:
+    def score_actions(self, tensordict: TensorDictBase, with_value: bool = False) -> ActionScores:
         """Teacher-forced log-probabilities and entropies of the stored messages, with gradients.
 
         Each agent's model runs once, on the rows where it acted; the other
         rows get zeros with a False mask. On the messages this actor sampled,
         the log-probabilities equal the stored ones up to float error.
+
+        With ``with_value``, the scores also hold each agent's value of every
+        step's prompt (``(*batch, agents)``, as :class:`LMCritic` computes it;
+        0 for an agent without a value head). A value head on the policy's
+        body reads it from the same pass that scores the agent's message: one
+        body pass per row and agent (the rows where the agent did not act
+        pass their prompt alone). A value body of its own takes its own pass.
+
+        When the scoring passes of all agents together hold more padded tokens
+        than an agent's ``max_tokens_per_micro_batch``, that agent's
+        micro-batches are recomputed in the backward pass, so the update's
+        graph holds one micro-batch's activations at a time, across agents too.
         """
         active = tensordict.get(keys.ACTIVE_KEY)
         batch_shape, dims = active.shape[:-1], active.ndim - 1
@@ -223,35 +235,60 @@ class LMActor(TensorDictModuleBase):
         tokens = _flat(tensordict.get(keys.ACTION_KEY), dims)
         token_mask = _flat(tensordict.get(keys.TOKEN_MASK_KEY), dims) & _flat(active, dims).unsqueeze(-1)
         rows, agents, length = tokens.shape
-        per_agent_log_probs, per_agent_entropy = [], []
+        acting = token_mask.any(-1)  # (rows, agents)
+        in_pass = [self._rows_in_pass(index, acting[:, index], with_value) for index in range(agents)]
+        padded = sum(int(where.sum()) * (prompt_ids.shape[-1] + length) for where in in_pass)
+        per_agent_log_probs, per_agent_entropy, per_agent_value = [], [], []
         for index, name in enumerate(self.agent_names):
-            where = token_mask[:, index].any(-1)
+            policy = self.policy(name)
+            budget = policy.max_tokens_per_micro_batch
+            recompute = budget is not None and padded > budget
+            where = in_pass[index]
             log_probs = tokens.new_zeros((rows, length), dtype=torch.float32)
             entropy = tokens.new_zeros((rows, length), dtype=torch.float32)
+            value = tokens.new_zeros((rows,), dtype=torch.float32)
+            shared_value = with_value and policy.value_head is not None and policy.value_head.shared_body
             if bool(where.any()):
-                scored = self.policy(name).evaluate(
+                scored = policy.evaluate(
                     prompt_ids[where, index], prompt_mask[where, index], tokens[where, index], token_mask[where, index],
-                    with_value=False,
+                    with_value=shared_value, value_at="prompt", recompute=recompute,
                 )
                 # Scatter with index_put so that gradients flow into the selected rows.
                 rows_index = (where.nonzero().squeeze(-1),)
                 log_probs = log_probs.index_put(rows_index, scored["token_log_probs"].float())
                 entropy = entropy.index_put(rows_index, scored["entropy"].float())
-            elif self.policy(name).lockstep and rows:
+                if shared_value:
+                    value = value.index_put(rows_index, scored["value"].float())
+            elif policy.lockstep and rows:
                 # FSDP2 (nip_like.lm.sharding): every rank runs every agent's model in each minibatch; an agent
                 # without rows here runs on a stand-in row whose scores count zero.
-                scored = self.policy(name).evaluate(
+                scored = policy.evaluate(
                     prompt_ids[:1, index], prompt_mask[:1, index], tokens[:1, index], token_mask[:1, index], with_value=False
                 )
                 log_probs = log_probs + 0 * scored["token_log_probs"].float().sum()
+            if with_value and policy.value_head is not None and not shared_value:
+                empty = tokens.new_zeros((rows, 0))
+                value = policy.evaluate(
+                    prompt_ids[:, index], prompt_mask[:, index], empty, empty.bool(), with_log_probs=False, with_value=True,
+                    recompute=recompute,
+                )["value"].float()
             per_agent_log_probs.append(log_probs)
             per_agent_entropy.append(entropy)
+            per_agent_value.append(value)
         shape = (*batch_shape, agents, length)
         return ActionScores(
             token_log_probs=torch.stack(per_agent_log_probs, dim=1).reshape(shape),
             token_mask=token_mask.reshape(shape),
             token_entropy=torch.stack(per_agent_entropy, dim=1).reshape(shape),
+            value=torch.stack(per_agent_value, dim=1).reshape(*batch_shape, agents) if with_value else None,
         )
+
+    def _rows_in_pass(self, index: int, acting: torch.Tensor, with_value: bool) -> torch.Tensor:
+        """``(rows,)``: the rows agent ``index``'s scoring pass takes (all of them when it also reads its value)."""
+        head = self.policy(self.agent_names[index]).value_head
+        if with_value and head is not None and head.shared_body:
+            return torch.ones_like(acting)
+        return acting
 
 
 class LMReference(nn.Module):

@@ -1,20 +1,23 @@
-"""A lower bound on the memory of LM agents, checked before a run starts.
+"""The memory of LM agents: a preflight before a run starts, and the automatic token budget of its updates.
 
-:func:`check_lm_memory` refuses, in one line, sizes that clearly cannot fit:
-the weights of every agent's model, plus the larger of
+:func:`check_lm_memory` refuses, in one line and before any work, sizes that
+cannot fit: the weights of every agent's model, plus the larger of
 
 * sampling: the KV cache of a batch (``max(trainer.num_envs,
   trainer.test_batch_episodes)`` sequences of ``max_new_tokens`` tokens, the
   prompt not counted) and the logits of its last position;
-* scoring with gradients: the float32 logits of one micro-batch
-  (``max_tokens_per_micro_batch`` tokens, else ``trainer.minibatch_size``
-  sequences of ``max_new_tokens`` tokens), kept three times (logits,
-  log-softmax, their gradient);
+* the update: each agent's gradients and optimiser state, and the activations
+  (:func:`activation_estimate`) and float32 logits (kept three times: logits,
+  log-softmax, their gradient) of one micro-batch of the agent's token budget;
 
 against the memory available on the run's device: free memory on CUDA
 (``torch.cuda.mem_get_info``), ``MemAvailable`` of ``/proc/meminfo`` on the
-CPU. Prompts, activations and optimiser states are left out, so what is
-refused would fail anyway; what passes may still not fit.
+CPU, at most ``run.memory_limit_gib``.
+
+Once the agents are built, :func:`activation_bytes_per_token` measures what a
+token of an update pass really keeps, and :func:`automatic_budget` turns the
+memory then free into each agent's ``max_tokens_per_micro_batch`` when the
+config leaves it null (the trainer logs it as ``lm/memory/<agent>/budget_tokens``).
 """
 
 from __future__ import annotations
@@ -87,9 +90,19 @@ def shape_of_agent(agent, vocab_size: int = 0) -> ModelShape:
     )
 
 
-def available_memory(device: torch.device | str) -> Optional[tuple[int, str]]:
-    """Bytes free for the run on ``device`` and where the figure comes from; None when it cannot be told."""
+def available_memory(device: torch.device | str, limit_gib: Optional[float] = None) -> Optional[tuple[int, str]]:
+    """Bytes free for the run on ``device`` and where the figure comes from; None when it cannot be told.
+
+    ``limit_gib`` (``run.memory_limit_gib``) caps the figure: the run is
+    planned as if the device had no more than that free.
+    """
     device = torch.device(device)
+    if limit_gib is not None:
+        found = available_memory(device)
+        limit = int(float(limit_gib) * GIB)
+        if found is None or found[0] > limit:
+            return limit, f"run.memory_limit_gib={float(limit_gib):g}"
+        return found
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return None
@@ -105,14 +118,46 @@ def available_memory(device: torch.device | str) -> Optional[tuple[int, str]]:
     return None
 
 
+def activation_estimate(shape: ModelShape, element_bytes: int, checkpointing: bool) -> int:
+    """Bytes a token of a scoring pass keeps for the backward pass, estimated from the model's shape (before it exists).
+
+    Per block a Llama-like layer keeps about ``10 x hidden + 5 x MLP width``
+    elements a token (norm inputs, projections, attention output, the MLP's
+    gate, up, activation and product); with gradient checkpointing only each
+    block's input, plus one block recomputed at a time. The probe of
+    :func:`activation_bytes_per_token` measures the real figure once the
+    model is built.
+    """
+    block = 10 * shape.hidden_size + 5 * shape.intermediate_size
+    if checkpointing:
+        return (shape.num_layers * shape.hidden_size + block) * element_bytes
+    return shape.num_layers * block * element_bytes
+
+
+def lora_parameters(shape: ModelShape, rank: int) -> int:
+    """Parameters of rank-``rank`` adapters on every attention and MLP projection of every block (an upper bound)."""
+    hidden, mlp, kv = shape.hidden_size, shape.intermediate_size, shape.num_kv_heads * shape.head_dim
+    per_block = rank * (2 * (hidden + hidden) + 2 * (hidden + kv) + 3 * (hidden + mlp))
+    return shape.num_layers * per_block
+
+
 def check_lm_memory(
     agents: Mapping[str, tuple[str, object, int]],
     sampling_batch: int,
     minibatch_size: int,
     device: torch.device | str,
     batch_fields: str = "trainer.num_envs / trainer.test_batch_episodes",
+    autocast_dtype: Optional[str] = None,
+    limit_gib: Optional[float] = None,
 ) -> None:
     """Refuse, in one line, LM agents whose memory clearly cannot fit (see the module docstring).
+
+    The update's peak is estimated whole: the weights of every agent on the
+    device, each agent's gradients and optimiser state (float32, Adam's two
+    moments) for its trainable parameters (the adapters with LoRA), and the
+    activations and logits of one micro-batch (its budget's tokens, at
+    :func:`activation_estimate` bytes a token; the automatic budget starts
+    from one row of ``2 x max_new_tokens`` tokens and grows to what is free).
 
     Parameters
     ----------
@@ -128,24 +173,36 @@ def check_lm_memory(
         The run's device.
     batch_fields : str
         The options that set ``sampling_batch``, for the message.
+    autocast_dtype : str, optional
+        ``run.autocast_dtype``: activations of two bytes an element.
+    limit_gib : float, optional
+        ``run.memory_limit_gib``: plan for no more than this.
 
     Raises
     ------
     ConfigError
-        Naming the agent's ``max_new_tokens``, the batch, the estimate and the memory available.
+        Naming the agent, the estimate and its parts, the memory available and the settings that would lower it.
     """
-    available = available_memory(device)
+    available = available_memory(device, limit_gib)
     if available is None:
         return
     free, source = available
     shapes = {name: shape_of_agent(agent, vocab_size) for name, (_, agent, vocab_size) in agents.items()}
     weights = sum(shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items())
+    state = 0
+    for name, (_, agent, _) in agents.items():
+        rank = int(getattr(getattr(agent, "lora", None), "r", 0) or 0)
+        state += 12 * (lora_parameters(shapes[name], rank) if rank else shapes[name].parameters)
     for name, (where, agent, _) in agents.items():
         shape, tokens = shapes[name], int(agent.max_new_tokens)
+        element = 2 if autocast_dtype or str(agent.dtype) == "bfloat16" else DTYPE_BYTES.get(str(agent.dtype), 4)
         kv_cache = shape.kv_cache_bytes(sampling_batch, tokens, DTYPE_BYTES.get(str(agent.dtype), 4))
         sampling = kv_cache + sampling_batch * shape.vocab_size * 4
         budget = agent.max_tokens_per_micro_batch
-        scoring = 3 * 4 * shape.vocab_size * (int(budget) if budget is not None else minibatch_size * tokens)
+        scored = int(budget) if budget else (2 * tokens if budget is None else minibatch_size * tokens)
+        per_token = activation_estimate(shape, element, bool(getattr(agent, "gradient_checkpointing", False)))
+        logits = 3 * 4 * shape.vocab_size * (scored if budget else minibatch_size * tokens if budget == 0 else tokens)
+        scoring = state + per_token * scored + logits
         needed = weights + max(sampling, scoring)
         if needed <= free:
             continue
@@ -153,14 +210,90 @@ def check_lm_memory(
             part = f"KV cache {kv_cache / GIB:.1f} GiB of {sampling_batch} sequences of {tokens} tokens"
             advice = f"{where}.max_new_tokens ({tokens}) or {batch_fields}"
         else:
-            part = f"logits of a scoring pass {scoring / GIB:.1f} GiB"
-            advice = (
-                f"{where}.max_tokens_per_micro_batch ({budget})" if budget is not None
-                else f"trainer.minibatch_size ({minibatch_size}), or set {where}.max_tokens_per_micro_batch"
+            part = (
+                f"gradients and optimiser state {state / GIB:.1f} GiB, activations {per_token * scored / GIB:.1f} GiB "
+                f"of {scored} tokens at {per_token / 2**20:.2f} MiB a token, logits {logits / GIB:.1f} GiB"
             )
+            rank = int(getattr(getattr(agent, "lora", None), "r", 0) or 0)
+            settings = [] if rank else [f"{where}.lora.r (adapters instead of every weight)"]
+            if budget:
+                settings.append(f"{where}.max_tokens_per_micro_batch ({budget})")
+            elif budget == 0:
+                settings.append(f"{where}.max_tokens_per_micro_batch (0: the whole minibatch of {minibatch_size}; null: automatic)")
+            if not getattr(agent, "gradient_checkpointing", False):
+                settings.append(f"{where}.gradient_checkpointing=true")
+            if not autocast_dtype:
+                settings.append("run.autocast_dtype=bfloat16")
+            advice = ", ".join(settings) or f"the model's size ({where}.pretrained_path)"
         if weights > max(sampling, scoring):
             advice = f"the models' sizes ({where}.pretrained_path, hidden_size, num_layers, vocab_size)"
         raise ConfigError(
             f"{where}: agent {name} cannot fit in memory: it needs at least {needed / GIB:.1f} GiB (weights of the agents "
             f"{weights / GIB:.1f} GiB, {part}), but {free / GIB:.1f} GiB is available ({source}); lower {advice}"
         )
+
+
+#: Share of the memory left after weights, gradients and optimiser state that the automatic token budget fills.
+BUDGET_SHARE = 0.5
+#: The automatic budget is at most this many tokens: beyond it a pass is long enough to keep a device busy.
+MAX_BUDGET = 65536
+#: Tokens of the probe pass that measures an agent's activation bytes per token.
+PROBE_TOKENS = 128
+
+
+def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tokens: int = PROBE_TOKENS) -> float:
+    """Bytes that one token of a scoring pass with gradients keeps for the backward pass, measured.
+
+    One teacher-forced pass of ``policy`` (an :class:`~nip_like.lm.policy.LMPolicy`)
+    over a probe row of ``tokens`` tokens (half prompt, half message), in
+    train mode and under the run's autocast, with gradients; the tensors it
+    saves for the backward pass are counted once per storage. No backward
+    pass runs and nothing is kept. The count holds what the model's options
+    make of it: LoRA (frozen weights save less), gradient checkpointing
+    (only the blocks' inputs), bfloat16, the logits of the message.
+
+    Returns
+    -------
+    float
+        Saved bytes divided by ``tokens``; 0 for a policy without trainable parameters.
+    """
+    from nip_like.lm.policy import model_device
+
+    if not any(p.requires_grad for p in policy.parameters()):
+        return 0.0
+    device = model_device(policy.model)
+    half = max(tokens // 2, 1)
+    token = int(policy.eos_token_id)
+    prompt = torch.full((1, half), token, dtype=torch.long, device=device)
+    message = torch.full((1, half), token, dtype=torch.long, device=device)
+    seen: dict[tuple, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == device.type:
+            storage = tensor.untyped_storage()
+            seen[(storage.data_ptr(), tensor.device.index)] = storage.nbytes()
+        return tensor
+
+    modes = [(module, module.training) for module in policy.modules()]
+    policy.train()
+    try:
+        autocast = torch.autocast(device.type, dtype=getattr(torch, autocast_dtype or "bfloat16"), enabled=bool(autocast_dtype))
+        with torch.enable_grad(), autocast:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                policy.evaluate(prompt, torch.ones_like(prompt, dtype=torch.bool), message, torch.ones_like(message, dtype=torch.bool), recompute=False)
+    finally:
+        for module, training in modes:
+            module.training = training
+    return sum(seen.values()) / (2 * half)
+
+
+def trainable_bytes(policy) -> int:
+    """Bytes of the update's state per trainable parameter: its gradient and Adam's two moments (float32)."""
+    return sum(p.numel() for p in policy.parameters() if p.requires_grad) * 3 * 4
+
+
+def automatic_budget(per_token: float, free: int, reserved: int) -> int:
+    """The token budget of one micro-batch: :data:`BUDGET_SHARE` of what ``free`` leaves after ``reserved``, at most :data:`MAX_BUDGET` (0: nothing left)."""
+    if per_token <= 0:
+        return MAX_BUDGET
+    return min(MAX_BUDGET, int(max(free - reserved, 0) * BUDGET_SHARE / per_token))

@@ -45,7 +45,7 @@ class LMAgentConfig:
     stop_strings: list[str] = field(default_factory=list)  # a message also ends once its text contains one of these
     lora: LoraOptions = field(default_factory=LoraOptions)  # LoRA adapters through peft (r, alpha, dropout, target_modules); r=0 = full fine-tuning
     gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
-    max_tokens_per_micro_batch: Optional[int] = checked(None, ge=1)  # token budget of one scoring pass with gradients; null = the whole minibatch at once
+    max_tokens_per_micro_batch: Optional[int] = checked(None, ge=0)  # token budget of one scoring pass with gradients; null = automatic (from the device's free memory, measured when the trainer is built); 0 = none (the whole minibatch at once)
     score_chunk_tokens: Optional[int] = checked(None, ge=1)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = all logits at once
     dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # where messages are sampled: kind local (this model) or server (an OpenAI-compatible completions server; see nip_like.lm.server)
@@ -266,7 +266,7 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
         top_p=config.top_p,
         value_head=value_head,
         stop_strings=tuple(_option(config, "stop_strings", ()) or ()),
-        max_tokens_per_micro_batch=_option(config, "max_tokens_per_micro_batch", None),
+        max_tokens_per_micro_batch=_option(config, "max_tokens_per_micro_batch", None) or None,  # automatic: set by the trainer
         score_chunk_tokens=_option(config, "score_chunk_tokens", None),
         deferred_lora=lora if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "full" else None,
     )

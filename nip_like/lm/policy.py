@@ -467,11 +467,19 @@ class LMPolicy(nn.Module):
         token_mask: torch.Tensor,
         with_log_probs: bool = True,
         with_value: Optional[bool] = None,
+        value_at: str = "end",
+        recompute: Optional[bool] = None,
     ) -> dict[str, torch.Tensor]:
         """Log-probabilities, entropies and value in as few passes as possible.
 
         With a shared value body, one forward pass of the model gives all
         three; with a separate body, the value takes a second pass.
+
+        Rows go through the model in micro-batches of at most
+        :attr:`max_tokens_per_micro_batch` padded tokens. With gradients and
+        ``recompute``, each micro-batch's activations are freed after its
+        forward pass and recomputed in the backward pass, so the graph of the
+        whole update holds the activations of one micro-batch at a time.
 
         Parameters
         ----------
@@ -481,6 +489,16 @@ class LMPolicy(nn.Module):
             Compute ``"token_log_probs"`` and ``"entropy"``.
         with_value : bool, optional
             Compute ``"value"``; None: if the policy has a value head.
+        value_at : str
+            ``"end"``: the value after prompt plus message (its last real
+            token); ``"prompt"``: the value of the prompt alone (its last real
+            token), read from the same pass that scores the message, which
+            cannot see the message there (causal attention).
+        recompute : bool, optional
+            Recompute each micro-batch's activations in the backward pass
+            (see above); None: when there are several micro-batches. The
+            actor asks for it whenever the passes of all its agents together
+            exceed the budget (:meth:`~nip_like.lm.agents.LMActor.score_actions`).
 
         Returns
         -------
@@ -492,17 +510,21 @@ class LMPolicy(nn.Module):
             with_value = self.value_head is not None
         if with_value and self.value_head is None:
             raise RuntimeError("this policy has no value head (value_head=False)")
+        if value_at not in ("end", "prompt"):
+            raise ValueError(f"value_at must be 'end' or 'prompt', got {value_at!r}")
+        options = (with_log_probs, with_value, value_at == "prompt")
         self._check_prompts(prompt_ids, prompt_mask)
         prompt_ids, prompt_mask = trim_padding_columns(prompt_ids, prompt_mask)
         lengths = prompt_mask.sum(-1) + token_mask.sum(-1)
         groups = micro_batches(lengths, prompt_ids.shape[1] + tokens.shape[1], self.max_tokens_per_micro_batch)
         stand_ins = self._lockstep_stand_ins(len(groups), lengths.device)
-        if len(groups) == 1 and not stand_ins:
+        recompute = len(groups) > 1 if recompute is None else recompute
+        if len(groups) == 1 and not stand_ins and not recompute:
             self._scored_tokens[0] += int(lengths.sum())
             self._scored_tokens[1] += lengths.numel() * (prompt_ids.shape[1] + tokens.shape[1])
-            return self._evaluate_rows(prompt_ids, prompt_mask, tokens, token_mask, with_log_probs, with_value)
-        # Micro-batches: each group's activations are freed after its forward pass and recomputed in the
-        # backward pass (activation checkpointing per group), so the graph holds one group's activations
+            return self._evaluate_rows(prompt_ids, prompt_mask, tokens, token_mask, *options)
+        # Micro-batches: with recompute, each group's activations are freed after its forward pass and recomputed
+        # in the backward pass (activation checkpointing per group), so the graph holds one group's activations
         # at a time, while the loss still sees every row: the gradient equals the one-pass gradient.
         parts = []
         for rows in groups:
@@ -511,12 +533,12 @@ class LMPolicy(nn.Module):
             inputs = (*group, tokens[rows, :width], token_mask[rows, :width])
             self._scored_tokens[0] += int(lengths[rows].sum())
             self._scored_tokens[1] += rows.numel() * (group[0].shape[1] + width)
-            parts.append((rows, self._micro_batch_pass(inputs, with_log_probs, with_value)))
+            parts.append((rows, self._micro_batch_pass(inputs, options, recompute)))
         # Lockstep (FSDP2): as many passes as the rank with most micro-batches; a stand-in pass counts zero.
         for _ in range(stand_ins):
             rows = groups[0][:1]
             inputs = (*trim_padding_columns(prompt_ids[rows], prompt_mask[rows]), tokens[rows], token_mask[rows])
-            part = self._micro_batch_pass(inputs, with_log_probs, with_value)
+            part = self._micro_batch_pass(inputs, options, recompute)
             parts.append((rows, {name: value * 0 for name, value in part.items()}))
         result = {}
         for name in parts[0][1]:
@@ -561,11 +583,11 @@ class LMPolicy(nn.Module):
                 "last hidden state (a soft cap or scale between them); set score_chunk_tokens=null"
             )
 
-    def _micro_batch_pass(self, inputs: tuple[torch.Tensor, ...], with_log_probs: bool, with_value: bool) -> dict[str, torch.Tensor]:
-        """One micro-batch's pass of :meth:`evaluate`; with gradients, its activations are recomputed in the backward pass."""
-        if torch.is_grad_enabled():
-            return checkpoint(self._evaluate_rows, *inputs, with_log_probs, with_value, use_reentrant=False)
-        return self._evaluate_rows(*inputs, with_log_probs, with_value)
+    def _micro_batch_pass(self, inputs: tuple[torch.Tensor, ...], options: tuple, recompute: bool) -> dict[str, torch.Tensor]:
+        """One micro-batch's pass of :meth:`evaluate`; with gradients and ``recompute``, its activations are recomputed in the backward pass."""
+        if recompute and torch.is_grad_enabled():
+            return checkpoint(self._evaluate_rows, *inputs, *options, use_reentrant=False)
+        return self._evaluate_rows(*inputs, *options)
 
     def _lockstep_stand_ins(self, passes: int, device: torch.device) -> int:
         """Stand-in passes this rank adds so that every rank takes as many scoring passes (0 unless :attr:`lockstep`)."""
@@ -597,8 +619,9 @@ class LMPolicy(nn.Module):
         token_mask: torch.Tensor,
         with_log_probs: bool,
         with_value: bool,
+        value_of_prompt: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """One pass of :meth:`evaluate` over the given rows."""
+        """One pass of :meth:`evaluate` over the given rows (``value_of_prompt``: the value at the prompt's last token)."""
         prompt_length, message_length = prompt_ids.shape[1], tokens.shape[1]
         input_ids = torch.cat([prompt_ids, tokens], dim=-1)
         attention_mask = torch.cat([prompt_mask, token_mask], dim=-1).long()
@@ -637,7 +660,8 @@ class LMPolicy(nn.Module):
                 hidden = output.hidden_states[-1]
             else:
                 hidden = self.value_head.body_last_hidden(input_ids, attention_mask, positions)
-            last_real = (attention_mask * torch.arange(attention_mask.shape[1], device=attention_mask.device)).argmax(-1)
+            counted = prompt_mask.long() if value_of_prompt else attention_mask
+            last_real = (counted * torch.arange(counted.shape[1], device=counted.device)).argmax(-1)
             last_hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_real]
             result["value"] = self.value_head(last_hidden.float())
         return result

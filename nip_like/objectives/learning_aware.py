@@ -70,7 +70,7 @@ from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, lengthened
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.ppo import CRITIC_LOSS_TYPES, clipped_surrogate
-from nip_like.objectives.scoring import behaviour_token_log_probs, score_actions
+from nip_like.objectives.scoring import behaviour_token_log_probs, critic_value, score_actions
 
 #: ``(episodes, time)`` booleans of the episode layout: the step is part of its episode (not padding).
 VALID_KEY = "valid_step"
@@ -505,7 +505,7 @@ class LearningAwareLoss(RolloutLoss):
             advantage = standardize_per_agent(advantage, stepwise)
         advantage = torch.where(stepwise, advantage, torch.zeros_like(advantage))
 
-        scores = score_actions(self.actor_network, tensordict)
+        scores = score_actions(self.actor_network, tensordict, with_value=True)
         difference = scores.token_log_probs - behaviour_token_log_probs(tensordict)
         log_ratio = torch.where(scores.token_mask, difference, torch.zeros_like(difference)).sum(-1)
         log_ratio = torch.where(active, log_ratio, torch.zeros_like(log_ratio))  # (E, T, N)
@@ -564,8 +564,7 @@ class LearningAwareLoss(RolloutLoss):
         output["shaping_norm"] = norms.norm()
         statistics["shaping_norm"] = norms
 
-        value = self.critic_network(tensordict.select(*self.critic_network.in_keys).clone(False))
-        value = value.get(self.tensor_keys.value)
+        value = critic_value(self.critic_network, tensordict, scores, self.tensor_keys.value)
         target = tensordict.get(self.tensor_keys.value_target)
         value_loss = per_agent_mean(distance_loss(value, target, self.loss_critic_type).squeeze(-1), stepwise)
         output["loss_critic"] = self.critic_coeff * value_loss.sum()

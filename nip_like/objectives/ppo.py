@@ -22,6 +22,7 @@ from nip_like.objectives.reference import categorical_kl
 from nip_like.objectives.scoring import (
     AGGREGATIONS,
     ActionScores,
+    critic_value,
     aggregate,
     behaviour_token_log_probs,
     sampler_weights,
@@ -181,7 +182,9 @@ class MultiAgentPPOLoss(RolloutLoss):
         if self.normalize_advantage:
             advantage = standardize_per_agent(advantage, active)
 
-        scores, ratio, log_ratio = importance_ratio(self.actor_network, tensordict, self.tensor_keys, active)
+        scores, ratio, log_ratio = importance_ratio(
+            self.actor_network, tensordict, self.tensor_keys, active, with_value=True
+        )
         mask, mode = scores.token_mask, self.loss_aggregation
         token_advantage = advantage.unsqueeze(-1)
         if self.variant == "clip":
@@ -199,8 +202,7 @@ class MultiAgentPPOLoss(RolloutLoss):
             kl_approx = aggregate((ratio - 1) - log_ratio, mask, active, mode)
             clip_fraction = aggregate(((ratio - 1).abs() > self.clip_epsilon).float(), mask, active, mode)
 
-        value = self.critic_network(tensordict.select(*self.critic_network.in_keys).clone(False))
-        value = value.get(self.tensor_keys.value)
+        value = critic_value(self.critic_network, tensordict, scores, self.tensor_keys.value)
         target = tensordict.get(self.tensor_keys.value_target)
         value_loss = distance_loss(value, target, self.loss_critic_type).squeeze(-1)
         value_loss = per_agent_mean(value_loss)
@@ -257,7 +259,7 @@ class MultiAgentPPOLoss(RolloutLoss):
 
 
 def importance_ratio(
-    actor, tensordict: TensorDictBase, tensor_keys, active: torch.Tensor
+    actor, tensordict: TensorDictBase, tensor_keys, active: torch.Tensor, with_value: bool = False
 ) -> tuple[ActionScores, torch.Tensor, torch.Tensor]:
     """Score the stored actions under the current policy against their behaviour log-probs, per token.
 
@@ -273,6 +275,8 @@ def importance_ratio(
         The loss's keys.
     active : torch.Tensor
         ``(*batch, num_agents)``: who acted.
+    with_value : bool
+        Ask the actor for the values too (see :func:`~nip_like.objectives.scoring.critic_value`).
 
     Returns
     -------
@@ -281,7 +285,7 @@ def importance_ratio(
         num_agents, T)``. Entries outside the active steps' tokens get ratio 1:
         they are replaced, not multiplied, so they cannot turn into NaN.
     """
-    scores = score_actions(actor, tensordict)
+    scores = score_actions(actor, tensordict, with_value=with_value)
     counted = scores.token_mask & active.unsqueeze(-1)
     difference = scores.token_log_probs - behaviour_token_log_probs(tensordict)
     log_ratio = torch.where(counted, difference, torch.zeros_like(difference))

@@ -15,7 +15,7 @@ from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
-from nip_like.objectives.scoring import sampler_weights, score_actions
+from nip_like.objectives.scoring import critic_value, sampler_weights, score_actions
 
 RETURN_KEY = ("agents", "return")
 
@@ -133,15 +133,14 @@ class MultiAgentReinforceLoss(RolloutLoss):
         returns = tensordict.get(self.tensor_keys.returns).squeeze(-1)
         output = TensorDict()
         advantage = returns
+        scores = score_actions(self.actor_network, tensordict, with_value=self.critic_network is not None)
         if self.critic_network is not None:
-            inputs = tensordict.select(*self.critic_network.in_keys).clone(False)
-            value = self.critic_network(inputs).get(self.tensor_keys.value).squeeze(-1)
+            value = critic_value(self.critic_network, tensordict, scores, self.tensor_keys.value).squeeze(-1)
             value_loss = per_agent_mean((value - returns) ** 2)
             output["loss_critic"] = self.critic_coeff * value_loss.sum()
             advantage = returns - value.detach()
         if self.normalize_advantage:
             advantage = standardize_per_agent(advantage, active)
-        scores = score_actions(self.actor_network, tensordict)
         message_log_prob = scores.log_prob
         weights = sampler_weights(tensordict, scores.token_log_probs)
         if weights is not None:

@@ -15,6 +15,7 @@ is scored through its distribution.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,12 +46,17 @@ class ActionScores:
         (given the tokens before it), with gradients; 0 outside the mask.
     logits : torch.Tensor, optional
         ``(*batch, agents, A)`` for categorical actions (exact KL terms use it).
+    value : torch.Tensor, optional
+        ``(*batch, agents)`` each agent's value of the step, with gradients,
+        when the actor computes it in the scoring pass (language-model agents
+        asked ``with_value``); None: the loss asks its critic.
     """
 
     token_log_probs: torch.Tensor
     token_mask: torch.Tensor
     token_entropy: torch.Tensor
     logits: Optional[torch.Tensor] = None
+    value: Optional[torch.Tensor] = None
 
     @property
     def log_prob(self) -> torch.Tensor:
@@ -63,7 +69,7 @@ class ActionScores:
         return self.token_mask.sum(-1)
 
 
-def score_actions(actor, tensordict: TensorDictBase) -> ActionScores:
+def score_actions(actor, tensordict: TensorDictBase, with_value: bool = False) -> ActionScores:
     """Score the actions stored in ``tensordict`` (``("agents", "action")``) under ``actor``.
 
     Parameters
@@ -74,9 +80,15 @@ def score_actions(actor, tensordict: TensorDictBase) -> ActionScores:
         ``("agents", "logits")`` when it is categorical.
     tensordict : TensorDictBase
         Steps holding the actor's inputs and the actions.
+    with_value : bool
+        Also read each agent's value of the step from the scoring pass, where
+        the actor can (its ``score_actions`` takes ``with_value``); the
+        scores' ``value`` is None otherwise, and the loss asks its critic.
     """
     scorer = getattr(actor, "score_actions", None)
     if scorer is not None:
+        if with_value and "with_value" in inspect.signature(scorer).parameters:
+            return scorer(tensordict, with_value=True)
         return scorer(tensordict)
     dist = actor.get_dist(tensordict.clone(False))
     log_prob = dist.log_prob(tensordict.get(keys.ACTION_KEY)).unsqueeze(-1)
@@ -86,6 +98,25 @@ def score_actions(actor, tensordict: TensorDictBase) -> ActionScores:
         token_entropy=dist.entropy().unsqueeze(-1),
         logits=getattr(dist, "logits", None),
     )
+
+
+def critic_value(critic, tensordict: TensorDictBase, scores: ActionScores, value_key) -> torch.Tensor:
+    """``(*batch, agents, 1)`` values with gradients: read from the scoring pass where the actor gave them, else the critic's.
+
+    Parameters
+    ----------
+    critic
+        The loss's critic (a TensorDict module writing ``value_key``).
+    tensordict : TensorDictBase
+        The minibatch.
+    scores : ActionScores
+        The actor's scores of it (:func:`score_actions` with ``with_value``).
+    value_key
+        Where the critic writes its value.
+    """
+    if scores.value is not None:
+        return scores.value.unsqueeze(-1)
+    return critic(tensordict.select(*critic.in_keys).clone(False)).get(value_key)
 
 
 def behaviour_token_log_probs(tensordict: TensorDictBase) -> torch.Tensor:

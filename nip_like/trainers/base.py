@@ -306,7 +306,10 @@ class TensorDictTrainer(Trainer, ABC):
         trainer = config.trainer
         world_size = distributed.launched_world_size()  # torchrun splits the batch over the ranks
         batch = max(int(trainer.get("num_envs", 1)) // world_size, int(trainer.get("test_batch_episodes", 1)) // world_size, 1)
-        check_lm_memory(agents, batch, int(trainer.get("minibatch_size", 1)), str(config.run.device))
+        check_lm_memory(
+            agents, batch, int(trainer.get("minibatch_size", 1)), str(config.run.device),
+            autocast_dtype=config.run.get("autocast_dtype"), limit_gib=config.run.get("memory_limit_gib"),
+        )
         from nip_like.lm.server import check_sampler, check_server_sharing, probe_server, server_agents
 
         servers = server_agents(agents)

@@ -118,6 +118,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self._build_optimiser()
         with self.whole_weights():  # the collector runs the policy once to read its outputs
             self._build_collection()
+        self.memory_metrics = self.set_token_budgets()
         self.buffer: TensorDictReplayBuffer | None = None
         self.state = TrainState()
         self.final_metrics: dict[str, float] = {}
@@ -148,6 +149,45 @@ class TensorDictRlTrainer(TensorDictTrainer):
         # Rank 0 builds first (it writes the caches); from here on the build needs every rank at once.
         self.distributed.release_others()
         return ShardedAgents({name: self.policy.policy(name) for name in self.agent_names})
+
+    def set_token_budgets(self) -> dict[str, float]:
+        """The build order's last step: each LM agent's automatic ``max_tokens_per_micro_batch``, from a probe pass.
+
+        For every language-model agent whose config leaves the budget null,
+        one probe pass measures the activation bytes a token of its update
+        keeps (:func:`~nip_like.lm.memory.activation_bytes_per_token`, under
+        the run's autocast), and the memory free on the device (at most
+        ``run.memory_limit_gib``), less every agent's gradients and optimiser
+        state, sets the budget (:func:`~nip_like.lm.memory.automatic_budget`).
+        A number in the config wins. Returns ``lm/memory/<agent>/...`` metrics
+        (logged with the first iteration); nothing for other agents or sharded ones.
+        """
+        from nip_like.lm.memory import GIB, activation_bytes_per_token, automatic_budget, available_memory, trainable_bytes
+
+        configs = self.scenario.lm_agent_configs()
+        if not configs or self.sharded is not None or not hasattr(self.policy, "policy"):
+            return {}
+        available = available_memory(self.device, self.config.run.get("memory_limit_gib"))
+        reserved = sum(trainable_bytes(self.policy.policy(name)) for name in configs)
+        width = int(getattr(self.train_env, "prompt_length", 0)) + int(self.policy.message_tokens)
+        metrics: dict[str, float] = {}
+        for name, (where, agent, _) in configs.items():
+            policy = self.policy.policy(name)
+            if agent.get("max_tokens_per_micro_batch") is not None or available is None:
+                continue
+            per_token = activation_bytes_per_token(policy, self.config.run.get("autocast_dtype"))
+            budget = automatic_budget(per_token, available[0], reserved)
+            if budget < width:
+                raise ConfigError(
+                    f"{where}: agent {name}'s update cannot fit in memory: {available[0] / GIB:.1f} GiB is available "
+                    f"({available[1]}), gradients and optimiser state take {reserved / GIB:.1f} GiB and a token of its update "
+                    f"{per_token / 2**20:.2f} MiB, so a micro-batch holds {budget} tokens, under one row ({width}); lower "
+                    f"{where}.lora.r or the model's size, or set {where}.gradient_checkpointing=true or run.autocast_dtype=bfloat16"
+                )
+            policy.max_tokens_per_micro_batch = budget
+            metrics[f"lm/memory/{name}/budget_tokens"] = float(budget)
+            metrics[f"lm/memory/{name}/activation_bytes_per_token"] = float(per_token)
+        return metrics
 
     def whole_weights(self) -> Any:
         """A context in which sharded agents keep their weights whole (sampling, evaluation, test); else nothing."""
@@ -378,6 +418,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
             metrics.update(sampler_metrics())
             if iteration == 0:
                 metrics.update(self.pretrain_metrics)
+                metrics.update(self.memory_metrics)
             every = self._diagnostics_every
             if every and iteration % every == 0:
                 diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
