@@ -98,3 +98,49 @@ def test_the_probe_measures_what_checkpointing_lora_and_bfloat16_save(chat_model
     assert 0 < checkpointed < plain and 0 < halved < plain
     frozen = build_lm_policy(LMAgentConfig(pretrained_path=folder)).requires_grad_(False)
     assert activation_bytes_per_token(frozen) == 0.0
+
+
+def _peak_bytes_while(action) -> int:
+    """Peak tensor memory allocated while ``action()`` runs, over what was held before (the CPU profiler's events)."""
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with profiler:
+        action()
+    events = [event for event in profiler.profiler.kineto_results.events() if event.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda event: event.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def test_a_memory_limit_shrinks_the_automatic_budget_and_the_run_stays_under_it(chat_model, tmp_path):
+    from nip_like.experiment import build_trainer
+    from nip_like.lm.memory import automatic_budget, trainable_bytes
+    from tests.test_lm_chat import chat_config
+
+    folder = chat_model("qwen2")
+    sizes = ("trainer.num_envs=8", "trainer.frames_per_batch=32", "trainer.minibatch_size=32", "trainer.num_epochs=1")
+    free = build_trainer(chat_config(folder, tmp_path, *sizes), tmp_path / "free")
+    per_token = free.memory_metrics["lm/memory/prover/activation_bytes_per_token"]
+    held = sum(p.numel() * p.element_size() for p in free.policy.parameters())
+    # A limit that leaves the update room for a few rows of activations only.
+    limit = held + int(per_token * 3000)
+    limited = build_trainer(chat_config(folder, tmp_path, *sizes, f"run.memory_limit_gib={limit / GIB}"), tmp_path / "limited")
+    budget = limited.memory_metrics["lm/memory/prover/budget_tokens"]
+    reserved = sum(trainable_bytes(limited.policy.policy(name)) for name in limited.agent_names)
+    assert budget < free.memory_metrics["lm/memory/prover/budget_tokens"]
+    assert budget == automatic_budget(per_token, limit - held, reserved) > 0
+    assert limited.policy.policy("prover").max_tokens_per_micro_batch == budget
+    peak = _peak_bytes_while(limited.train)
+    assert peak <= limit - held, (peak, limit - held)
+    # Room for less than one row of activations: refused when the budget is set, in one line naming what to change.
+    width = limited.train_env.prompt_length + limited.policy.message_tokens
+    short = chat_config(folder, tmp_path, *sizes, f"run.memory_limit_gib={(held + reserved + per_token * width) / GIB}")
+    with pytest.raises(ConfigError, match=r"agent prover's update cannot fit in memory: .*under one row \(\d+\); lower") as error:
+        build_trainer(short, tmp_path / "short")
+    assert "\n" not in str(error.value)
+    # Below the weights the preflight refuses before anything is built.
+    tight = chat_config(folder, tmp_path, *sizes, f"run.memory_limit_gib={(held + per_token * 20) / GIB}")
+    with pytest.raises(ConfigError, match=r"agent \w+ cannot fit in memory: .*\(run\.memory_limit_gib=") as error:
+        build_trainer(tight, tmp_path / "tight")
+    assert "\n" not in str(error.value)

@@ -59,6 +59,11 @@ class ModelShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * sequences * tokens * element_bytes
 
 
+def size(nbytes: float) -> str:
+    """``nbytes`` for a message: GiB with one decimal from 0.1 GiB on, else MiB."""
+    return f"{nbytes / GIB:.1f} GiB" if abs(nbytes) >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def shape_of_folder(path: str | Path) -> ModelShape:
     """The shape read from a model folder's ``config.json`` (Llama, Qwen2, GPT-2 names)."""
     config = json.loads((Path(path).expanduser() / "config.json").read_text())
@@ -90,18 +95,19 @@ def shape_of_agent(agent, vocab_size: int = 0) -> ModelShape:
     )
 
 
-def available_memory(device: torch.device | str, limit_gib: Optional[float] = None) -> Optional[tuple[int, str]]:
+def available_memory(device: torch.device | str, limit_gib: Optional[float] = None, held: int = 0) -> Optional[tuple[int, str]]:
     """Bytes free for the run on ``device`` and where the figure comes from; None when it cannot be told.
 
-    ``limit_gib`` (``run.memory_limit_gib``) caps the figure: the run is
-    planned as if the device had no more than that free.
+    ``limit_gib`` (``run.memory_limit_gib``) caps the figure: the run may use
+    no more than that in all, of which it already holds ``held`` bytes (its
+    weights, once built).
     """
     device = torch.device(device)
     if limit_gib is not None:
         found = available_memory(device)
-        limit = int(float(limit_gib) * GIB)
+        limit = int(float(limit_gib) * GIB) - held
         if found is None or found[0] > limit:
-            return limit, f"run.memory_limit_gib={float(limit_gib):g}"
+            return max(limit, 0), f"run.memory_limit_gib={float(limit_gib):g}"
         return found
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -207,12 +213,12 @@ def check_lm_memory(
         if needed <= free:
             continue
         if sampling >= scoring:
-            part = f"KV cache {kv_cache / GIB:.1f} GiB of {sampling_batch} sequences of {tokens} tokens"
+            part = f"KV cache {size(kv_cache)} of {sampling_batch} sequences of {tokens} tokens"
             advice = f"{where}.max_new_tokens ({tokens}) or {batch_fields}"
         else:
             part = (
-                f"gradients and optimiser state {state / GIB:.1f} GiB, activations {per_token * scored / GIB:.1f} GiB "
-                f"of {scored} tokens at {per_token / 2**20:.2f} MiB a token, logits {logits / GIB:.1f} GiB"
+                f"gradients and optimiser state {size(state)}, activations {size(per_token * scored)} "
+                f"of {scored} tokens at {per_token / 2**20:.2f} MiB a token, logits {size(logits)}"
             )
             rank = int(getattr(getattr(agent, "lora", None), "r", 0) or 0)
             settings = [] if rank else [f"{where}.lora.r (adapters instead of every weight)"]
@@ -228,8 +234,8 @@ def check_lm_memory(
         if weights > max(sampling, scoring):
             advice = f"the models' sizes ({where}.pretrained_path, hidden_size, num_layers, vocab_size)"
         raise ConfigError(
-            f"{where}: agent {name} cannot fit in memory: it needs at least {needed / GIB:.1f} GiB (weights of the agents "
-            f"{weights / GIB:.1f} GiB, {part}), but {free / GIB:.1f} GiB is available ({source}); lower {advice}"
+            f"{where}: agent {name} cannot fit in memory: it needs at least {size(needed)} (weights of the agents "
+            f"{size(weights)}, {part}), but {size(free)} is available ({source}); lower {advice}"
         )
 
 

@@ -162,12 +162,13 @@ class TensorDictRlTrainer(TensorDictTrainer):
         A number in the config wins. Returns ``lm/memory/<agent>/...`` metrics
         (logged with the first iteration); nothing for other agents or sharded ones.
         """
-        from nip_like.lm.memory import GIB, activation_bytes_per_token, automatic_budget, available_memory, trainable_bytes
+        from nip_like.lm.memory import activation_bytes_per_token, automatic_budget, available_memory, size, trainable_bytes
 
         configs = self.scenario.lm_agent_configs()
         if not configs or self.sharded is not None or not hasattr(self.policy, "policy"):
             return {}
-        available = available_memory(self.device, self.config.run.get("memory_limit_gib"))
+        held = sum(t.numel() * t.element_size() for t in (*self.policy.parameters(), *self.policy.buffers()))
+        available = available_memory(self.device, self.config.run.get("memory_limit_gib"), held)
         reserved = sum(trainable_bytes(self.policy.policy(name)) for name in configs)
         width = int(getattr(self.train_env, "prompt_length", 0)) + int(self.policy.message_tokens)
         metrics: dict[str, float] = {}
@@ -179,8 +180,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
             budget = automatic_budget(per_token, available[0], reserved)
             if budget < width:
                 raise ConfigError(
-                    f"{where}: agent {name}'s update cannot fit in memory: {available[0] / GIB:.1f} GiB is available "
-                    f"({available[1]}), gradients and optimiser state take {reserved / GIB:.1f} GiB and a token of its update "
+                    f"{where}: agent {name}'s update cannot fit in memory: {size(available[0])} is available "
+                    f"({available[1]}), gradients and optimiser state take {size(reserved)} and a token of its update "
                     f"{per_token / 2**20:.2f} MiB, so a micro-batch holds {budget} tokens, under one row ({width}); lower "
                     f"{where}.lora.r or the model's size, or set {where}.gradient_checkpointing=true or run.autocast_dtype=bfloat16"
                 )
