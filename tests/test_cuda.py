@@ -16,6 +16,7 @@ from nip_like import keys
 from nip_like.experiment import build_trainer
 from nip_like.objectives.scoring import score_actions
 from tests.conftest import smoke_config
+from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 from tests.test_duplicates_scenario import RL_TRAINERS, lm_smoke_config, scenario_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -77,3 +78,31 @@ def test_stored_log_probs_match_a_teacher_forced_pass_on_cuda(tmp_path, autocast
     gap = (scores.token_log_probs.detach() - stored).abs()[scores.token_mask].max().item()
     print(f"autocast={autocast}: max |teacher-forced - sampled| token log-prob = {gap:.2e}")
     assert gap <= (1e-5 if autocast is None else 5e-2)
+
+
+@pytest.mark.parametrize("autocast", AUTOCAST)
+@pytest.mark.parametrize("trainer", RL_TRAINERS)
+def test_chat_agents_with_lora_train_on_cuda(chat_model, tmp_path, autocast, trainer):
+    """The chat view (a Qwen2 folder with a BPE tokenizer and chat template), LoRA adapters, default memory settings."""
+    from tests.test_lm_chat import chat_config
+
+    config = chat_config(
+        chat_model("qwen2"), tmp_path, f"trainer={trainer}", "scenario.default_agent.lora.r=4", "trainer.group_size=2",
+        "run.device=cuda", f"run.autocast_dtype={autocast or 'null'}", "trainer.num_iterations=2",
+    )
+    trainer_ = build_trainer(config, tmp_path / "run")
+    assert trainer_.memory_metrics["lm/memory/prover/budget_tokens"] > 0  # the automatic budget, from a probe on the GPU
+    before = {name: p.detach().clone() for name, p in trainer_.policy.named_parameters() if p.requires_grad}
+    metrics = trainer_.train()
+    assert all(math.isfinite(value) for value in metrics.values())
+    assert any(not torch.equal(p, before[name]) for name, p in trainer_.policy.named_parameters() if name in before)
+
+
+@pytest.mark.parametrize("trainer", ["expert_iteration", "malt"])
+def test_text_trainers_run_on_cuda(tmp_path, trainer):
+    from nip_like.experiment import run_experiment
+    from tests.test_text_trainer import KEEP_ALL, config
+
+    keep_all = [KEEP_ALL] if trainer == "expert_iteration" else []
+    metrics = run_experiment(config(f"trainer={trainer}", *keep_all, "run.device=cuda"), tmp_path / "run")
+    assert 0.0 <= metrics["test/accuracy"] <= 1.0
