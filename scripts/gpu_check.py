@@ -9,7 +9,7 @@ From the repository root, with the project importable (installed, or on ``PYTHON
 Each step runs as a subprocess with its own timeout; its output is saved under ``--out``
 (``<step>.log``), and a failing step does not stop the others:
 
-1. ``tests``: ``python -m pytest tests/test_cuda.py -p no:cacheprovider -n 0 -q`` (passed, failed
+1. ``tests``: ``python -m pytest tests/test_cuda.py -p no:cacheprovider -n <--test-workers> -q`` (passed, failed
    and skipped counted from pytest's summary line).
 2. ``model``: a chat-model folder of the ``--shape`` (``scripts/build_lm_folder.py``; random
    weights). ``398m`` is the Qwen2 shape hidden 896, 24 blocks, 14 heads, MLP 4864, 8k vocabulary
@@ -641,7 +641,7 @@ def no_time(step: str) -> StepResult:
 
 def check_tests(check: Check) -> StepResult:
     """Step ``tests``: ``tests/test_cuda.py`` in one process."""
-    command = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-p", "no:cacheprovider", "-n", "0", "-q"]
+    command = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-p", "no:cacheprovider", "-n", str(check.args.test_workers), "-q"]
     outcome, log, timeout = check.run("tests", command)
     if outcome is None:
         return no_time("tests")
@@ -870,6 +870,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="model shape: 398m (hidden 896, 24 blocks; the default) or small (a tiny model, for CPU)")
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds each step may run (240)")
+    parser.add_argument("--test-workers", type=int, default=4, help="pytest-xdist workers of the CUDA tests (4; 0: one process)")
     parser.add_argument("--deadline", type=float, default=540.0,
                         help="seconds the whole check may run; later steps are skipped (540)")
     parser.add_argument("--oom-budget", type=int, default=16384,
