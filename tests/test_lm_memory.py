@@ -144,3 +144,16 @@ def test_a_memory_limit_shrinks_the_automatic_budget_and_the_run_stays_under_it(
     with pytest.raises(ConfigError, match=r"agent \w+ cannot fit in memory: .*\(run\.memory_limit_gib=") as error:
         build_trainer(tight, tmp_path / "tight")
     assert "\n" not in str(error.value)
+
+
+def test_the_probe_counts_activations_not_the_weights_layers_save(chat_model):
+    """A linear layer saves its weight for its input's gradient: held anyway, so not an activation of the update."""
+    from nip_like.lm.memory import activation_bytes_per_token
+    from nip_like.lm.models import build_lm_policy
+
+    policy = build_lm_policy(LMAgentConfig(pretrained_path=str(chat_model("qwen2"))))
+    # Activations grow with the tokens, the weights do not: counted, they would make the figure per token fall.
+    short, long = activation_bytes_per_token(policy, tokens=128), activation_bytes_per_token(policy, tokens=512)
+    weights = sum(p.numel() * p.element_size() for p in policy.parameters())
+    assert weights / 128 - weights / 512 > 0.1 * short  # what counting the weights would add at 128 tokens
+    assert abs(short - long) < 0.05 * short, (short, long)

@@ -256,7 +256,9 @@ def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tok
     saves for the backward pass are counted once per storage. No backward
     pass runs and nothing is kept. The count holds what the model's options
     make of it: LoRA (frozen weights save less), gradient checkpointing
-    (only the blocks' inputs), bfloat16, the logits of the message.
+    (only the blocks' inputs), bfloat16, the logits of the message. The
+    parameters and buffers that layers save (a linear layer's weight) are
+    left out: they are held anyway.
 
     Returns
     -------
@@ -273,12 +275,15 @@ def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tok
     prompt = torch.full((1, half), token, dtype=torch.long, device=device)
     message = torch.full((1, half), token, dtype=torch.long, device=device)
     seen: dict[tuple, int] = {}
+    # The weights that linear layers save for their input's gradient are held anyway: not activations.
+    held = {(t.untyped_storage().data_ptr(), t.device.index) for t in (*policy.parameters(), *policy.buffers())}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type == device.type:
-            storage = tensor.untyped_storage()
-            seen[(storage.data_ptr(), tensor.device.index)] = storage.nbytes()
-        return tensor
+        saved = tensor.detach()  # never the tensor itself: a saved output would hold its own graph node (a leak)
+        key = (saved.untyped_storage().data_ptr(), saved.device.index)
+        if saved.device.type == device.type and key not in held:
+            seen[key] = saved.untyped_storage().nbytes()
+        return saved
 
     modes = [(module, module.training) for module in policy.modules()]
     policy.train()

@@ -562,7 +562,8 @@ class LMPolicy(nn.Module):
         for start in range(0, tokens.shape[1], self.score_chunk_tokens):
             part = slice(start, start + self.score_chunk_tokens)
             if torch.is_grad_enabled():
-                scores.append(checkpoint(self._chunk_scores, head, hidden[:, part], tokens[:, part], use_reentrant=False))
+                # A contiguous copy: a view would keep the whole hidden-state tensor alive for the recomputation.
+                scores.append(checkpoint(self._chunk_scores, head, hidden[:, part].contiguous(), tokens[:, part], use_reentrant=False))
             else:
                 scores.append(self._chunk_scores(head, hidden[:, part], tokens[:, part]))
         return torch.cat([lp for lp, _ in scores], dim=1), torch.cat([ent for _, ent in scores], dim=1)
