@@ -73,6 +73,19 @@ only (not Python objects or libraries), is not disturbed by other processes,
 and needs neither ``tracemalloc`` nor ``psutil``; the process's peak resident
 memory (``resource.getrusage``) is reported once at the end, for scale.
 
+Activation bytes per token of an update (``saved B/tok``): the bytes of the
+tensors that the loss computation of one step saves for the backward pass,
+over the step's real tokens. :class:`SavedTensorBytes` counts them with
+``torch.autograd.graph.saved_tensors_hooks`` around the framework's loss
+function and around TRL's ``compute_loss``, in the first (warm-up) step of
+each side: each storage once, the parameters and buffers left out (a linear
+layer saves its weight, which is held anyway). Unlike a peak, this is exact
+and independent of the allocator and of other processes; on another device
+it can differ only where other kernels save other tensors (attention, which
+both sides share). ``activation_bytes_per_token`` in the results (with TRL)
+holds both sides, their ratio, and the same ratio of the step peaks over
+the real tokens; each side's ``saved_bytes`` are there in any case.
+
 Run it from the repository root (TRL is the ``bench`` extra,
 ``pip install -e '.[bench]'``; without it the TRL rows are skipped)::
 
@@ -98,6 +111,7 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -372,6 +386,71 @@ class MemoryProbe:
         return peak
 
 
+class SavedTensorBytes:
+    """Bytes of the tensors that autograd saves for the backward pass inside a ``with`` block, each storage once.
+
+    ``torch.autograd.graph.saved_tensors_hooks`` is called with every tensor
+    an operation saves for its backward pass. Each tensor's storage is counted
+    once (by device and ``data_ptr``, at its whole size: a saved view keeps
+    all of its storage), and only if the tensor is still saved when the block
+    ends, i.e. held by the graph of what the block returns (a part of the
+    graph dropped inside the block frees what it saved). Storages of the
+    modules' parameters and buffers are counted apart (:attr:`parameter_bytes`):
+    a linear layer saves its weight, which is held between steps anyway. This
+    counts exactly, on any device, what the forward pass leaves for the
+    backward pass; not the temporaries of the forward pass, nor what the
+    backward pass allocates. Under activation checkpointing, a checkpoint's
+    inputs are counted (it saves them) and what its region saves is not (the
+    region's own hooks take it, and the backward pass recomputes it).
+
+    Parameters
+    ----------
+    *modules : torch.nn.Module
+        The modules whose parameters and buffers are not activations.
+    """
+
+    def __init__(self, *modules: torch.nn.Module) -> None:
+        self._parameters = {
+            self.key(tensor) for module in modules for tensor in (*module.parameters(), *module.buffers())
+        }
+        self._saved: list[tuple[tuple, int, weakref.ref]] = []
+        self._hooks: Any = None
+        #: Bytes of the storages saved and still held at the end of the block, parameters and buffers left out.
+        self.bytes = 0
+        #: Bytes of the parameters' and buffers' storages saved.
+        self.parameter_bytes = 0
+
+    @staticmethod
+    def key(tensor: torch.Tensor) -> tuple:
+        """What identifies a tensor's storage: its device and the address of its data."""
+        return tensor.device, tensor.untyped_storage().data_ptr()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        # The graph keeps a detached alias (same storage): kept as is, a saved output would hold its own grad_fn,
+        # which holds it, a reference cycle that never frees it. The alias lives exactly as long as the graph's node.
+        saved = tensor.detach()
+        try:
+            self._saved.append((self.key(saved), saved.untyped_storage().nbytes(), weakref.ref(saved)))
+        except (RuntimeError, NotImplementedError, TypeError):  # a tensor without a plain storage
+            pass
+        return saved
+
+    def __enter__(self) -> "SavedTensorBytes":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._hooks.__exit__(*exc_info)
+        storages: dict[tuple, int] = {}
+        for key, nbytes, ref in self._saved:
+            if ref() is not None:  # two live storages never share an address
+                storages[key] = max(storages.get(key, 0), nbytes)
+        self._saved.clear()
+        self.bytes = sum(nbytes for key, nbytes in storages.items() if key not in self._parameters)
+        self.parameter_bytes = sum(nbytes for key, nbytes in storages.items() if key in self._parameters)
+
+
 def summarise(seconds: list[float], cpu_seconds: list[float], tokens: int, message_tokens: int) -> dict[str, Any]:
     """Median wall and CPU time of timed steps and the throughput at the median."""
     median = statistics.median(seconds)
@@ -531,10 +610,20 @@ class FrameworkUpdate:
         self.optimizer = torch.optim.AdamW(
             self.parameters, lr=LEARNING_RATE, weight_decay=0.0, **fast_implementation(torch.optim.AdamW)
         )
+        self._saved: SavedTensorBytes | None = None
+
+    def count_next_step(self) -> SavedTensorBytes:
+        """Have the next step count what its loss computation saves for the backward pass (see :class:`SavedTensorBytes`)."""
+        self._saved = SavedTensorBytes(self.policy)
+        return self._saved
 
     def step(self) -> None:
         """Make one update; the gradients are freed after the step (as the Hugging Face Trainer does)."""
-        self.loss(self.policy).backward()
+        saved, self._saved = self._saved, None
+        with saved if saved is not None else contextlib.nullcontext():
+            loss = self.loss(self.policy)
+        loss.backward()
+        del loss
         torch.nn.utils.clip_grad_norm_(self.parameters, MAX_GRAD_NORM)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -658,6 +747,31 @@ def step_clock(device: torch.device, memory_step: int, after_step: Callable[[], 
     return StepClock()
 
 
+class CountsSavedTensors:
+    """Mixin of a TRL trainer: its first ``compute_loss`` with gradients counts what it saves for the backward pass.
+
+    The count (:class:`SavedTensorBytes`, over the model's parameters) is
+    around the loss computation of the first training step, as
+    :meth:`FrameworkUpdate.count_next_step` on the framework side; calls
+    without gradients (DPO's precomputed reference log-probs) are not counted.
+    """
+
+    saved_tensors: SavedTensorBytes | None = None
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if self.saved_tensors is not None or not torch.is_grad_enabled():
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        self.saved_tensors = SavedTensorBytes(model)
+        with self.saved_tensors:
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def saved_tensor_figures(trainer) -> dict[str, int]:
+    """``saved_bytes`` and ``saved_parameter_bytes`` of a :class:`CountsSavedTensors` trainer's counted step."""
+    saved = trainer.saved_tensors
+    return {"saved_bytes": saved.bytes, "saved_parameter_bytes": saved.parameter_bytes}
+
+
 def quiet(trainer) -> None:
     """Remove the callbacks that print progress and logs."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -725,7 +839,7 @@ def measure_trl_grpo(
 
     disable_progress_bars()
 
-    class TimedGRPOTrainer(GRPOTrainer):
+    class TimedGRPOTrainer(CountsSavedTensors, GRPOTrainer):
         """GRPOTrainer that records how long each ``_prepare_inputs`` (rollout, rewards, advantages) takes."""
 
         prepare_times: StepTimes
@@ -767,6 +881,7 @@ def measure_trl_grpo(
         "update": clock.times.summary(args, tokens, minus=trainer.prepare_times),
         "step": clock.times.summary(args, tokens),
         "peak_bytes": clock.peak_bytes,
+        **saved_tensor_figures(trainer),
     }
 
 
@@ -804,7 +919,10 @@ def measure_trl_dpo(
 
     disable_progress_bars()
 
-    class PretokenizedDPOTrainer(DPOTrainer):
+    class CountingDPOTrainer(CountsSavedTensors, DPOTrainer):
+        """DPOTrainer that counts the tensors its first step saves for the backward pass."""
+
+    class PretokenizedDPOTrainer(CountingDPOTrainer):
         """DPOTrainer whose dataset already holds the token ids of prompt, chosen and rejected messages."""
 
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -842,7 +960,7 @@ def measure_trl_dpo(
             precompute_ref_log_probs=True,
             max_length=None,
         )
-        trainer = (PretokenizedDPOTrainer if pretokenized else DPOTrainer)(
+        trainer = (PretokenizedDPOTrainer if pretokenized else CountingDPOTrainer)(
             model=copy.deepcopy(policy.model),
             args=config,
             train_dataset=dataset,
@@ -852,7 +970,7 @@ def measure_trl_dpo(
         check_trl_tokens(trainer.train_dataset, batch)
         quiet(trainer)
         trainer.train()
-    return {"update": clock.times.summary(args, tokens), "peak_bytes": clock.peak_bytes}
+    return {"update": clock.times.summary(args, tokens), "peak_bytes": clock.peak_bytes, **saved_tensor_figures(trainer)}
 
 
 # ------------------------------------------------------------------ report
@@ -881,25 +999,35 @@ def print_rollout(rollout: dict[str, Any], args: argparse.Namespace) -> None:
 def print_updates(updates: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     """The update table and the TRL / framework speed-ups."""
     print(f"\nUpdate step: median of {args.update_steps} steps after {args.warmup} warm-up steps")
-    print(f"{'objective, side':<34} {'median ms':>9} {'tokens/s':>10} {'msg tok/s':>10} {'CPU ms':>8} {'peak MiB':>9}")
+    print(
+        f"{'objective, side':<34} {'median ms':>9} {'tokens/s':>10} {'msg tok/s':>10} {'CPU ms':>8} {'peak MiB':>9} "
+        f"{'saved B/tok':>11}"
+    )
     for objective, sides in updates.items():
-        rows = [("nip_like", sides["nip_like"], sides["nip_like"]["peak_bytes"])]
+        per_token = activation_bytes_per_token(sides, sides["nip_like"]["tokens"])
+        rows = [("nip_like", sides["nip_like"], sides["nip_like"]["peak_bytes"], per_token["nip_like"])]
         if "trl" in sides:
             trl = sides["trl"]
             label = "TRL (step minus _prepare_inputs)" if "step" in trl else "TRL"
-            rows.append((label, trl["update"], trl["peak_bytes"]))
+            rows.append((label, trl["update"], trl["peak_bytes"], per_token["trl"]))
             if "step" in trl:
-                rows.append(("TRL (whole step)", trl["step"], None))
-        for label, row, peak in rows:
+                rows.append(("TRL (whole step)", trl["step"], None, None))
+        for label, row, peak, saved in rows:
             peak_text = f"{peak / MIB:>9.2f}" if peak is not None else f"{'':>9}"
+            saved_text = f"{saved:>11,.0f}" if saved is not None else f"{'':>11}"
             print(
                 f"{objective + ', ' + label:<34} {row['median_seconds'] * 1e3:>9.2f} "
                 f"{row['tokens_per_second']:>10,.0f} {row['message_tokens_per_second']:>10,.0f} "
-                f"{row['median_cpu_seconds'] * 1e3:>8.2f} {peak_text}"
+                f"{row['median_cpu_seconds'] * 1e3:>8.2f} {peak_text} {saved_text}"
             )
     for objective, sides in updates.items():
         if "trl" in sides:
-            print(f"{objective}: TRL / nip_like median update time = {sides['trl_over_nip_like']:.2f}")
+            per_token = sides["activation_bytes_per_token"]
+            saved, peak = (row.get("ratio", float("nan")) for row in (per_token, per_token["peak"]))
+            print(
+                f"{objective}: TRL / nip_like median update time = {sides['trl_over_nip_like']:.2f}; nip_like / TRL "
+                f"activation bytes per token = {saved:.3f} (saved for the backward pass), {peak:.3f} (step peak)"
+            )
 
 
 # ------------------------------------------------------------------ main
@@ -964,6 +1092,7 @@ def measure_update(
         ``"nip_like"`` (and ``"trl"`` with ``"trl_over_nip_like"``, the ratio of median update times).
     """
     update = FrameworkUpdate(clone_policy(policy), loss)
+    saved = update.count_next_step()  # the first (warm-up) step, as on TRL's side
     times = StepTimes()
     framework_step = timed_framework_step(update, times)
     result: dict[str, Any] = {}
@@ -972,10 +1101,37 @@ def measure_update(
             framework_step()
     else:
         result["trl"] = trl_measure(framework_step)
-    result["nip_like"] = {**times.summary(args, tokens), "peak_bytes": probed_step(update)}
+    result["nip_like"] = {
+        **times.summary(args, tokens),
+        "peak_bytes": probed_step(update),
+        "saved_bytes": saved.bytes,
+        "saved_parameter_bytes": saved.parameter_bytes,
+    }
     if trl_measure is not None:
         result["trl_over_nip_like"] = result["trl"]["update"]["median_seconds"] / result["nip_like"]["median_seconds"]
+        result["activation_bytes_per_token"] = activation_bytes_per_token(result, tokens[0])
     return result
+
+
+def activation_bytes_per_token(sides: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """Bytes per real token of a step that each side keeps for its backward pass, and the ratio nip_like / TRL.
+
+    ``nip_like`` and ``trl``: the bytes saved for the backward pass by the
+    loss computation of one step (:class:`SavedTensorBytes`, parameters left
+    out) over the step's real tokens (prompts and messages). ``peak``: the
+    same sides' step peaks (:class:`MemoryProbe`: the most allocated during the
+    step over what was allocated when it began; gradients and temporaries
+    included) over the same tokens.
+    """
+    figures: dict[str, Any] = {"tokens": tokens, "peak": {}}
+    for name in ("nip_like", "trl"):
+        if name in sides:
+            figures[name] = sides[name]["saved_bytes"] / tokens
+            figures["peak"][name] = sides[name]["peak_bytes"] / tokens
+    for row in (figures, figures["peak"]):
+        if "trl" in row and row["trl"] > 0:
+            row["ratio"] = row["nip_like"] / row["trl"]
+    return figures
 
 
 def measure_updates(

@@ -30,13 +30,27 @@ Four parts, each a ratio measured side by side in one run (``--parts``):
    adapters (``--lora-r``, peft's default targets for Qwen2: ``q_proj`` and
    ``v_proj``); TRL gets a copy of the same peft model, so both sides train the
    same adapters (target: TRL takes at least as long as the framework).
+   With it, the activation bytes per token of each update, both sides
+   (target: the framework's at most TRL's): the bytes that the loss
+   computation of one step saves for the backward pass, counted with
+   ``torch.autograd.graph.saved_tensors_hooks`` around the framework's loss
+   function and TRL's ``compute_loss`` in the first step of each side (each
+   storage once, the parameters left out; exact, whatever the allocator,
+   :class:`benchmark_lm.SavedTensorBytes`), and the step's peak memory over
+   what was allocated when it began, each over the step's real tokens
+   (prompts and replies).
 3. ``memory``: the peak memory of the framework's update with LoRA against
    full fine-tuning (from part 2; target: at most 0.5), and with and without
    a token budget (``--max-tokens-per-micro-batch``) as replies grow from 64
    to 512 tokens (``--reply-lengths``; target: flat with the budget). Each
    peak is :class:`benchmark_lm.MemoryProbe`'s: the tensor memory allocated
    during one step over what was allocated when it began. The memory held
-   between steps (weights and optimiser state) is reported beside it.
+   between steps (weights and optimiser state) and the bytes saved for the
+   backward pass per token are reported beside it.
+
+Every part runs on the CPU (the default) or on CUDA (``--device cuda``): the
+models, prompts and batches are put on the device, and the peaks are then
+``torch.cuda.max_memory_allocated``'s.
 
 The load average (``os.getloadavg``) is recorded at the start and the end of
 each part, since the machine may be shared.
@@ -47,6 +61,7 @@ Run it from the repository root (TRL is the ``bench`` extra)::
     python scripts/benchmark_lm_chat.py --parts memory --threads 1
     python scripts/benchmark_lm_chat.py --model-folder models/my-qwen --lora-r 8
     python scripts/benchmark_lm_chat.py --smoke                         # a tiny model, seconds
+    python scripts/benchmark_lm_chat.py --device cuda --model-folder models/qwen2-398m --parts updates memory
 """
 
 from __future__ import annotations
@@ -302,9 +317,12 @@ def probe_update(policy: LMPolicy, batch: bench.GroupBatch, steps: int) -> dict[
     update = bench.FrameworkUpdate(bench.clone_policy(policy), lambda trained: bench.grpo_loss(trained, batch))
     device = policy.banned.device
     seconds = [bench.timed_call(update.step, device)[0] for _ in range(steps)]
+    saved = update.count_next_step()
     peak = bench.probed_step(update)
+    tokens = bench.real_tokens(batch.prompts, batch.token_mask)[0]
     return {"seconds": seconds, "median_seconds": statistics.median(seconds), "peak_bytes": peak,
-            "held_bytes": held_bytes(update)}
+            "held_bytes": held_bytes(update), "tokens": tokens, "saved_bytes": saved.bytes,
+            "saved_bytes_per_token": saved.bytes / tokens}
 
 
 def measure_memory(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -322,14 +340,14 @@ def measure_memory(folder: Path, args: argparse.Namespace, device: torch.device)
     prompts = chat_prompts(policy.tokenizer, args, device)
     batch = bench.make_group_batch(policy, prompts, args.group_size, args.seed + 3)
     rows = []
-    print(f"{'reply tokens':>12} {'budget':>7} {'step s':>8} {'peak MiB':>9} {'held MiB':>9}")
+    print(f"{'reply tokens':>12} {'budget':>7} {'step s':>8} {'peak MiB':>9} {'held MiB':>9} {'saved B/tok':>11}")
     for length in args.reply_lengths:
         for budget in (None, args.max_tokens_per_micro_batch):
             policy.max_tokens_per_micro_batch = budget
             row = {"reply_tokens": length, "budget": budget, **probe_update(policy, truncated(batch, length), 1)}
             rows.append(row)
             print(f"{length:>12} {budget or '-':>7} {row['median_seconds']:>8.2f} {row['peak_bytes'] / MIB:>9.1f} "
-                  f"{row['held_bytes'] / MIB:>9.1f}", flush=True)
+                  f"{row['held_bytes'] / MIB:>9.1f} {row['saved_bytes_per_token']:>11,.0f}", flush=True)
     growth = {}
     for budget in (None, args.max_tokens_per_micro_batch):
         peaks = [row["peak_bytes"] for row in rows if row["budget"] == budget]
@@ -372,6 +390,35 @@ def lora_memory_ratios(results: dict[str, Any]) -> dict[str, Any]:
     return ratios
 
 
+def activation_table(results: dict[str, Any]) -> dict[str, Any]:
+    """Activation bytes per token of each update of the updates part, by setting and objective; printed as a table.
+
+    Each entry is :func:`benchmark_lm.activation_bytes_per_token`'s:
+    ``nip_like`` and ``trl``, the bytes that the loss computation of one step
+    saves for the backward pass per real token of the step (parameters left
+    out), and their ``ratio``; ``peak``, the same from the step's peak memory
+    over what was allocated when it began.
+    """
+    table = {name: {objective: bench.activation_bytes_per_token(sides, sides["nip_like"]["tokens"])
+                    for objective, sides in results["updates"][name]["updates"].items()}
+             for name in ("full", "lora")}
+    print("\nActivation bytes per token of the update (per real token of the step: saved = kept for the backward "
+          "pass by the loss computation, parameters left out; peak = the step's peak over what it began with)")
+    print(f"{'setting, objective':<20} {'tokens':>7} {'nip_like saved':>14} {'TRL saved':>10} {'ratio':>6} "
+          f"{'nip_like peak':>13} {'TRL peak':>10} {'ratio':>6}")
+
+    def text(row: dict[str, Any], key: str, width: int, form: str) -> str:
+        return f"{row[key]:>{width}{form}}" if key in row else f"{'-':>{width}}"
+
+    for name, objectives in table.items():
+        for objective, row in objectives.items():
+            print(f"{name + ', ' + objective:<20} {row['tokens']:>7,} {text(row, 'nip_like', 14, ',.0f')} "
+                  f"{text(row, 'trl', 10, ',.0f')} {text(row, 'ratio', 6, '.3f')} "
+                  f"{text(row['peak'], 'nip_like', 13, ',.0f')} {text(row['peak'], 'trl', 10, ',.0f')} "
+                  f"{text(row['peak'], 'ratio', 6, '.3f')}")
+    return table
+
+
 # ------------------------------------------------------------------ the summary
 def summary(results: dict[str, Any]) -> dict[str, Any]:
     """The ratios the benchmark reports, with their targets."""
@@ -389,6 +436,14 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
                     ratio = sides["trl_over_nip_like"]
                     figures[f"trl_over_nip_like_{objective}_{name}"] = {"value": ratio, "target": ">= 1",
                                                                         "met": ratio >= 1}
+        for name, objectives in results["updates"]["activation_bytes_per_token"].items():
+            for objective, row in objectives.items():
+                for key, figures_of in (("activation_bytes_per_token", row), ("peak_bytes_per_token", row["peak"])):
+                    if "ratio" in figures_of:
+                        figures[f"{key}_{objective}_{name}"] = {
+                            "value": figures_of["ratio"], "nip_like": figures_of["nip_like"],
+                            "trl": figures_of["trl"], "target": "<= 1", "met": figures_of["ratio"] <= 1,
+                        }
         for objective, row in results["updates"]["lora_memory"].items():
             for key in ("nip_like", "nip_like_with_held"):
                 figures[f"lora_over_full_memory_{objective}" + key[len("nip_like"):]] = {
@@ -407,7 +462,8 @@ def print_summary(figures: dict[str, Any]) -> None:
     for name, figure in figures.items():
         value = figure["value"]
         verdict = "" if "met" not in figure else f"  target {figure['target']}: {'met' if figure['met'] else 'MISSED'}"
-        print(f"  {name:<36} {value:.3f}{verdict}")
+        sides = f"  ({figure['nip_like']:,.0f} against {figure['trl']:,.0f} bytes)" if "trl" in figure else ""
+        print(f"  {name:<40} {value:.3f}{verdict}{sides}")
 
 
 # ------------------------------------------------------------------ main
@@ -492,6 +548,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if "updates" in args.parts:
         timed_part("updates", results, lambda: measure_all_updates(folder, args, device, version is not None))
         results["updates"]["lora_memory"] = lora_memory_ratios(results)
+        results["updates"]["activation_bytes_per_token"] = activation_table(results)
     if "memory" in args.parts:
         timed_part("memory", results, lambda: measure_memory(folder, args, device))
     results["summary"] = summary(results)

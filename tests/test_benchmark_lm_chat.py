@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import weakref
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -62,21 +63,45 @@ def test_smoke_run_reports_every_ratio(benchmark, tmp_path, capsys, monkeypatch)
     for objective in ("GRPO", "DPO"):
         assert 0 < updates["lora_memory"][objective]["nip_like"] < 1.5
 
+    # Activation bytes per token of each update: both sides, positive, and the ratio and verdict in the summary.
+    for name in ("full", "lora"):
+        for objective in ("GRPO", "DPO"):
+            sides = updates[name]["updates"][objective]
+            per_token = updates["activation_bytes_per_token"][name][objective]
+            assert per_token["tokens"] == sides["nip_like"]["tokens"]
+            if with_trl:
+                assert per_token == sides["activation_bytes_per_token"]
+            assert per_token["nip_like"] == sides["nip_like"]["saved_bytes"] / per_token["tokens"] > 0
+            assert per_token["peak"]["nip_like"] == sides["nip_like"]["peak_bytes"] / per_token["tokens"] > 0
+            assert sides["nip_like"]["saved_parameter_bytes"] > 0  # the weights the linear layers save, apart
+            if with_trl:
+                assert per_token["trl"] > 0 and per_token["peak"]["trl"] > 0
+                assert per_token["ratio"] == pytest.approx(per_token["nip_like"] / per_token["trl"])
+                assert per_token["peak"]["ratio"] == pytest.approx(per_token["peak"]["nip_like"] / per_token["peak"]["trl"])
+                figure = results["summary"][f"activation_bytes_per_token_{objective}_{name}"]
+                assert figure["value"] == per_token["ratio"] and figure["met"] == (per_token["ratio"] <= 1)
+                assert f"peak_bytes_per_token_{objective}_{name}" in results["summary"]
+    lora_grpo = updates["activation_bytes_per_token"]["lora"]["GRPO"]["nip_like"]
+    assert lora_grpo < updates["activation_bytes_per_token"]["full"]["GRPO"]["nip_like"]  # frozen layers save less
+
     memory = results["memory"]
     rows = memory["rows"]
     assert [(row["reply_tokens"], row["budget"]) for row in rows] == [
         (length, budget) for length in (4, 8, 16) for budget in (None, 128)
     ]
-    assert all(row["peak_bytes"] > 0 and row["held_bytes"] > 0 for row in rows)
+    assert all(row["peak_bytes"] > 0 and row["held_bytes"] > 0 and row["saved_bytes_per_token"] > 0 for row in rows)
     longest = [row["peak_bytes"] for row in rows if row["reply_tokens"] == 16]
     assert longest[1] < longest[0]  # the budget lowers the peak of the longest replies
+    for length in (4, 8, 16):  # with the budget, a micro-batch's activations are recomputed: only its inputs are saved
+        saved = [row["saved_bytes_per_token"] for row in rows if row["reply_tokens"] == length]
+        assert saved[1] < saved[0] / 10
     assert set(memory["growth"]) == {"without_budget", "with_budget"}
 
     for part in ("rollout", "updates", "memory"):
         assert len(results[part]["load_average"]) == 2 and results[part]["wall_seconds"] > 0
     assert results["threads"] == 1
     printed = capsys.readouterr().out
-    assert "Summary" in printed and "rollout_ratio" in printed
+    assert "Summary" in printed and "rollout_ratio" in printed and "Activation bytes per token" in printed
 
 
 def test_chat_prompts_come_in_groups_of_equal_left_padded_prompts(benchmark, chat_model):  # noqa: F811
@@ -102,3 +127,38 @@ def test_refuses_a_group_size_that_does_not_divide_the_batch(benchmark, capsys):
     with pytest.raises(SystemExit):
         benchmark.parse_args(["-B", "6", "-G", "4"])
     assert "--group-size" in capsys.readouterr().err
+
+
+def test_saved_tensor_bytes_counts_what_the_graph_keeps_once_parameters_apart(benchmark):
+    layer = torch.nn.Linear(16, 16)
+    x = torch.randn(8, 16, requires_grad=True)
+    block = 8 * 16 * 4  # bytes of one (8, 16) float32 activation
+
+    def two_layers(h):
+        return torch.relu(layer(torch.relu(layer(h))))
+
+    with benchmark.bench.SavedTensorBytes(layer) as saved:
+        output = two_layers(x)
+        dropped = x.exp().sum()  # its graph (the output of exp, saved) is gone before the block ends
+        del dropped
+    # x (saved by the first layer), the first relu's output (saved by it and by the second layer: one storage)
+    # and the second relu's output; the weight, saved by both layers, counted apart, once.
+    assert saved.bytes == 3 * block and saved.parameter_bytes == 16 * 16 * 4
+    output.sum().backward()
+
+    # Under checkpointing the checkpoint's input is counted; what its region saves is recomputed, not kept.
+    with benchmark.bench.SavedTensorBytes(layer) as checkpointed:
+        output = torch.utils.checkpoint.checkpoint(two_layers, x, use_reentrant=False)
+    assert checkpointed.bytes == block
+    output.sum().backward()
+
+
+def test_saved_tensor_bytes_frees_a_saved_output_with_its_graph(benchmark):
+    # A pack hook that returned the output itself would make a cycle (output -> its node -> output) never freed.
+    x = torch.randn(8, requires_grad=True)
+    with benchmark.bench.SavedTensorBytes():
+        y = x.exp()  # exp saves its output
+        total = (y * 2).sum()
+    y_ref = weakref.ref(y)
+    del y, total
+    assert y_ref() is None
