@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from nip_like.precision import float32_region
+
 
 class LMValueHead(nn.Module):
     """A linear value head, with an optional transformer body of its own.
@@ -76,9 +78,12 @@ class LMValueHead(nn.Module):
         Returns
         -------
         torch.Tensor
-            ``(B,)`` values.
+            ``(B,)`` float32 values. The head computes in its weights' dtype
+            (float32), also under autocast, whose linear layers would round
+            the values to its dtype.
         """
-        return self.linear(last_hidden).squeeze(-1)
+        with float32_region(last_hidden.device):  # the module is called: under FSDP2 its call gathers the weights
+            return self.linear(last_hidden.to(self.linear.weight.dtype)).float().squeeze(-1)
 
     def body_last_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """The own body's last hidden states, ``(B, L, hidden_size)``.

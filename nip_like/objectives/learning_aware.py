@@ -71,6 +71,7 @@ from nip_like.objectives.episodes import complete_episodes, lengthened
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.ppo import CRITIC_LOSS_TYPES, clipped_surrogate
 from nip_like.objectives.scoring import behaviour_token_log_probs, critic_value, score_actions
+from nip_like.precision import float32_region
 
 #: ``(episodes, time)`` booleans of the episode layout: the step is part of its episode (not padding).
 VALID_KEY = "valid_step"
@@ -818,10 +819,12 @@ class SPGLoss(LearningAwareLoss):
             return _flat(product).detach()
 
         b = _flat(gradient).detach()
-        if self.ihvp_method == "cg":
-            x, residual = conjugate_gradient(hvp, b, self.ihvp_iterations, self.ihvp_damping)
-        else:
-            x, residual = low_rank_inverse(hvp, b, self.ihvp_rank, self.ihvp_damping)
+        # The solver's own products in float32: under autocast the Lanczos projections (matmuls) would run in bfloat16.
+        with float32_region(b.device):
+            if self.ihvp_method == "cg":
+                x, residual = conjugate_gradient(hvp, b, self.ihvp_iterations, self.ihvp_damping)
+            else:
+                x, residual = low_rank_inverse(hvp, b, self.ihvp_rank, self.ihvp_damping)
         return _unflat(x, params), residual
 
     def _corrections(self, joint_losses, own_losses):

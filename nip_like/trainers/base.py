@@ -340,7 +340,10 @@ class TensorDictTrainer(Trainer, ABC):
         dtype = self.config.run.get("autocast_dtype")
         if dtype:
             device_type = torch.device(self.config.run.device).type
-            stack.enter_context(torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)))
+            # cache_enabled=False: the region spans the whole loop, optimiser steps included, and autocast's cache
+            # keeps the first low-precision copy of each trainable weight until the region ends, so the forward
+            # passes after a step would still use the weights from before it.
+            stack.enter_context(torch.autocast(device_type=device_type, dtype=getattr(torch, dtype), cache_enabled=False))
 
     def _build_train_context(self, stack: ExitStack) -> None:
         """Enter the contexts of the train loop: train mode, gradients, autocast if asked."""

@@ -43,6 +43,7 @@ from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
 from nip_like.objectives.reference import ReferencePolicy
 from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
+from nip_like.precision import float32_region
 from nip_like.pretrain import pretrain_agents
 from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
 from nip_like.trainers import collection, evaluation, rl_state, update
@@ -428,7 +429,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
             # The loss's layout of the batch: advantages, then its items in the replay buffer.
             with torch.no_grad():
                 if self.advantage_module is not None:
-                    self.advantage_module(batch)
+                    # In float32 under run.autocast_dtype too: GAE's discounted sums are a conv1d, which autocast
+                    # would run in bfloat16 (advantages and value targets to ~3 significant digits).
+                    with float32_region(self.device):
+                        self.advantage_module(batch)
                 self.loss_contract.start_iteration(iteration)
                 # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
                 data = dist.gather_cat(self.loss_contract.layout_rollouts(batch), self.loss_contract.join_layouts)
