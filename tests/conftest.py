@@ -73,8 +73,10 @@ def smoke_config(*overrides: str) -> DictConfig:
 def _cli_environment(cwd: Path | None) -> dict[str, str]:
     # The folder it runs in first (a user's trainer module), then this checkout's nip_like, not
     # another copy that the environment may have installed. Tiny models run fastest on one thread,
-    # and tests may run beside other work.
-    path = os.pathsep.join(dict.fromkeys([str(cwd or REPO_ROOT), str(REPO_ROOT)]))
+    # and tests may run beside other work. A PYTHONPATH of the test run comes after them: a run against
+    # other package versions put first on it (tests/test_lowest_versions.py) starts its commands with those.
+    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    path = os.pathsep.join(dict.fromkeys([str(cwd or REPO_ROOT), str(REPO_ROOT), *inherited]))
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
 

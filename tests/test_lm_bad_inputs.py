@@ -60,7 +60,7 @@ CASES = [
     (f"{CHAT} scenario.default_agent.lora.dropout=1", "scenario.default_agent.lora.dropout must be in [0, 1)"),
     (f"{CHAT} scenario.default_agent.lora.warm_start=half", "scenario.default_agent.lora.warm_start must be one of"),
     # sizes
-    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=0", "max_tokens_per_micro_batch must be >= 1"),
+    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=-1", "max_tokens_per_micro_batch must be >= 0"),
     (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=8", "max_tokens_per_micro_batch (8) cannot hold"),
     (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=60", "below one sequence"),
     (f"{CHAT} scenario.default_agent.max_new_tokens=4096", "is not below the context"),
@@ -73,10 +73,10 @@ CASES = [
         f"{GAME} scenario.default_agent.max_new_tokens=2000 trainer.test_batch_episodes=1000000",
         "KV cache 1907.3 GiB of 1000000 sequences of 2000 tokens), but",
     ),
-    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=100000000000", "lower scenario.default_agent.max_tokens_per_micro_batch"),
+    (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=100000000000", ", scenario.default_agent.max_tokens_per_micro_batch (100000000000)"),
     (
         f"{GAME} scenario.view=chat scenario.default_agent.vocab_size=10000000000",
-        "cannot fit in memory: it needs at least 11920.9 GiB (weights of the agents 4768.4 GiB",
+        "cannot fit in memory: it needs at least 19967.6 GiB (weights of the agents 4768.4 GiB",
     ),
     (
         f"{GAME} +scenario.agents.verifier.max_new_tokens=2000 trainer.test_batch_episodes=1000000",

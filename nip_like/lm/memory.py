@@ -231,7 +231,7 @@ def check_lm_memory(
             if not autocast_dtype:
                 settings.append("run.autocast_dtype=bfloat16")
             advice = ", ".join(settings) or f"the model's size ({where}.pretrained_path)"
-        if weights > max(sampling, scoring):
+        if weights > free:  # nothing else can help
             advice = f"the models' sizes ({where}.pretrained_path, hidden_size, num_layers, vocab_size)"
         raise ConfigError(
             f"{where}: agent {name} cannot fit in memory: it needs at least {size(needed)} (weights of the agents "

@@ -49,7 +49,7 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
 
 
 def cache_argument(model: nn.Module) -> str:
-    """The name under which ``model.forward`` takes the KV cache: ``cache`` (transformers 5.2x) or ``past_key_values``."""
+    """The name under which ``model.forward`` takes the KV cache: ``cache`` (transformers 5.24 on; ``past_key_values`` is deprecated there until 5.40) or ``past_key_values`` (4.56 to 5.23)."""
     return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
 
 

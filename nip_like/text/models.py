@@ -76,7 +76,10 @@ class LocalTextModel(TextModel):
         return replies
 
     def _generate(self, prompts: list[str], sampling: Sampling) -> list[str]:
-        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        # No token_type_ids: a causal LM's forward takes none, and transformers 4.x's generate refuses unused inputs.
+        encoded = self.tokenizer(
+            prompts, return_tensors="pt", padding=True, add_special_tokens=False, return_token_type_ids=False
+        ).to(self.device)
         options = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=0)
         if sampling.temperature > 0:
             options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
