@@ -195,10 +195,8 @@ def check_lm_memory(
     free, source = available
     shapes = {name: shape_of_agent(agent, vocab_size) for name, (_, agent, vocab_size) in agents.items()}
     weights = sum(shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items())
-    state = 0
-    for name, (_, agent, _) in agents.items():
-        rank = int(getattr(getattr(agent, "lora", None), "r", 0) or 0)
-        state += 12 * (lora_parameters(shapes[name], rank) if rank else shapes[name].parameters)
+    ranks = {name: int(getattr(getattr(agent, "lora", None), "r", 0) or 0) for name, (_, agent, _) in agents.items()}
+    state = sum(12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters) for name in agents)
     for name, (where, agent, _) in agents.items():
         shape, tokens = shapes[name], int(agent.max_new_tokens)
         element = 2 if autocast_dtype or str(agent.dtype) == "bfloat16" else DTYPE_BYTES.get(str(agent.dtype), 4)
@@ -220,8 +218,7 @@ def check_lm_memory(
                 f"gradients and optimiser state {size(state)}, activations {size(per_token * scored)} "
                 f"of {scored} tokens at {per_token / 2**20:.2f} MiB a token, logits {size(logits)}"
             )
-            rank = int(getattr(getattr(agent, "lora", None), "r", 0) or 0)
-            settings = [] if rank else [f"{where}.lora.r (adapters instead of every weight)"]
+            settings = [] if ranks[name] else [f"{where}.lora.r (adapters instead of every weight)"]
             if budget:
                 settings.append(f"{where}.max_tokens_per_micro_batch ({budget})")
             elif budget == 0:
@@ -265,7 +262,7 @@ def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tok
     float
         Saved bytes divided by ``tokens``; 0 for a policy without trainable parameters.
     """
-    from nip_like.lm.policy import model_device
+    from nip_like.lm.policy import in_mode, model_device
 
     if not any(p.requires_grad for p in policy.parameters()):
         return 0.0
@@ -285,16 +282,10 @@ def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tok
             seen[key] = saved.untyped_storage().nbytes()
         return saved
 
-    modes = [(module, module.training) for module in policy.modules()]
-    policy.train()
-    try:
-        autocast = torch.autocast(device.type, dtype=getattr(torch, autocast_dtype or "bfloat16"), enabled=bool(autocast_dtype))
-        with torch.enable_grad(), autocast:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-                policy.evaluate(prompt, torch.ones_like(prompt, dtype=torch.bool), message, torch.ones_like(message, dtype=torch.bool), recompute=False)
-    finally:
-        for module, training in modes:
-            module.training = training
+    autocast = torch.autocast(device.type, dtype=getattr(torch, autocast_dtype or "bfloat16"), enabled=bool(autocast_dtype))
+    with in_mode(policy, training=True), torch.enable_grad(), autocast:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            policy.evaluate(prompt, torch.ones_like(prompt, dtype=torch.bool), message, torch.ones_like(message, dtype=torch.bool), recompute=False)
     return sum(seen.values()) / (2 * half)
 
 

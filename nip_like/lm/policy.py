@@ -65,19 +65,20 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 @contextmanager
-def eval_mode(module: nn.Module) -> Iterator[None]:
-    """Run the block with ``module`` in eval mode, then give every submodule back the mode it had.
+def in_mode(module: nn.Module, training: bool) -> Iterator[None]:
+    """Run the block with ``module`` in train (``training``) or eval mode, then give every submodule back the mode it had.
 
     Sampling needs eval mode whatever the trainer's loop is in: transformers
     turns the KV cache off for a model in train mode with gradient
     checkpointing on (5.17 even under ``no_grad``), and dropout must not
-    change a sampled distribution.
+    change a sampled distribution. The memory probe needs train mode (see
+    :func:`~nip_like.lm.memory.activation_bytes_per_token`).
     """
     modes = [(child, child.training) for child in module.modules()]
-    if not any(training for _, training in modes):
+    if all(mode == training for _, mode in modes):
         yield
         return
-    module.eval()
+    module.train(training)
     try:
         yield
     finally:
@@ -337,7 +338,7 @@ class LMPolicy(nn.Module):
             * ``"finished"`` ``(B,)`` bool: the message ended with ``<eos>``
               or a stop string (False: cut at ``max_new_tokens``).
         """
-        with eval_mode(self.model):
+        with in_mode(self.model, training=False):
             return self._sample(prompt_ids, prompt_mask, generator, greedy)
 
     def _sample(
