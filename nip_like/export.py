@@ -19,18 +19,12 @@ Examples
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from pathlib import Path
 
 from nip_like.cli import OneLineArgumentParser, report_errors
-from nip_like.dependency_warnings import dependency_warnings_once
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import VALUE_HEAD_FILE, quiet_progress, save_agent
-
-#: The file that marks an agent folder holding LoRA adapters only.
-ADAPTER_CONFIG = "adapter_config.json"
+from nip_like.lm.checkpoints import write_standalone
 
 
 def agent_folders(run_dir: Path, checkpoint: str) -> list[Path]:
@@ -51,26 +45,7 @@ def agent_folders(run_dir: Path, checkpoint: str) -> list[Path]:
 
 def export_agent(folder: Path, out: Path) -> Path:
     """Write agent ``folder`` to ``out`` as a standalone model folder (see the module docstring)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from nip_like.lm.checkpoints import load_value_head
-
-    if not (folder / ADAPTER_CONFIG).is_file():
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.copytree(folder, out)
-        return out
-    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
-    with quiet_progress():
-        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
-        with dependency_warnings_once():
-            merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    value_head = load_value_head(folder, merged) if (folder / VALUE_HEAD_FILE).is_file() else None
-    return save_agent(out, merged, tokenizer, value_head)
+    return write_standalone(folder, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -286,6 +286,21 @@ def fresh_weights(scenario, agent: str, seed: int) -> dict:
         return policy_network(scenario.make_agents(), agent).state_dict()
 
 
+def restart_from(network: torch.nn.Module, state: dict) -> None:
+    """Load fresh weights into ``network`` for a restart; a base it shares with other agents stays as it is.
+
+    A shared base (``share_base_with``) is frozen and also other agents'
+    weights: a restart draws new adapters and a new value head only.
+    """
+    if getattr(network, "base_owner", None) is None:
+        network.load_state_dict(state)
+        return
+    frozen = {name for name, param in network.named_parameters() if not param.requires_grad}
+    missing, unexpected = network.load_state_dict({key: value for key, value in state.items() if key not in frozen}, strict=False)
+    if set(missing) - frozen or unexpected:
+        raise CheckpointError(f"fresh weights do not fit the agent: missing {sorted(set(missing) - frozen)[:3]}, unexpected {unexpected[:3]}")
+
+
 #: In ``trainer.pretrain.agents``: every agent the scenario has demonstrations or labels for.
 ALL_AGENTS = "*"
 
@@ -295,11 +310,18 @@ def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
 
     ``"*"`` stands for every agent of the protocol, or, for a scenario whose
     agents speak, every agent that has demonstrations (a prover arguing for
-    *reject* in the duplicates game has none).
+    *reject* in the duplicates game has none); frozen co-players
+    (``frozen_from``) never.
     """
+    frozen = set(getattr(scenario, "frozen_agents", dict)())
+    named = sorted(frozen & set(requested))
+    if named:
+        raise ConfigError(
+            f"trainer.pretrain.agents names {named}, frozen co-players (frozen_from) that train nothing: leave them out"
+        )
     if ALL_AGENTS not in requested:
         return requested
-    names = list(scenario.agent_names)
+    names = [name for name in scenario.agent_names if name not in frozen]
     if speaks(scenario):
         names = [name for name in names if name in scenario.demonstration_agents()]
     return list(dict.fromkeys([*names, *(name for name in requested if name != ALL_AGENTS)]))
@@ -374,7 +396,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             for restart in range(restarts):
                 if restart > 0:
                     seed = derive_seed(int(config.seed), f"pretrain/{agent}/{restart}")
-                    network.load_state_dict(fresh_weights(scenario, agent, seed))
+                    restart_from(network, fresh_weights(scenario, agent, seed))
                 fit = _fit(config, scenario, agents, agent, train, held_out, restart)
                 metrics[f"timers/pretrain/{agent}/fit"] = metrics.get(f"timers/pretrain/{agent}/fit", 0.0) + fit.fit_seconds
                 metrics[f"timers/pretrain/{agent}/held_out"] = (

@@ -37,6 +37,21 @@ def stop_at(monkeypatch, iteration: int, error: type[BaseException]) -> None:
     monkeypatch.setattr(TensorDictRlTrainer, "train_iteration", stopped)
 
 
+class Stopped(Exception):
+    """What :func:`stopped_and_resumed` raises to stop a run as a crash would."""
+
+
+def stopped_and_resumed(monkeypatch, config, run_dir: Path, iteration: int) -> dict[str, float]:
+    """Run ``config`` into ``run_dir``, stopped after ``iteration`` iterations, then resumed: the resumed run's final metrics."""
+    from nip_like.experiment import run_experiment
+
+    stop_at(monkeypatch, iteration, Stopped)
+    with pytest.raises(Stopped):
+        run_experiment(config, run_dir)
+    monkeypatch.undo()
+    return run_experiment(config, run_dir, resume=True)
+
+
 def tiered(names: list[str], fast: list[str]) -> list:
     """Parameters for ``names``: those in ``fast`` in the fast tier, the rest marked slow (the full run has them all)."""
     unknown = set(fast) - set(names)

@@ -21,6 +21,7 @@ from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.trainers.rl import TensorDictRlTrainer
 from tests.conftest import REPO_ROOT, run_cli, smoke_config
+from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 from tests.test_checkpoint import lm_overrides
 
 PROBE = REPO_ROOT / "tests" / "distributed_probe.py"
@@ -63,15 +64,18 @@ def _replaying(monkeypatch, record_dir: Path) -> None:
     monkeypatch.setattr(TensorDictRlTrainer, "fill_buffer", replay)
 
 
-def _two_ranks_against_one(tmp_path, monkeypatch, overrides: tuple[str, ...], settings: tuple[str, ...] = ()) -> None:
-    """``settings``: run settings of the torchrun run only (``run.fsdp=true``)."""
+def _two_ranks_against_one(
+    tmp_path, monkeypatch, overrides: tuple[str, ...], settings: tuple[str, ...] = (), one: tuple[str, ...] | None = None
+) -> None:
+    """``settings``: run settings of the torchrun run only (``run.fsdp=true``); ``one``: the one-process run's overrides, if others."""
     args = cli_args(tmp_path, *overrides, *settings, "trainer.num_iterations=3")
     distributed = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'two'}"], script=[str(PROBE), str(tmp_path / "record"), "--"]))
     assert distributed.returncode == 0, distributed.stderr[-3000:]
 
     # One process, optimising on the same global batches (and the same generator state at each update).
     _replaying(monkeypatch, tmp_path / "record")
-    run_experiment(smoke_config(*overrides, "trainer.num_iterations=3", f"scenario.cache_dir={tmp_path / 'data'}"), tmp_path / "one")
+    one = overrides if one is None else one
+    run_experiment(smoke_config(*one, "trainer.num_iterations=3", f"scenario.cache_dir={tmp_path / 'data'}"), tmp_path / "one")
 
     two, one = parameters(tmp_path / "two"), parameters(tmp_path / "one")
     assert two.keys() == one.keys()
@@ -140,6 +144,23 @@ def test_two_sharded_ranks_train_language_model_agents_like_one_process(tmp_path
     # FSDP2 (run.fsdp): each rank holds half of every agent; the result is the replicated one-process run's.
     overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *variant, "trainer.optimizer.grad_accumulation_steps=2")
     _two_ranks_against_one(tmp_path, monkeypatch, overrides, settings=("run.fsdp=true",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [(), ("run.fsdp=true",)], ids=["replicated", "fsdp"])
+def test_two_ranks_of_agents_on_one_base_train_like_one_process_of_two_copies(tmp_path, monkeypatch, chat_model, settings):
+    # share_base_with: the verifier's model is a module tree over the prover's frozen base tensors, each with its own
+    # adapters; under torchrun (replicated, or each tree sharded by FSDP2) it trains as separate copies do in one process.
+    folder = chat_model("qwen2")
+    agents = (
+        "scenario=duplicates", "protocol=nip", "protocol.first_speaker=prover", "protocol.max_rounds=2", "scenario.view=chat",
+        "scenario.num_lists=60", "scenario.length=6", "scenario.num_values=12", "trainer.eval.metric=eval/accuracy",
+        f"scenario.default_agent.pretrained_path={folder}", "scenario.default_agent.max_new_tokens=12", "scenario.default_agent.lora.r=4",
+        "trainer.optimizer.grad_accumulation_steps=2",
+    )
+    verifier = f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4}}"
+    shared, copies = (*agents, verifier + ", share_base_with: prover}"), (*agents, verifier + "}")
+    _two_ranks_against_one(tmp_path, monkeypatch, shared, settings=settings, one=copies)
 
 
 @pytest.mark.slow

@@ -149,7 +149,12 @@ class LMActor(TensorDictModuleBase):
         return [
             save_agent(Path(folder) / name, policy.model, policy.tokenizer, policy.value_head, *states.get(name, (None, None)))
             for name, policy in ((name, self.policy(name)) for name in self.agent_names)
+            if policy.frozen_source is None  # a frozen co-player's folder is where it was loaded from
         ]
+
+    def frozen_sources(self) -> dict:
+        """The frozen co-players' :class:`~nip_like.lm.frozen.FrozenSource`, by agent (none: empty)."""
+        return {name: self.policy(name).frozen_source for name in self.agent_names if self.policy(name).frozen_source is not None}
 
     def whole_states(self) -> dict[str, tuple[dict, dict | None]]:
         """Each agent's model and value-head state dicts with whole tensors (sharded agents: a collective on every rank)."""
@@ -296,7 +301,8 @@ class LMReference(nn.Module):
 
     An agent with LoRA adapters is scored by its own model with the adapters
     switched off (``peft``'s ``disable_adapter``): its reference is the model
-    it started from, and no weights are copied. Any other agent is a frozen
+    it started from, and no weights are copied. A frozen co-player
+    (``frozen_from``) is its own reference. Any other agent is a frozen
     deep copy of its policy. Only the copies are this module's parameters
     (and enter its state dict).
 
@@ -311,7 +317,7 @@ class LMReference(nn.Module):
         policies, copies = {}, {}
         for name in actor.agent_names:
             policy = actor.policy(name)
-            if has_lora(policy.model):
+            if has_lora(policy.model) or policy.frozen_source is not None:  # a frozen co-player is its own reference
                 policies[name] = policy
             else:
                 copies[name] = policies[name] = copy.deepcopy(policy).requires_grad_(False)

@@ -26,6 +26,8 @@ from nip_like.lm.value import LMValueHead
 
 #: The value head's file in an agent's folder.
 VALUE_HEAD_FILE = "value_head.pt"
+#: The file that marks an agent folder holding LoRA adapters only.
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 def save_agent(
@@ -191,3 +193,38 @@ def local_model_folder(path: Union[str, Path]) -> Path:
     if not folder.is_dir():
         raise ConfigError(f"model folder {str(path)!r} does not exist: only local folders are read, nothing is downloaded")
     return folder
+
+
+def write_standalone(folder: Path, out: Path) -> Path:
+    """Write agent folder ``folder`` to ``out`` as a folder that needs nothing else.
+
+    An adapter folder (``adapter_config.json``) is merged into a copy of the
+    base model's weights (the local base folder the adapter config names),
+    with the agent's tokenizer and value head; any other folder is copied.
+
+    Raises
+    ------
+    ConfigError
+        If the base folder an adapter folder names is not a local folder.
+    """
+    import json
+
+    from peft import PeftModel
+
+    from nip_like.dependency_warnings import dependency_warnings_once
+
+    if not (folder / ADAPTER_CONFIG).is_file():
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(folder, out)
+        return out
+    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+        with dependency_warnings_once():
+            merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    value_head = load_value_head(folder, merged) if (folder / VALUE_HEAD_FILE).is_file() else None
+    return save_agent(out, merged, tokenizer, value_head)

@@ -30,6 +30,7 @@ from typing import Mapping, Optional
 import torch
 
 from nip_like.errors import ConfigError
+from nip_like.lm.shared_base import base_owners
 
 GIB = 1024**3
 #: Bytes of one element of each parameter dtype an agent may use.
@@ -159,7 +160,7 @@ def check_lm_memory(
     """Refuse, in one line, LM agents whose memory clearly cannot fit (see the module docstring).
 
     The update's peak is estimated whole: the weights of every agent on the
-    device, each agent's gradients and optimiser state (float32, Adam's two
+    device (a base that agents share counted once), each agent's gradients and optimiser state (float32, Adam's two
     moments) for its trainable parameters (the adapters with LoRA), and the
     activations and logits of one micro-batch (its budget's tokens, at
     :func:`activation_estimate` bytes a token; the automatic budget starts
@@ -194,7 +195,11 @@ def check_lm_memory(
         return
     free, source = available
     shapes = {name: shape_of_agent(agent, vocab_size) for name, (_, agent, vocab_size) in agents.items()}
-    weights = sum(shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items())
+    owners = base_owners({name: agent for name, (_, agent, _) in agents.items()})
+    # A base shared by several agents (share_base_with) is held once.
+    weights = sum(
+        shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items() if owners[name] == name
+    )
     ranks = {name: int(getattr(getattr(agent, "lora", None), "r", 0) or 0) for name, (_, agent, _) in agents.items()}
     state = sum(12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters) for name in agents)
     for name, (where, agent, _) in agents.items():

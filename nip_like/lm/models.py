@@ -40,10 +40,13 @@ class LMAgentConfig:
     temperature: float = checked(1.0, gt=0)  # logits are divided by it before sampling; > 0
     top_k: int = checked(0, ge=0)  # sample among the k most likely tokens only; 0 = off
     top_p: float = checked(1.0, gt=0, le=1)  # sample within the top-p probability nucleus only; 1 = off
-    value_head: bool = True  # give the agent a linear value head (for PPO's critic)
+    value_head: Optional[bool] = None  # give the agent a linear value head (for PPO's critic); null = yes, unless the agent is frozen
     shared_body: bool = True  # the value head reads the policy's last hidden state; false: a separate copy of the body
     stop_strings: list[str] = field(default_factory=list)  # a message also ends once its text contains one of these
     lora: LoraOptions = field(default_factory=LoraOptions)  # LoRA adapters through peft (r, alpha, dropout, target_modules); r=0 = full fine-tuning
+    frozen_from: Optional[str] = None  # play with the weights of a finished run's agent of this name (its run folder) or of a model folder (nip_like.export's, or any save_pretrained folder), frozen for the whole run; instead of pretrained_path, without lora
+    frozen_checkpoint: str = checked("last", choices=("last", "best"))  # the checkpoint of the frozen_from run folder to read the agent from
+    share_base_with: Optional[str] = None  # another agent whose frozen base model this one shares (held once in memory), each with its own LoRA adapters and value head; both need lora.r >= 1 and the same base; null = a model of its own
     gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
     max_tokens_per_micro_batch: Optional[int] = checked(None, ge=0)  # token budget of one scoring pass with gradients; null = automatic (from the device's free memory, measured when the trainer is built); 0 = none (the whole minibatch at once)
     score_chunk_tokens: Optional[int] = checked(None, ge=1)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = all logits at once
@@ -121,7 +124,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def build_lm(
-    config: LMAgentConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None
+    config: LMAgentConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None, base: Optional[PreTrainedModel] = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Make an agent's causal LM and tokenizer, float32, on the CPU.
 
@@ -140,12 +143,18 @@ def build_lm(
         Needed without ``pretrained_path`` (see
         :func:`~nip_like.lm.tokenizer.build_tokenizer`). With it, it must
         have the same vocabulary as the folder's tokenizer.
+    base : PreTrainedModel, optional
+        A base model from :func:`build_base` that this agent shares with
+        others (``share_base_with``): the agent's model is a module tree over
+        the same weight tensors (:func:`~nip_like.lm.shared_base.sharing_copy`),
+        nothing is loaded, and ``tokenizer`` must be given.
 
     Returns
     -------
     model : PreTrainedModel
         The causal LM, with the tokenizer's pad, bos and eos ids in its
-        config and generation config, and no dropout (:func:`disable_dropout`).
+        config and generation config, no dropout (:func:`disable_dropout`),
+        gradient checkpointing and LoRA adapters as the config asks.
     tokenizer : PreTrainedTokenizerBase
 
     Raises
@@ -154,6 +163,33 @@ def build_lm(
         (a ``ValueError``) for a ``pretrained_path`` that is not an existing
         folder, an unknown architecture, sizes that do not fit, or a missing
         or mismatched tokenizer.
+    """
+    if base is None:
+        model, tokenizer = build_base(config, tokenizer)
+    else:
+        from nip_like.lm.shared_base import sharing_copy
+
+        if tokenizer is None:
+            raise ConfigError("build_lm needs the base's tokenizer to build on a shared base")
+        model = sharing_copy(base)
+    if _option(config, "gradient_checkpointing", False):
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = _option(config, "lora", None)
+    if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "lora":
+        model = add_lora(model, lora)
+    return model, tokenizer
+
+
+def build_base(
+    config: LMAgentConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (or build from config) an agent's causal LM as it is before gradient checkpointing and LoRA.
+
+    The part of :func:`build_lm` that agents sharing a base do once; see
+    :func:`build_lm` for the parameters and errors.
     """
     dtype = getattr(torch, _option(config, "dtype", "float32"))
     if config.pretrained_path is not None:
@@ -187,14 +223,6 @@ def build_lm(
         # Llama-style tokenizers without a pad token: pad with eos (masks never come from pad ids).
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)
-    if _option(config, "gradient_checkpointing", False):
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = _option(config, "lora", None)
-    if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "lora":
-        model = add_lora(model, lora)
     return model, tokenizer
 
 
@@ -226,28 +254,37 @@ def disable_dropout(model: nn.Module) -> None:
         config.attention_dropout = 0.0
 
 
-def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None) -> LMPolicy:
+def build_lm_policy(
+    config: LMAgentConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None, base: Optional[PreTrainedModel] = None
+) -> LMPolicy:
     """Make an agent's :class:`~nip_like.lm.policy.LMPolicy`, value head included.
 
     Parameters
     ----------
     config : LMAgentConfig
-        The agent. With ``value_head``, a ``pretrained_path`` folder's
+        The agent. With ``frozen_from`` (its ``pretrained_path`` then set to
+        the folder it resolves to, :func:`~nip_like.lm.frozen.resolve`), every
+        parameter is frozen. With a value head (``value_head``, or its
+        default: yes unless frozen), a ``pretrained_path`` folder's
         ``value_head.pt`` (written by
         :func:`~nip_like.lm.checkpoints.save_agent`) is loaded if there is
         one; its ``shared_body`` must match the config's.
     tokenizer : PreTrainedTokenizerBase, optional
         As for :func:`build_lm`.
+    base : PreTrainedModel, optional
+        A base shared with other agents, as for :func:`build_lm`.
 
     Returns
     -------
     LMPolicy
         On the CPU; move it with ``.to(device)``.
     """
-    model, tokenizer = build_lm(config, tokenizer)
+    model, tokenizer = build_lm(config, tokenizer, base)
     lora = _option(config, "lora", None)
+    frozen = _option(config, "frozen_from", None) is not None
+    wanted = _option(config, "value_head", None)
     value_head = None
-    if config.value_head:
+    if wanted or (wanted is None and not frozen):
         if config.pretrained_path is not None:
             value_head = load_value_head(config.pretrained_path, model)
         if value_head is not None and value_head.shared_body != config.shared_body:
@@ -257,7 +294,7 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
             )
         if value_head is None:
             value_head = LMValueHead.for_model(model, shared_body=config.shared_body)
-    return LMPolicy(
+    policy = LMPolicy(
         model,
         tokenizer,
         max_new_tokens=config.max_new_tokens,
@@ -270,6 +307,9 @@ def build_lm_policy(config: LMAgentConfig, tokenizer: Optional[PreTrainedTokeniz
         score_chunk_tokens=_option(config, "score_chunk_tokens", None),
         deferred_lora=lora if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "full" else None,
     )
+    if frozen:  # a co-player from a finished run: nothing of it trains
+        policy.requires_grad_(False)
+    return policy
 
 
 def _model_config(config: LMAgentConfig, tokenizer: PreTrainedTokenizerBase):

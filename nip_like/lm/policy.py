@@ -280,6 +280,10 @@ class LMPolicy(nn.Module):
         #: Whether every rank must run this policy's model the same number of times (its FSDP2 update,
         #: :mod:`nip_like.lm.sharding`): :meth:`evaluate` then takes as many micro-batches as the rank with most.
         self.lockstep = False
+        #: The agent whose base model this policy's model shares (:mod:`nip_like.lm.shared_base`); None: its own.
+        self.base_owner: Optional[str] = None
+        #: Where a frozen co-player's weights come from (:mod:`nip_like.lm.frozen`); None: a trained agent.
+        self.frozen_source: Optional[object] = None
         device = model_device(model)
         banned = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         for token_id in (self.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id):

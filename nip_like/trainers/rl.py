@@ -38,6 +38,7 @@ from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.folders import resume_command
 from nip_like.interrupts import StopRequested, stop_requested
+from nip_like.lm.frozen import check_sources, source_record
 from nip_like.lm.sharding import ShardedAgents, shard_like, shard_optimizer_state, whole
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
@@ -653,6 +654,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         if self.sharded is not None:  # whole tensors (every rank gathers): the file a replicated run writes
             state = whole(state)
         state |= {
+            # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
+            "frozen_agents": source_record(getattr(self.policy, "frozen_sources", dict)()),
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
             "rng": get_rng_states(),
@@ -665,6 +668,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rl_state.check_ranks(state, self.distributed.world_size)
         collection_state = state["ranks"][self.distributed.rank] if "ranks" in state else state
+        check_sources(state.get("frozen_agents", {}), getattr(self.policy, "frozen_sources", dict)())
         self._load_loss_module_state(state["loss_module"])
         self.reference_policy.load_state_dict(state["reference_policy"])
         optimizer_state = state["optimizer"]

@@ -22,7 +22,10 @@ from nip_like.folders import check_writable_folder
 from nip_like.lm.agents import lm_agent_modules
 from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES
 from nip_like.lm.local_models import build_chat_model_folder
-from nip_like.lm.models import LMAgentConfig, architecture_context, build_lm_policy, load_tokenizer, model_context
+from nip_like.lm.models import LMAgentConfig, architecture_context, load_tokenizer, model_context
+from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
+from nip_like.lm.policy import LMPolicy
+from nip_like.lm.shared_base import build_policies, check_shared_bases
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Demonstrating, GeneratedData, ScenarioConfig, TensorGame
@@ -313,13 +316,40 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         return f"scenario.agents.{name}" if name in self.config.agents else "scenario.default_agent"
 
     def agent_configs(self) -> dict[str, LMAgentConfig]:
-        """Each agent's language-model config (``scenario.agents.<name>`` or ``scenario.default_agent``)."""
-        return {
+        """Each agent's language-model config (``scenario.agents.<name>`` or ``scenario.default_agent``).
+
+        A frozen co-player's (``frozen_from``) comes with ``pretrained_path``
+        set to the model folder it plays from (:func:`~nip_like.lm.frozen.resolve`).
+        """
+        configs = {
             name: typed_entry(LMAgentConfig, self.config.agents[name], f"scenario.agents.{name}")
             if name in self.config.agents
             else self.config.default_agent
             for name in self.agent_names
         }
+        return {name: self._frozen_config(name, agent) if agent.frozen_from else agent for name, agent in configs.items()}
+
+    @cached_property
+    def _frozen_sources(self) -> dict[str, tuple[Path, FrozenSource]]:
+        """Each frozen co-player's model folder and source, resolved on first use."""
+        return {}
+
+    def _frozen_config(self, name: str, agent: LMAgentConfig) -> LMAgentConfig:
+        """``agent`` with ``pretrained_path`` set to the folder its ``frozen_from`` resolves to (resolved once)."""
+        if name not in self._frozen_sources:
+            where = self.agent_config_path(name)
+            check_frozen_config(where, agent)
+            self._frozen_sources[name] = resolve(
+                agent.frozen_from, name, self.config.cache_dir, agent.frozen_checkpoint, f"{where}.frozen_from"
+            )
+        agent = copy.deepcopy(agent)
+        agent.pretrained_path = str(self._frozen_sources[name][0])
+        return agent
+
+    def frozen_agents(self) -> dict[str, FrozenSource]:
+        """The frozen co-players (``frozen_from``) and where each one's weights come from."""
+        self.agent_configs()
+        return {name: source for name, (_, source) in self._frozen_sources.items()}
 
     @property
     def message_tokens(self) -> int:
@@ -399,6 +429,7 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         """Check the decoy weights, each agent's model folder (and, in the chat view, its chat template) and its sizes, without weights."""
         decoys = self.config.decoys
         check_decoy_weights((float(decoys.pair), float(decoys.alone), float(decoys.twice)))
+        check_shared_bases({name: (self.agent_config_path(name), agent) for name, agent in self.agent_configs().items()})
         for name, agent in self.agent_configs().items():
             where = self.agent_config_path(name)
             if agent.pretrained_path is None:
@@ -456,23 +487,27 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         }
 
     def make_agents(self) -> AgentModules:
-        policies = {}
+        check_shared_bases({name: (self.agent_config_path(name), agent) for name, agent in self.agent_configs().items()})
         if self.chat_view:
-            for speaker, agent in zip(self.chat_speakers, self.chat_agent_configs.values()):
-                policies[speaker.name] = build_lm_policy(agent, speaker.tokenizer)
-            return lm_agent_modules(policies, self.message_tokens)
-        for name, agent in self.agent_configs().items():
-            if agent.pretrained_path is None:
-                policies[name] = build_lm_policy(agent, self.tokenizer)
-                continue
-            policy = build_lm_policy(agent)
-            if policy.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            configs = self.chat_agent_configs
+            tokenizers = {speaker.name: speaker.tokenizer for speaker in self.chat_speakers}
+            return lm_agent_modules(self._with_sources(build_policies(configs, tokenizers)), self.message_tokens)
+        configs = self.agent_configs()
+        tokenizers = {name: self.tokenizer if agent.pretrained_path is None else None for name, agent in configs.items()}
+        policies = self._with_sources(build_policies(configs, tokenizers))
+        for name, agent in configs.items():
+            if agent.pretrained_path is not None and policies[name].tokenizer.get_vocab() != self.tokenizer.get_vocab():
                 raise ConfigError(
                     f"agent {name}: the tokenizer in {agent.pretrained_path} is not the duplicates game's "
                     f"(length {self.symbols.length}, {self.symbols.num_values} values, agents {list(self.symbols.agents)})"
                 )
-            policies[name] = policy
         return lm_agent_modules(policies, self.message_tokens)
+
+    def _with_sources(self, policies: dict[str, LMPolicy]) -> dict[str, LMPolicy]:
+        """``policies`` with each frozen co-player's source recorded on its policy."""
+        for name, source in self.frozen_agents().items():
+            policies[name].frozen_source = source
+        return policies
 
     def end_token_ids(self) -> list[int]:
         """Each agent's end-of-message token: its chat tokenizer's eos, or the game's ``<eos>``."""
