@@ -32,9 +32,11 @@ def build_optimizer(config: DictConfig, agent_params: Mapping[str, Iterable[nn.P
         raise ConfigError(
             f"trainer.optimizer.agent_lr names {unknown}; the agents are {sorted(agent_params)}"
         )
-    groups = []
+    groups, seen = [], set()
     for name, params in agent_params.items():
-        params = [param for param in params if param.requires_grad]
+        # A parameter several agents hold (one model playing several roles) trains in the first one's group.
+        params = [param for param in params if param.requires_grad and id(param) not in seen]
+        seen.update(id(param) for param in params)
         if params:
             groups.append({"params": params, "lr": float(config.agent_lr.get(name, config.lr)), "agent": name})
     if not groups:

@@ -311,7 +311,8 @@ def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
     ``"*"`` stands for every agent of the protocol, or, for a scenario whose
     agents speak, every agent that has demonstrations (a prover arguing for
     *reject* in the duplicates game has none); frozen co-players
-    (``frozen_from``) never.
+    (``frozen_from``) and agents that play another's model
+    (``share_policy_with``: the owner's warm start fits it) never.
     """
     frozen = set(getattr(scenario, "frozen_agents", dict)())
     named = sorted(frozen & set(requested))
@@ -319,9 +320,17 @@ def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
         raise ConfigError(
             f"trainer.pretrain.agents names {named}, frozen co-players (frozen_from) that train nothing: leave them out"
         )
+    # An agent that plays another's model (share_policy_with): its warm start would fit the model the other's already fitted.
+    sharers = {name for name, owner in getattr(scenario, "policy_owners", dict)().items() if owner != name}
+    named = sorted(sharers & set(requested))
+    if named:
+        raise ConfigError(
+            f"trainer.pretrain.agents names {named}, which play another agent's model (share_policy_with): a warm start "
+            f"fits one agent's demonstrations at a time and would overwrite the other role's fit; warm-start the model's owner only"
+        )
     if ALL_AGENTS not in requested:
         return requested
-    names = [name for name in scenario.agent_names if name not in frozen]
+    names = [name for name in scenario.agent_names if name not in frozen and name not in sharers]
     if speaks(scenario):
         names = [name for name in names if name in scenario.demonstration_agents()]
     return list(dict.fromkeys([*names, *(name for name in requested if name != ALL_AGENTS)]))

@@ -15,7 +15,7 @@ from nip_like.evaluate import main as evaluate_main
 from nip_like.experiment import run_experiment
 from nip_like.export import main as export_main
 from nip_like.lm.memory import check_lm_memory
-from nip_like.lm.shared_base import check_shared_bases, sharing_copy
+from nip_like.lm.shared_models import check_shared_models, sharing_copy
 from nip_like.logging import read_csv_metric
 from tests.conftest import smoke_config, stopped_and_resumed
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
@@ -149,9 +149,9 @@ def _agent(**fields) -> dict:
 @pytest.mark.parametrize(
     "verifier,prover,message",
     [
-        (_agent(share_base_with="verifier"), _agent(), r"an agent cannot share its own base; name another agent of the game: \['prover'\]$"),
+        (_agent(share_base_with="verifier"), _agent(), r"an agent cannot share with itself; name another agent of the game: \['prover'\]$"),
         (_agent(share_base_with="judge"), _agent(), r"share_base_with=judge is not an agent of this game; allowed: \['prover'\]$"),
-        (_agent(share_base_with="prover"), _agent(share_base_with="verifier"), r"(verifier shares the base of prover|prover shares the base of verifier) itself; name (prover|verifier) instead$"),
+        (_agent(share_base_with="prover"), _agent(share_base_with="verifier"), r"(verifier shares with prover|prover shares with verifier) itself \(share_base_with\); name (prover|verifier) instead$"),
         (_agent(share_base_with="prover", lora={"r": 0}), _agent(), r"agent verifier needs LoRA adapters: set scenario.agents.verifier.lora.r >= 1$"),
         (_agent(share_base_with="prover"), _agent(lora={"r": 0}), r"agent prover needs LoRA adapters: set scenario.default_agent.lora.r >= 1$"),
         (_agent(share_base_with="prover", lora={"r": 4, "warm_start": "full"}), _agent(), r"lora.warm_start=full fits every weight of the base"),
@@ -162,13 +162,18 @@ def _agent(**fields) -> dict:
             _agent(pretrained_path=None, architecture="qwen2", hidden_size=128),
             r"bases differ \(hidden_size 64 against 128\)",
         ),
+        (_agent(share_policy_with="prover", lora={"r": 8}), _agent(), r"share_policy_with=prover: the agents' model settings differ \(lora .*'r': 8.* against .*'r': 4.*\); one model plays both roles"),
+        (_agent(share_policy_with="prover", gradient_checkpointing=True), _agent(), r"model settings differ \(gradient_checkpointing True against False\)"),
+        (_agent(share_policy_with="prover", share_base_with="prover"), _agent(), r"share_base_with and share_policy_with do not go together"),
+        (_agent(share_policy_with="prover"), _agent(frozen_from="/runs/a", lora={"r": 0}), r"agent prover is a frozen co-player \(frozen_from\), which shares nothing"),
     ],
-    ids=["itself", "unknown", "chain", "no-lora", "owner-no-lora", "full-warm-start", "other-folder", "dtype", "sizes"],
+    ids=["itself", "unknown", "chain", "no-lora", "owner-no-lora", "full-warm-start", "other-folder", "dtype", "sizes",
+         "policy-lora", "policy-checkpointing", "both", "frozen"],
 )
 def test_sharing_that_cannot_hold_one_frozen_base_is_refused_in_one_line(verifier, prover, message):
     agents = {"prover": ("scenario.default_agent", prover), "verifier": ("scenario.agents.verifier", verifier)}
     with pytest.raises(ConfigError, match=message) as raised:
-        check_shared_bases(agents)
+        check_shared_models(agents)
     assert "\n" not in str(raised.value)
 
 

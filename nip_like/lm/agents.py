@@ -122,7 +122,12 @@ class LMActor(TensorDictModuleBase):
     def after_warm_start(self) -> None:
         """Add the adapters of agents whose LoRA comes after the warm start (see :meth:`LMPolicy.after_warm_start`)."""
         for name in self.agent_names:
-            self.policy(name).after_warm_start()
+            if self.policy(name).policy_owner is None:
+                self.policy(name).after_warm_start()
+        for name in self.agent_names:  # an agent that plays another's model plays it with the adapters just added
+            owner = self.policy(name).policy_owner
+            if owner is not None:
+                self.policy(name).play_with(self.policy(owner).model)
 
     def frozen_reference(self) -> "LMReference":
         """The initial policy, frozen, for KL penalties and DPO (see :class:`LMReference`)."""
@@ -314,15 +319,20 @@ class LMReference(nn.Module):
 
     def __init__(self, actor: LMActor) -> None:
         super().__init__()
-        policies, copies = {}, {}
+        policies, originals = {}, {}
         for name in actor.agent_names:
             policy = actor.policy(name)
             if has_lora(policy.model) or policy.frozen_source is not None:  # a frozen co-player is its own reference
                 policies[name] = policy
             else:
-                copies[name] = policies[name] = copy.deepcopy(policy).requires_grad_(False)
+                originals[name] = policy
+        # One deep copy of all of them: agents that play one model (share_policy_with) keep one reference model.
+        copies = {name: policy.requires_grad_(False) for name, policy in copy.deepcopy(originals).items()}
+        policies.update(copies)
+        policies = {name: policies[name] for name in actor.agent_names}
         self.copies = nn.ModuleDict(copies)
-        self._shared_models = [policies[name].model for name in policies if name not in copies]
+        models = {id(policies[name].model): policies[name].model for name in policies if name not in copies}
+        self._shared_models = list(models.values())
         # Not a registered submodule: the shared models belong to the live actor.
         object.__setattr__(self, "_scorer", LMActor(policies, actor.message_tokens))
 

@@ -30,7 +30,7 @@ from typing import Mapping, Optional
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.lm.shared_base import base_owners
+from nip_like.lm.shared_models import base_owners, policy_owners
 
 GIB = 1024**3
 #: Bytes of one element of each parameter dtype an agent may use.
@@ -201,7 +201,12 @@ def check_lm_memory(
         shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items() if owners[name] == name
     )
     ranks = {name: int(getattr(getattr(agent, "lora", None), "r", 0) or 0) for name, (_, agent, _) in agents.items()}
-    state = sum(12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters) for name in agents)
+    players = policy_owners({name: agent for name, (_, agent, _) in agents.items()})
+    state = sum(  # a model that plays several roles (share_policy_with) trains once
+        12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters)
+        for name in agents
+        if players[name] == name
+    )
     for name, (where, agent, _) in agents.items():
         shape, tokens = shapes[name], int(agent.max_new_tokens)
         element = 2 if autocast_dtype or str(agent.dtype) == "bfloat16" else DTYPE_BYTES.get(str(agent.dtype), 4)

@@ -46,6 +46,7 @@ class LMAgentConfig:
     lora: LoraOptions = field(default_factory=LoraOptions)  # LoRA adapters through peft (r, alpha, dropout, target_modules); r=0 = full fine-tuning
     frozen_from: Optional[str] = None  # play with the weights of a finished run's agent of this name (its run folder) or of a model folder (nip_like.export's, or any save_pretrained folder), frozen for the whole run; instead of pretrained_path, without lora
     frozen_checkpoint: str = checked("last", choices=("last", "best"))  # the checkpoint of the frozen_from run folder to read the agent from
+    share_policy_with: Optional[str] = None  # another agent whose model this one plays with: one set of weights (full or LoRA) trained on both roles' tokens, in the other's optimiser group, told apart by the prompts; its own value head and sampling settings; the model fields must equal the other's
     share_base_with: Optional[str] = None  # another agent whose frozen base model this one shares (held once in memory), each with its own LoRA adapters and value head; both need lora.r >= 1 and the same base; null = a model of its own
     gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
     max_tokens_per_micro_batch: Optional[int] = checked(None, ge=0)  # token budget of one scoring pass with gradients; null = automatic (from the device's free memory, measured when the trainer is built); 0 = none (the whole minibatch at once)
@@ -146,7 +147,7 @@ def build_lm(
     base : PreTrainedModel, optional
         A base model from :func:`build_base` that this agent shares with
         others (``share_base_with``): the agent's model is a module tree over
-        the same weight tensors (:func:`~nip_like.lm.shared_base.sharing_copy`),
+        the same weight tensors (:func:`~nip_like.lm.shared_models.sharing_copy`),
         nothing is loaded, and ``tokenizer`` must be given.
 
     Returns
@@ -167,7 +168,7 @@ def build_lm(
     if base is None:
         model, tokenizer = build_base(config, tokenizer)
     else:
-        from nip_like.lm.shared_base import sharing_copy
+        from nip_like.lm.shared_models import sharing_copy
 
         if tokenizer is None:
             raise ConfigError("build_lm needs the base's tokenizer to build on a shared base")
@@ -255,7 +256,10 @@ def disable_dropout(model: nn.Module) -> None:
 
 
 def build_lm_policy(
-    config: LMAgentConfig, tokenizer: Optional[PreTrainedTokenizerBase] = None, base: Optional[PreTrainedModel] = None
+    config: LMAgentConfig,
+    tokenizer: Optional[PreTrainedTokenizerBase] = None,
+    base: Optional[PreTrainedModel] = None,
+    model: Optional[PreTrainedModel] = None,
 ) -> LMPolicy:
     """Make an agent's :class:`~nip_like.lm.policy.LMPolicy`, value head included.
 
@@ -273,13 +277,20 @@ def build_lm_policy(
         As for :func:`build_lm`.
     base : PreTrainedModel, optional
         A base shared with other agents, as for :func:`build_lm`.
+    model : PreTrainedModel, optional
+        Another agent's model to play with (``share_policy_with``): nothing
+        is built or loaded but the value head, and ``tokenizer`` must be
+        given.
 
     Returns
     -------
     LMPolicy
         On the CPU; move it with ``.to(device)``.
     """
-    model, tokenizer = build_lm(config, tokenizer, base)
+    if model is None:
+        model, tokenizer = build_lm(config, tokenizer, base)
+    elif tokenizer is None:
+        raise ConfigError("build_lm_policy needs the tokenizer of the model it is given")
     lora = _option(config, "lora", None)
     frozen = _option(config, "frozen_from", None) is not None
     wanted = _option(config, "value_head", None)

@@ -280,8 +280,10 @@ class LMPolicy(nn.Module):
         #: Whether every rank must run this policy's model the same number of times (its FSDP2 update,
         #: :mod:`nip_like.lm.sharding`): :meth:`evaluate` then takes as many micro-batches as the rank with most.
         self.lockstep = False
-        #: The agent whose base model this policy's model shares (:mod:`nip_like.lm.shared_base`); None: its own.
+        #: The agent whose base model this policy's model shares (:mod:`nip_like.lm.shared_models`); None: its own.
         self.base_owner: Optional[str] = None
+        #: The agent whose model this policy plays with (``share_policy_with``); None: its own model.
+        self.policy_owner: Optional[str] = None
         #: Where a frozen co-player's weights come from (:mod:`nip_like.lm.frozen`); None: a trained agent.
         self.frozen_source: Optional[object] = None
         device = model_device(model)
@@ -610,6 +612,11 @@ class LMPolicy(nn.Module):
 
             self.model = add_lora(self.model, self._deferred_lora)
             self._deferred_lora = None
+
+    def play_with(self, model: nn.Module) -> None:
+        """Play with ``model`` from now on (another agent's, whose adapters came after the warm start), adding none of its own."""
+        self.model = model
+        self._deferred_lora = None
 
     def pop_padding_counts(self) -> tuple[int, int]:
         """Real and padded-total tokens of the scoring passes since the last call, then reset."""

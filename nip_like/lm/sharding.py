@@ -90,8 +90,11 @@ class ShardedAgents:
         # One mesh of every rank, on the agents' device type (fully_shard's default would take the accelerator's).
         device = next(iter(self.policies.values())).banned.device
         mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        sharded: set[int] = set()
         for policy in self.policies.values():
-            self.units += shard_module(policy.model, mesh)
+            if id(policy.model) not in sharded:  # a model that plays several roles (share_policy_with) is sharded once
+                sharded.add(id(policy.model))
+                self.units += shard_module(policy.model, mesh)
             head = policy.value_head
             if head is not None:
                 if head.body is not None:

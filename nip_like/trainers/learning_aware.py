@@ -52,6 +52,13 @@ class LearningAwareTrainer(TensorDictRlTrainer):
         # Checked before the agents are built: the protocol must say who leads, if the objective asks.
         self._check_leader_order(config, scenario.protocol)
         self._check_options(config)
+        sharers = sorted(name for name, owner in getattr(scenario, "policy_owners", dict)().items() if owner != name)
+        if sharers:
+            raise ConfigError(
+                f"trainer {config.trainer.trainer_type} differentiates each agent's update through the others' parameters; "
+                f"{', '.join(sharers)} play(s) another agent's model (share_policy_with), one set of parameters: use a standard "
+                f"trainer, or share_base_with (an adapter per agent)"
+            )
         super().__init__(config, scenario, run_dir, logger)
 
     @property

@@ -25,7 +25,7 @@ from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.models import LMAgentConfig, architecture_context, load_tokenizer, model_context
 from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
 from nip_like.lm.policy import LMPolicy
-from nip_like.lm.shared_base import build_policies, check_shared_bases
+from nip_like.lm.shared_models import build_policies, check_shared_models, policy_owners
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Demonstrating, GeneratedData, ScenarioConfig, TensorGame
@@ -346,6 +346,10 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         agent.pretrained_path = str(self._frozen_sources[name][0])
         return agent
 
+    def policy_owners(self) -> dict[str, str]:
+        """Each agent -> the agent whose model it plays with (``share_policy_with``; itself when none)."""
+        return policy_owners(self.agent_configs())
+
     def frozen_agents(self) -> dict[str, FrozenSource]:
         """The frozen co-players (``frozen_from``) and where each one's weights come from."""
         self.agent_configs()
@@ -429,7 +433,7 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         """Check the decoy weights, each agent's model folder (and, in the chat view, its chat template) and its sizes, without weights."""
         decoys = self.config.decoys
         check_decoy_weights((float(decoys.pair), float(decoys.alone), float(decoys.twice)))
-        check_shared_bases({name: (self.agent_config_path(name), agent) for name, agent in self.agent_configs().items()})
+        check_shared_models({name: (self.agent_config_path(name), agent) for name, agent in self.agent_configs().items()})
         for name, agent in self.agent_configs().items():
             where = self.agent_config_path(name)
             if agent.pretrained_path is None:
@@ -487,7 +491,7 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
         }
 
     def make_agents(self) -> AgentModules:
-        check_shared_bases({name: (self.agent_config_path(name), agent) for name, agent in self.agent_configs().items()})
+        check_shared_models({name: (self.agent_config_path(name), agent) for name, agent in self.agent_configs().items()})
         if self.chat_view:
             configs = self.chat_agent_configs
             tokenizers = {speaker.name: speaker.tokenizer for speaker in self.chat_speakers}

@@ -1,0 +1,255 @@
+"""Agents that share a model: one frozen base with an adapter per agent, or one policy for several roles.
+
+Two settings of an agent's config, each naming another agent of the game:
+
+``share_base_with``
+    The agent is built on that agent's base: the base is loaded once, and
+    each agent of the group gets its own module tree over the *same* weight
+    tensors (:func:`sharing_copy`), to which its own adapters (and gradient
+    checkpointing, if it asks) are added. The base weights are held once in
+    memory; everything an agent runs (sampling, scoring in micro-batches,
+    recomputation in the backward pass, its reference with adapters switched
+    off) goes through its own tree, so no state says "which adapter is
+    active", and a joint update whose backward pass runs through several
+    agents' forwards is the one two separate copies give. A shared base must
+    stay frozen, so every agent of a group trains LoRA adapters from the
+    start (``lora.r >= 1``, ``lora.warm_start: lora``), and the agents name
+    the same model folder (or, built from config, the same architecture and
+    sizes) in the same dtype.
+
+``share_policy_with``
+    The agent plays with that agent's model itself: one set of weights (full
+    or LoRA) plays both roles, told apart by their prompts (each role's
+    system prompt in the chat view), and one update trains it on both roles'
+    tokens (the sum of their losses). Each role keeps its own value head,
+    sampling settings and statistics: the objectives normalise advantages
+    per agent, that is per role, and GRPO forms its groups per agent too.
+    The model trains in the owner's optimiser group (its learning rate); the
+    sharer's group holds its value head. The model fields of both configs
+    (folder or sizes, ``lora``, ``dtype``, ``gradient_checkpointing``) must be
+    equal.
+
+:func:`check_shared_models` refuses anything else in one line before any
+work.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from torch import nn
+
+from nip_like.errors import ConfigError
+
+#: The fields that make a from-config base (with the same architecture, the same weights are drawn once).
+SIZE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
+
+
+def sharing_copy(model: nn.Module) -> nn.Module:
+    """A new module tree of ``model`` whose parameters and buffers are ``model``'s own tensors (no weight is copied).
+
+    Adding LoRA adapters or gradient checkpointing to the copy changes the
+    copy's modules only; the weights stay one set of tensors in memory.
+    """
+    memo: dict[int, Any] = {id(tensor): tensor for tensor in model.parameters()}
+    memo.update({id(tensor): tensor for tensor in model.buffers()})
+    return copy.deepcopy(model, memo)
+
+
+def base_owners(configs: Mapping[str, Any]) -> dict[str, str]:
+    """Each agent's name -> the agent whose base weights it plays with (itself when it shares none)."""
+    return {name: _get(config, "share_base_with") or _get(config, "share_policy_with") or name for name, config in configs.items()}
+
+
+def policy_owners(configs: Mapping[str, Any]) -> dict[str, str]:
+    """Each agent's name -> the agent whose model it plays with (``share_policy_with``; itself when none)."""
+    return {name: _get(config, "share_policy_with") or name for name, config in configs.items()}
+
+
+def sharing_groups(configs: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The owner of each shared base -> every agent built on it, owner first (others are left out)."""
+    groups: dict[str, list[str]] = {}
+    for name, config in configs.items():
+        owner = _get(config, "share_base_with")
+        if owner:
+            groups.setdefault(owner, [owner])
+            groups[owner].append(name)
+    return groups
+
+
+def check_shared_models(agents: Mapping[str, tuple[str, Any]]) -> None:
+    """Refuse, in one line, ``share_base_with`` and ``share_policy_with`` settings that cannot be honoured.
+
+    Parameters
+    ----------
+    agents : mapping of str to (str, LMAgentConfig)
+        Each agent of the game -> the config path its settings come from and
+        its config.
+
+    Raises
+    ------
+    ConfigError
+        For a name that is not another agent of the game, a chain (the agent
+        named shares another's model or base itself), both settings on one
+        agent, a frozen co-player in a group, an agent of a shared base
+        without LoRA adapters from the start, bases that differ in folder,
+        sizes or dtype, or a shared policy whose model fields differ.
+    """
+    configs = {name: config for name, (_, config) in agents.items()}
+    for name, (where, config) in agents.items():
+        base, policy = _get(config, "share_base_with"), _get(config, "share_policy_with")
+        if base and policy:
+            raise ConfigError(f"{where}: share_base_with and share_policy_with do not go together; set one of them")
+        for setting, owner in (("share_base_with", base), ("share_policy_with", policy)):
+            if owner:
+                _check_owner(agents, name, where, setting, owner)
+        if base:
+            _check_base(agents, name, where, base)
+        if policy:
+            difference = _model_difference(configs[name], configs[policy])
+            if difference:
+                raise ConfigError(
+                    f"{where}.share_policy_with={policy}: the agents' model settings differ ({difference}); one model plays "
+                    f"both roles, so its folder or sizes, lora, dtype and gradient_checkpointing must be the same"
+                )
+
+
+def _check_owner(agents: Mapping[str, tuple[str, Any]], name: str, where: str, setting: str, owner: str) -> None:
+    """The agent named by ``setting`` exists, is another one, shares nothing itself, and neither is frozen."""
+    field_name = f"{where}.{setting}={owner}"
+    if owner == name:
+        raise ConfigError(f"{field_name}: an agent cannot share with itself; name another agent of the game: {sorted(set(agents) - {name})}")
+    if owner not in agents:
+        raise ConfigError(f"{field_name} is not an agent of this game; allowed: {sorted(set(agents) - {name})}")
+    owner_config = agents[owner][1]
+    for other in ("share_base_with", "share_policy_with"):
+        if _get(owner_config, other):
+            raise ConfigError(f"{field_name}: {owner} shares with {_get(owner_config, other)} itself ({other}); name {_get(owner_config, other)} instead")
+    for agent, config in ((name, agents[name][1]), (owner, owner_config)):
+        if _get(config, "frozen_from"):
+            raise ConfigError(f"{field_name}: agent {agent} is a frozen co-player (frozen_from), which shares nothing: load both from their folders")
+
+
+def _check_base(agents: Mapping[str, tuple[str, Any]], name: str, where: str, owner: str) -> None:
+    """Both agents train LoRA adapters from the start, on the same base."""
+    field_name = f"{where}.share_base_with={owner}"
+    owner_where, owner_config = agents[owner]
+    for agent, agent_where, agent_config in ((name, where, agents[name][1]), (owner, owner_where, owner_config)):
+        lora = _get(agent_config, "lora")
+        if int(_get(lora, "r", 0) or 0) < 1:
+            raise ConfigError(
+                f"{field_name}: a shared base stays frozen, so agent {agent} needs LoRA adapters: set {agent_where}.lora.r >= 1"
+            )
+        if _get(lora, "warm_start", "lora") != "lora":
+            raise ConfigError(
+                f"{field_name}: {agent_where}.lora.warm_start=full fits every weight of the base, which the agents share: "
+                f"set it to lora"
+            )
+    difference = _base_difference(agents[name][1], owner_config)
+    if difference:
+        raise ConfigError(
+            f"{field_name}: the agents' bases differ ({difference}); sharing needs the same pretrained_path "
+            f"(or the same from-config sizes) and dtype"
+        )
+
+
+def _model_difference(config: Any, other: Any) -> Optional[str]:
+    """What tells the two agents' models apart (base, adapters, checkpointing), None if nothing does."""
+    difference = _base_difference(config, other)
+    if difference:
+        return difference
+    for field_name in ("gradient_checkpointing",):
+        if bool(_get(config, field_name, False)) != bool(_get(other, field_name, False)):
+            return f"{field_name} {_get(config, field_name, False)} against {_get(other, field_name, False)}"
+    lora, other_lora = _plain(_get(config, "lora")), _plain(_get(other, "lora"))
+    if lora != other_lora:
+        return f"lora {lora} against {other_lora}"
+    return None
+
+
+def _plain(options: Any) -> dict:
+    """LoRA options as a plain dict (r 0 = none, whatever the rest)."""
+    if options is None:
+        return {"r": 0}
+    fields = ("r", "alpha", "dropout", "target_modules", "warm_start")
+    values = {name: _get(options, name) for name in fields}
+    if not values["r"]:
+        return {"r": 0}
+    if values["target_modules"] is not None:
+        values["target_modules"] = list(values["target_modules"])
+    return values
+
+
+def _base_difference(config: Any, other: Any) -> Optional[str]:
+    """What tells the two agents' bases (and so their tokenizers) apart, None if they are the same."""
+    path, other_path = _get(config, "pretrained_path"), _get(other, "pretrained_path")
+    if (path is None) != (other_path is None):
+        return f"pretrained_path {path} against {other_path}"
+    if path is not None and Path(path).expanduser().resolve() != Path(other_path).expanduser().resolve():
+        return f"pretrained_path {path} against {other_path}"
+    if path is None:
+        for field_name in SIZE_FIELDS:
+            if _get(config, field_name) != _get(other, field_name):
+                return f"{field_name} {_get(config, field_name)} against {_get(other, field_name)}"
+    if _get(config, "dtype", "float32") != _get(other, "dtype", "float32"):
+        return f"dtype {_get(config, 'dtype', 'float32')} against {_get(other, 'dtype', 'float32')}"
+    return None
+
+
+def build_policies(
+    configs: Mapping[str, Any],
+    tokenizers: Mapping[str, Any],
+    build_policy: Optional[Callable[..., Any]] = None,
+) -> dict[str, Any]:
+    """Each agent's :class:`~nip_like.lm.policy.LMPolicy`, in the order of ``configs``, with its sharing applied.
+
+    Parameters
+    ----------
+    configs : mapping of str to LMAgentConfig
+        The agents (checked by :func:`check_shared_models`).
+    tokenizers : mapping of str to PreTrainedTokenizerBase or None
+        The tokenizer to give each agent's builder (None: its folder's).
+    build_policy : callable, optional
+        ``build_policy(config, tokenizer, base=None, model=None)``; default
+        :func:`~nip_like.lm.models.build_lm_policy`.
+
+    Returns
+    -------
+    dict of str to LMPolicy
+        A policy built on a shared base has ``base_owner`` set to the agent
+        whose config the base was loaded from; one that plays another agent's
+        model has ``policy_owner`` set to that agent.
+    """
+    from nip_like.lm.models import build_base, build_lm_policy
+
+    build_policy = build_policy or build_lm_policy
+    shared = set(sharing_groups(configs))
+    sharers = {name: owner for name, owner in policy_owners(configs).items() if owner != name}
+    bases: dict[str, tuple[Any, Any]] = {}
+    policies = {}
+    for name, config in configs.items():  # owners first: a sharer plays its owner's model
+        if name in sharers:
+            continue
+        owner = _get(config, "share_base_with") or name
+        if owner not in shared:
+            policies[name] = build_policy(config, tokenizers.get(name))
+            continue
+        if owner not in bases:
+            bases[owner] = build_base(configs[owner], tokenizers.get(owner))
+        base, tokenizer = bases[owner]
+        policy = build_policy(config, copy.deepcopy(tokenizer), base)
+        policy.base_owner = owner
+        policies[name] = policy
+    for name, owner in sharers.items():
+        played = policies[owner]
+        policy = build_policy(configs[name], copy.deepcopy(played.tokenizer), model=played.model)
+        policy.policy_owner = owner
+        policy.base_owner = played.base_owner
+        policies[name] = policy
+    return {name: policies[name] for name in configs}
