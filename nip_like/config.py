@@ -109,6 +109,23 @@ class EvalConfig:
     test_checkpoint: str = checked("final", choices=("final", "best"))  # final | best: which agents the test loop evaluates
 
 
+#: How an opponent pool picks the snapshot an episode meets.
+POOL_DRAWS = ("latest", "uniform", "win_rate")
+
+
+@dataclass
+class OpponentPoolConfig:
+    """Earlier versions of one agent, played instead of the agent itself in some training episodes (nip_like.trainers.opponent_pool)."""
+
+    agent: Optional[str] = None  # the agent whose snapshots form the pool (a language-model agent); null = no pool
+    size: int = checked(4, ge=1)  # snapshots kept; the oldest leaves first (the initial weights are the first)
+    every: int = checked(1, ge=1)  # a snapshot of the agent enters the pool after every this many iterations' updates
+    draw: str = checked("uniform", choices=POOL_DRAWS)  # latest | uniform | win_rate (the snapshots the learner beats least, drawn most)
+    per: str = checked("episode", choices=("episode", "iteration"))  # draw a snapshot for each new episode, or one for all episodes an iteration starts
+    live_fraction: float = checked(0.8, ge=0, le=1)  # share of draws in which the agent plays itself, live (it trains on those episodes only)
+    learner: Optional[str] = None  # the agent whose score against each snapshot is kept (win 1, tie 0.5, by episode return); null = the first other agent
+
+
 @dataclass
 class TrainerConfig:
     """The trainer and its RL loop."""
@@ -127,6 +144,7 @@ class TrainerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
     agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # supervised pretraining before RL
+    opponent_pool: OpponentPoolConfig = field(default_factory=OpponentPoolConfig)  # play an agent's earlier versions in some training episodes
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation, best checkpoint, early stopping
     extra: dict[str, Any] = field(default_factory=dict)  # free-form options for user-defined trainers
     jobs: JobsConfig = field(default_factory=JobsConfig)  # not read by the RL trainers (the text trainers' fine-tune jobs); kept so that earlier run folders resume; a run setting, not in the run id

@@ -54,3 +54,6 @@ TOKEN_ENTROPY_KEY = ("agents", "token_entropy")
 #: Truncated importance weight of each token sampled by an inference server, ``(*batch, agents, T)``
 #: (``min(pi_trainer / pi_server, c)``, 1 elsewhere); present only when a server sampler sets ``max_importance_weight``.
 SAMPLER_WEIGHT_KEY = ("agents", "sampler_weight")
+#: The version of the pooled agent each step's episode meets (``trainer.opponent_pool``), ``(*batch,)``: -1 for the
+#: agent itself, else the snapshot's version; present only with an opponent pool.
+OPPONENT_VERSION_KEY = "opponent_version"

@@ -190,6 +190,22 @@ class PreferenceBatch:
     reference_rejected: torch.Tensor
 
 
+def parse_with_smoke(
+    parser: argparse.ArgumentParser, argv: list[str] | None, smoke: dict[str, Any], positive: tuple[str, ...]
+) -> argparse.Namespace:
+    """Parse ``argv`` (default ``sys.argv[1:]``): with ``--smoke`` the ``smoke`` defaults first; each of ``positive`` at least 1."""
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--smoke" in argv:
+        parser.set_defaults(**smoke)
+    args = parser.parse_args(argv)
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
 def make_prompts(
     tokenizer, batch_size: int, prompt_length: int, group_size: int, seed: int, device: torch.device
 ) -> Prompts:

@@ -500,15 +500,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the updates' policies score replies this many positions at a time (both sides; default: all at once)")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repeat (for tests)")
     parser.add_argument("--output", "--json", type=Path, default=None, help="also write the results as JSON here")
-    if argv is None:
-        argv = sys.argv[1:]
-    if "--smoke" in argv:
-        parser.set_defaults(**SMOKE)
-    args = parser.parse_args(argv)
-    for name in ("batch_size", "new_tokens", "list_length", "lora_r", "rollout_repeats", "sample_repeats",
-                 "update_steps", "warmup", "threads", "max_tokens_per_micro_batch"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    args = bench.parse_with_smoke(
+        parser, argv, SMOKE, ("batch_size", "new_tokens", "list_length", "lora_r", "rollout_repeats", "sample_repeats",
+                              "update_steps", "warmup", "threads", "max_tokens_per_micro_batch"),
+    )
     if args.group_size < 2 or args.batch_size % args.group_size:
         parser.error("--group-size must be at least 2 and divide --batch-size")
     if args.list_length > args.num_values:

@@ -17,6 +17,7 @@ group, as for the other agent kinds.
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -35,6 +36,7 @@ from nip_like.objectives.scoring import ActionScores
 
 if TYPE_CHECKING:
     from nip_like.lm.server import InferenceServer
+    from nip_like.trainers.opponent_pool import OpponentPool
 
 #: Exploration types that take the most likely token instead of sampling.
 GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE)
@@ -85,6 +87,14 @@ class LMActor(TensorDictModuleBase):
         ]
         #: Agents that sample from an inference server (:meth:`attach_servers`); not modules, not in the state dict.
         self.servers: dict[str, "InferenceServer"] = {}
+        #: The opponent pool whose snapshots play one agent's seat in training episodes (:meth:`attach_pool`).
+        self.pool: "OpponentPool | None" = None
+
+    def attach_pool(self, pool: "OpponentPool") -> None:
+        """Let ``pool`` choose who plays its agent's seat in each episode; every step then gets ``opponent_version``."""
+        self.pool = pool
+        if keys.OPPONENT_VERSION_KEY not in self.out_keys:
+            self.out_keys.append(keys.OPPONENT_VERSION_KEY)
 
     def attach_servers(self, servers: Mapping[str, "InferenceServer"]) -> None:
         """Sample these agents' messages from their inference servers (see :mod:`nip_like.lm.server`).
@@ -192,23 +202,32 @@ class LMActor(TensorDictModuleBase):
         weighted = keys.SAMPLER_WEIGHT_KEY in self.out_keys
         weights = torch.ones((rows, agents, length), dtype=torch.float32, device=device) if weighted else None
         greedy = exploration_type() in GREEDY
+        versions = None
+        if self.pool is not None:
+            versions = self.pool.versions_for(_flat(tensordict.get(keys.GROUP_ID_KEY), dims))
         for index, name in enumerate(self.agent_names):
             where = acting[:, index]
             if not bool(where.any()):
                 continue
             policy = self.policy(name)
             server = self.servers.get(name)
-            if server is None:
-                sample = policy.sample(prompt_ids[where, index], prompt_mask[where, index], greedy=greedy)
-            else:
-                sample = server.sample(policy, prompt_ids[where, index], prompt_mask[where, index], greedy=greedy)
-            width = sample["tokens"].shape[-1]
-            if weights is not None and server is not None:
-                weights[where, index, :width] = server.importance_weights(sample)
-            tokens[where, index, :width] = sample["tokens"]
-            token_mask[where, index, :width] = sample["token_mask"]
-            token_log_probs[where, index, :width] = sample["token_log_probs"]
-            token_entropy[where, index, :width] = sample["token_entropy"]
+            # The pooled agent's seat: each version that its episodes meet samples its own rows (the agent itself: -1).
+            seats = [(where, None)]
+            if versions is not None and index == self.pool.index:
+                seats = [(where & (versions == version), int(version)) for version in versions[where].unique()]
+            for rows, version in seats:
+                with self.pool.playing(version) if version is not None else nullcontext():
+                    if server is None:
+                        sample = policy.sample(prompt_ids[rows, index], prompt_mask[rows, index], greedy=greedy)
+                    else:
+                        sample = server.sample(policy, prompt_ids[rows, index], prompt_mask[rows, index], greedy=greedy)
+                width = sample["tokens"].shape[-1]
+                if weights is not None and server is not None:
+                    weights[rows, index, :width] = server.importance_weights(sample)
+                tokens[rows, index, :width] = sample["tokens"]
+                token_mask[rows, index, :width] = sample["token_mask"]
+                token_log_probs[rows, index, :width] = sample["token_log_probs"]
+                token_entropy[rows, index, :width] = sample["token_entropy"]
         shape = (*batch_shape, agents)
         tensordict.set(keys.ACTION_KEY, tokens.reshape(*shape, length))
         tensordict.set(keys.TOKEN_MASK_KEY, token_mask.reshape(*shape, length))
@@ -217,6 +236,8 @@ class LMActor(TensorDictModuleBase):
         tensordict.set(keys.LOG_PROB_KEY, token_log_probs.sum(-1).reshape(shape))
         if weights is not None:
             tensordict.set(keys.SAMPLER_WEIGHT_KEY, weights.reshape(*shape, length))
+        if versions is not None:
+            tensordict.set(keys.OPPONENT_VERSION_KEY, versions.reshape(batch_shape))
         return tensordict
 
     def score_actions(self, tensordict: TensorDictBase, with_value: bool = False) -> ActionScores:

@@ -59,6 +59,11 @@ class LearningAwareTrainer(TensorDictRlTrainer):
                 f"{', '.join(sharers)} play(s) another agent's model (share_policy_with), one set of parameters: use a standard "
                 f"trainer, or share_base_with (an adapter per agent)"
             )
+        if config.trainer.opponent_pool.get("agent"):
+            raise ConfigError(
+                f"trainer {config.trainer.trainer_type} differentiates through the other agents' updates, which a snapshot "
+                f"from trainer.opponent_pool does not make: use a standard trainer, or set trainer.opponent_pool.agent=null"
+            )
         super().__init__(config, scenario, run_dir, logger)
 
     @property

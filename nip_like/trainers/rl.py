@@ -34,11 +34,13 @@ from torchrl.data import TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType
 from torchrl.objectives import LossModule
 
+from nip_like import keys
 from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states
-from nip_like.errors import ConfigError, ModelServerError
+from nip_like.errors import CheckpointError, ConfigError, ModelServerError
 from nip_like.folders import resume_command
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.lm.frozen import check_sources, source_record
+from nip_like.trainers.opponent_pool import build_opponent_pool
 from nip_like.lm.sharding import ShardedAgents, shard_like, shard_optimizer_state, whole
 from nip_like.logging import MetricLogger
 from nip_like.objectives.contract import LossContract, contract_of
@@ -118,6 +120,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.sharded = self.shard_agents()
         self._build_loss()
         self._build_optimiser()
+        self.opponent_pool = build_opponent_pool(self.trainer_config.opponent_pool, self)
         with self.whole_weights():  # the collector runs the policy once to read its outputs
             self._build_collection()
         self.memory_metrics = self.set_token_budgets()
@@ -411,8 +414,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         sampler_metrics()  # what evaluation sampled is not this iteration's
         # Sampling, advantages and the layout run with whole weights when the agents are sharded (run.fsdp):
         # the ranks' forward passes differ in number there.
+        pool = self.opponent_pool
         with self.whole_weights():
-            batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
+            with pool.in_play() if pool is not None else nullcontext():
+                batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
             collected = time.perf_counter()
             frames = batch.numel() * dist.world_size
             self.state.frames += frames
@@ -427,6 +432,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
                 metrics.update(dist.mean(diagnostics))
 
+            if pool is not None:  # the pooled agent trains on the episodes it played itself
+                metrics.update(pool.record(batch, iteration))
             # The loss's layout of the batch: advantages, then its items in the replay buffer.
             with torch.no_grad():
                 if self.advantage_module is not None:
@@ -457,6 +464,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
                 self.scheduler.step()
         self._schedule_stepped = True
+        if pool is not None:
+            pool.after_update(iteration + 1, self.collector._carrier.get(keys.GROUP_ID_KEY))
         finished = time.perf_counter()
 
         metrics.update(loss_stats)
@@ -656,6 +665,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         state |= {
             # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
             "frozen_agents": source_record(getattr(self.policy, "frozen_sources", dict)()),
+            "opponent_pool": self.opponent_pool.state_dict() if self.opponent_pool is not None else None,
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
             "rng": get_rng_states(),
@@ -677,6 +687,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.state = TrainState(**state["train_state"])
+        if self.opponent_pool is not None:
+            if state.get("opponent_pool") is None:
+                raise CheckpointError("the checkpoint was written without trainer.opponent_pool: resume with the same settings")
+            self.opponent_pool.load_state_dict(state["opponent_pool"], self.state.iteration)
         rl_state.load_collection_state(self.collector, self.train_env, collection_state, self.device)
         self.distributed.set_rng_state(collection_state.get("rank_rng"))
         set_rng_states(state["rng"])
