@@ -101,6 +101,23 @@ def agent_data(scenario, loaded, agent: str, user: str) -> TensorDictBase:
     return loaded[agent]
 
 
+def role_data(scenario, loaded, agent: str, user: str) -> TensorDictBase:
+    """:func:`agent_data` of ``agent`` and of every agent that plays its model in the warm start, in one batch.
+
+    Those are the agents with ``share_policy_with: <agent>``, and with
+    ``share_base_with: <agent>`` when the base is fitted whole first
+    (``lora.warm_start: full``).
+
+    One model playing several roles is fitted to every role's demonstrations
+    at once (each told apart by its prompt); roles without demonstrations add
+    nothing.
+    """
+    data = agent_data(scenario, loaded, agent, user)
+    sharers = [name for name, owner in getattr(scenario, "warm_start_owners", dict)().items() if owner == agent and name != agent]
+    parts = [loaded[name] for name in sharers if speaks(scenario) and name in loaded]
+    return torch.cat([data, *parts]) if parts else data
+
+
 def fit_loss(scenario, agents: AgentModules, agent: str, data: TensorDictBase) -> StepLoss:
     """The step loss that fits ``agent`` to its :func:`agent_data` ``data``; the agent's network in train mode.
 
@@ -312,7 +329,8 @@ def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
     agents speak, every agent that has demonstrations (a prover arguing for
     *reject* in the duplicates game has none); frozen co-players
     (``frozen_from``) and agents that play another's model
-    (``share_policy_with``: the owner's warm start fits it) never.
+    (``share_policy_with``: the owner's warm start fits the model on every
+    role's demonstrations, :func:`role_data`) never.
     """
     frozen = set(getattr(scenario, "frozen_agents", dict)())
     named = sorted(frozen & set(requested))
@@ -320,13 +338,14 @@ def pretrained_agent_names(scenario, requested: list[str]) -> list[str]:
         raise ConfigError(
             f"trainer.pretrain.agents names {named}, frozen co-players (frozen_from) that train nothing: leave them out"
         )
-    # An agent that plays another's model (share_policy_with): its warm start would fit the model the other's already fitted.
-    sharers = {name for name, owner in getattr(scenario, "policy_owners", dict)().items() if owner != name}
+    # An agent that plays another's model (share_policy_with): the owner's warm start fits it on every role (role_data).
+    sharers = {name for name, owner in getattr(scenario, "warm_start_owners", dict)().items() if owner != name}
     named = sorted(sharers & set(requested))
     if named:
         raise ConfigError(
-            f"trainer.pretrain.agents names {named}, which play another agent's model (share_policy_with): a warm start "
-            f"fits one agent's demonstrations at a time and would overwrite the other role's fit; warm-start the model's owner only"
+            f"trainer.pretrain.agents names {named}, which play another agent's model in the warm start (share_policy_with, "
+            f"or share_base_with with lora.warm_start=full): name that agent instead, whose warm start fits the model on "
+            f"every role's demonstrations"
         )
     if ALL_AGENTS not in requested:
         return requested
@@ -395,11 +414,11 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             data_started = time.perf_counter()
             if loaded["train"] is None:
                 loaded["train"] = split_data(scenario, "train", int(config.seed), device)
-            train = agent_data(scenario, loaded["train"], agent, "trainer.pretrain.agents")
+            train = role_data(scenario, loaded["train"], agent, "trainer.pretrain.agents")
             if options.keep_best and loaded["val"] is None:
                 loaded["val"] = split_data(scenario, "val", int(config.seed), device)
             metrics["timers/pretrain/data"] = metrics.get("timers/pretrain/data", 0.0) + time.perf_counter() - data_started
-            held_out = agent_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
+            held_out = role_data(scenario, loaded["val"], agent, "trainer.pretrain.agents") if options.keep_best else None
             restarts = agent_restarts(options, agent)
             kept, chosen, scores = None, 0, []
             for restart in range(restarts):

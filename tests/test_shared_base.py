@@ -154,7 +154,7 @@ def _agent(**fields) -> dict:
         (_agent(share_base_with="prover"), _agent(share_base_with="verifier"), r"(verifier shares with prover|prover shares with verifier) itself \(share_base_with\); name (prover|verifier) instead$"),
         (_agent(share_base_with="prover", lora={"r": 0}), _agent(), r"agent verifier needs LoRA adapters: set scenario.agents.verifier.lora.r >= 1$"),
         (_agent(share_base_with="prover"), _agent(lora={"r": 0}), r"agent prover needs LoRA adapters: set scenario.default_agent.lora.r >= 1$"),
-        (_agent(share_base_with="prover", lora={"r": 4, "warm_start": "full"}), _agent(), r"lora.warm_start=full fits every weight of the base"),
+        (_agent(share_base_with="prover", lora={"r": 4, "warm_start": "full"}), _agent(), r"the agents of a shared base add their adapters at the same time: set lora.warm_start to the same value"),
         (_agent(share_base_with="prover", pretrained_path="/models/b"), _agent(), r"bases differ \(pretrained_path /models/b against /models/a\)"),
         (_agent(share_base_with="prover", dtype="bfloat16"), _agent(), r"bases differ \(dtype bfloat16 against float32\)"),
         (
@@ -238,3 +238,34 @@ def test_a_warm_start_restart_of_one_agent_leaves_the_base_it_shares_alone(tmp_p
     for name, value in seen[0].items():
         torch.testing.assert_close(seen[1][name], value, rtol=0, atol=0, msg=name)
         torch.testing.assert_close(final[name].detach(), value, rtol=0, atol=0, msg=name)
+
+
+def test_a_base_fitted_whole_first_is_fitted_on_every_role_then_shared_under_an_adapter_per_agent(chat_model, tmp_path, monkeypatch):
+    import nip_like.pretrain as pretrain
+    from nip_like.lm.lora import has_lora
+
+    fitted = []
+    fit = pretrain._fit
+    monkeypatch.setattr(pretrain, "_fit", lambda config, scenario, agents, agent, train, *rest: fitted.append((agent, train)) or fit(config, scenario, agents, agent, train, *rest))
+    folder = chat_model("qwen2")
+    config = chat_config(
+        folder, tmp_path, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full",
+        f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4, warm_start: full}}, share_base_with: prover}}",
+        'trainer.pretrain.agents=["*"]', "trainer.pretrain.epochs=1", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+    )
+    trainer = experiment.build_trainer(config, tmp_path / "run")
+    demonstrations = pretrain.split_data(trainer.scenario, "train", 0, torch.device("cpu"))
+    assert [agent for agent, _ in fitted] == ["prover"]  # one fit of the base, on both roles' demonstrations
+    assert fitted[0][1].batch_size[0] == demonstrations["prover"].batch_size[0] + demonstrations["verifier"].batch_size[0]
+    prover, verifier = trainer.policy.policy("prover"), trainer.policy.policy("verifier")
+    # After the warm start: a tree per agent over the fitted base's tensors, frozen, each with its own adapters.
+    assert prover.model is not verifier.model and has_lora(prover.model) and has_lora(verifier.model)
+    assert frozen_pointers(prover.model) == frozen_pointers(verifier.model)
+    initial = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    ids = torch.randint(300, 900, (2, 9))
+    with torch.no_grad(), prover.model.disable_adapter():
+        assert not torch.allclose(prover.model(input_ids=ids).logits, initial(input_ids=ids).logits)  # the base was fitted
+    trained = [{p.data_ptr() for p in policy.parameters() if p.requires_grad} for policy in (prover, verifier)]
+    assert trained[0] and trained[1] and not trained[0] & trained[1]
+    assert not any(True for _ in trainer.reference_policy.parameters())  # the fitted base, adapters off: no copy
+    trainer.train()

@@ -114,13 +114,17 @@ def test_one_policy_is_refused_where_it_cannot_apply(chat_model, tmp_path):
     folder = chat_model("qwen2")
     with pytest.raises(ConfigError, match=r"^trainer lola differentiates each agent's update through the others' parameters; verifier play"):
         experiment.build_trainer(one_policy(folder, tmp_path, "trainer=lola"), tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"trainer.pretrain.agents names \['verifier'\], which play another agent's model"):
+    with pytest.raises(ConfigError, match=r"trainer.pretrain.agents names \['verifier'\], which play another agent's model in the warm start \(share_policy_with, .*\): name that agent instead"):
         experiment.build_trainer(one_policy(folder, tmp_path, 'trainer.pretrain.agents=["verifier"]'), tmp_path / "run2")
 
 
-def test_adapters_added_after_the_owners_warm_start_are_the_ones_both_roles_play(chat_model, tmp_path):
+def test_the_owners_warm_start_fits_every_role_and_both_play_the_adapters_added_after_it(chat_model, tmp_path, monkeypatch):
+    import nip_like.pretrain as pretrain
     from nip_like.lm.lora import has_lora
 
+    fitted = []
+    fit = pretrain._fit
+    monkeypatch.setattr(pretrain, "_fit", lambda config, scenario, agents, agent, train, *rest: fitted.append((agent, train)) or fit(config, scenario, agents, agent, train, *rest))
     folder = chat_model("qwen2")
     config = chat_config(
         folder, tmp_path, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full",
@@ -131,4 +135,8 @@ def test_adapters_added_after_the_owners_warm_start_are_the_ones_both_roles_play
     prover, verifier = trainer.policy.policy("prover"), trainer.policy.policy("verifier")
     assert "pretrain/prover/train_accuracy" in trainer.pretrain_metrics and not any("verifier" in key for key in trainer.pretrain_metrics)
     assert has_lora(prover.model) and verifier.model is prover.model
+    # One fit, of the prover's model, on both roles' demonstrations (each role's prompt opens with its system prompt).
+    demonstrations = pretrain.split_data(trainer.scenario, "train", 0, torch.device("cpu"))
+    assert [agent for agent, _ in fitted] == ["prover"]
+    assert fitted[0][1].batch_size[0] == demonstrations["prover"].batch_size[0] + demonstrations["verifier"].batch_size[0]
     trainer.train()

@@ -32,6 +32,7 @@ from nip_like.agents import AgentModules, PerAgent
 from nip_like.lm.checkpoints import save_agent
 from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.policy import LMPolicy
+from nip_like.lm.shared_models import sharing_copy
 from nip_like.objectives.scoring import ActionScores
 
 if TYPE_CHECKING:
@@ -131,6 +132,17 @@ class LMActor(TensorDictModuleBase):
 
     def after_warm_start(self) -> None:
         """Add the adapters of agents whose LoRA comes after the warm start (see :meth:`LMPolicy.after_warm_start`)."""
+        # Agents of a shared base fitted whole in the warm start (lora.warm_start: full) played one model until now:
+        # each gets its own module tree over the fitted base's tensors before its adapters are added.
+        groups: dict[int, list[LMPolicy]] = {}
+        for name in self.agent_names:
+            policy = self.policy(name)
+            if policy.policy_owner is None and policy.base_owner is not None and policy.defers_lora:
+                groups.setdefault(id(policy.model), []).append(policy)
+        for members in groups.values():
+            trees = [sharing_copy(members[0].model) for _ in members]
+            for policy, tree in zip(members, trees):
+                policy.model = tree
         for name in self.agent_names:
             if self.policy(name).policy_owner is None:
                 self.policy(name).after_warm_start()

@@ -605,6 +605,11 @@ class LMPolicy(nn.Module):
         torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
         return int(most) - passes
 
+    @property
+    def defers_lora(self) -> bool:
+        """Whether LoRA adapters are still to be added after the warm start (:meth:`after_warm_start`)."""
+        return self._deferred_lora is not None
+
     def after_warm_start(self) -> None:
         """Add the LoRA adapters deferred to after the warm start (``lora.warm_start: full``), once."""
         if self._deferred_lora is not None:

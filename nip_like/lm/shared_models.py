@@ -11,11 +11,15 @@ Two settings of an agent's config, each naming another agent of the game:
     recomputation in the backward pass, its reference with adapters switched
     off) goes through its own tree, so no state says "which adapter is
     active", and a joint update whose backward pass runs through several
-    agents' forwards is the one two separate copies give. A shared base must
-    stay frozen, so every agent of a group trains LoRA adapters from the
-    start (``lora.r >= 1``, ``lora.warm_start: lora``), and the agents name
-    the same model folder (or, built from config, the same architecture and
-    sizes) in the same dtype.
+    agents' forwards is the one two separate copies give. A shared base stays
+    frozen while the agents train, so every agent of a group trains LoRA
+    adapters (``lora.r >= 1``), and the agents name the same model folder
+    (or, built from config, the same architecture and sizes) in the same
+    dtype. With ``lora.warm_start: full`` (on every agent of the group) the
+    base is first fitted whole in the warm start, as one model playing every
+    role of the group (the owner's fit takes every role's demonstrations,
+    as ``share_policy_with`` does), and the adapters come after it, one set
+    per agent on the fitted base.
 
 ``share_policy_with``
     The agent plays with that agent's model itself: one set of weights (full
@@ -62,6 +66,25 @@ def sharing_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def with_shared_base(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """``configs`` with every agent after the first set to share the first one's base (``scenario.shared_base``).
+
+    Frozen co-players and agents with a ``share_base_with`` or
+    ``share_policy_with`` of their own are left as they are; so is a game of
+    one agent.
+    """
+    names = list(configs)
+    owner = next((name for name in names if not _get(configs[name], "frozen_from")), None)
+    shared = {}
+    for name, config in configs.items():
+        free = not any(_get(config, field) for field in ("frozen_from", "share_base_with", "share_policy_with"))
+        if name != owner and owner is not None and free:
+            config = copy.deepcopy(config)
+            config.share_base_with = owner
+        shared[name] = config
+    return shared
+
+
 def base_owners(configs: Mapping[str, Any]) -> dict[str, str]:
     """Each agent's name -> the agent whose base weights it plays with (itself when it shares none)."""
     return {name: _get(config, "share_base_with") or _get(config, "share_policy_with") or name for name, config in configs.items()}
@@ -70,6 +93,20 @@ def base_owners(configs: Mapping[str, Any]) -> dict[str, str]:
 def policy_owners(configs: Mapping[str, Any]) -> dict[str, str]:
     """Each agent's name -> the agent whose model it plays with (``share_policy_with``; itself when none)."""
     return {name: _get(config, "share_policy_with") or name for name, config in configs.items()}
+
+
+def warm_start_owners(configs: Mapping[str, Any]) -> dict[str, str]:
+    """Each agent's name -> the agent whose model it plays in the warm start (itself when none).
+
+    That of ``share_policy_with``, and of ``share_base_with`` when the base
+    is fitted whole first (``lora.warm_start: full``).
+    """
+    owners = policy_owners(configs)
+    for name, config in configs.items():
+        base = _get(config, "share_base_with")
+        if base and _get(_get(config, "lora"), "warm_start", "lora") == "full":
+            owners[name] = base
+    return owners
 
 
 def sharing_groups(configs: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -146,11 +183,12 @@ def _check_base(agents: Mapping[str, tuple[str, Any]], name: str, where: str, ow
             raise ConfigError(
                 f"{field_name}: a shared base stays frozen, so agent {agent} needs LoRA adapters: set {agent_where}.lora.r >= 1"
             )
-        if _get(lora, "warm_start", "lora") != "lora":
-            raise ConfigError(
-                f"{field_name}: {agent_where}.lora.warm_start=full fits every weight of the base, which the agents share: "
-                f"set it to lora"
-            )
+    starts = {_get(_get(config, "lora"), "warm_start", "lora") for config in (agents[name][1], owner_config)}
+    if len(starts) > 1:
+        raise ConfigError(
+            f"{field_name}: the agents of a shared base add their adapters at the same time: set lora.warm_start to the "
+            f"same value in {where} and {owner_where} (full: the base is fitted whole in the warm start first)"
+        )
     difference = _base_difference(agents[name][1], owner_config)
     if difference:
         raise ConfigError(
@@ -233,12 +271,25 @@ def build_policies(
     sharers = {name: owner for name, owner in policy_owners(configs).items() if owner != name}
     bases: dict[str, tuple[Any, Any]] = {}
     policies = {}
-    for name, config in configs.items():  # owners first: a sharer plays its owner's model
+    # Owners first: a sharer plays its owner's model (and, in a full warm start, its owner's base).
+    order = [name for name in configs if name in shared] + [name for name in configs if name not in shared]
+    for name in order:
+        config = configs[name]
         if name in sharers:
             continue
         owner = _get(config, "share_base_with") or name
         if owner not in shared:
             policies[name] = build_policy(config, tokenizers.get(name))
+            continue
+        if _get(_get(config, "lora"), "warm_start", "lora") == "full":
+            # Fitted whole in the warm start first: the group plays the owner's model until its adapters come.
+            if owner == name:
+                policy = build_policy(config, tokenizers.get(name))
+            else:
+                played = policies[owner]
+                policy = build_policy(config, copy.deepcopy(played.tokenizer), model=played.model)
+            policy.base_owner = owner
+            policies[name] = policy
             continue
         if owner not in bases:
             bases[owner] = build_base(configs[owner], tokenizers.get(owner))

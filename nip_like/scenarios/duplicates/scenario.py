@@ -25,7 +25,7 @@ from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.models import LMAgentConfig, architecture_context, load_tokenizer, model_context
 from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
 from nip_like.lm.policy import LMPolicy
-from nip_like.lm.shared_models import build_policies, check_shared_models, policy_owners
+from nip_like.lm.shared_models import build_policies, check_shared_models, policy_owners, warm_start_owners, with_shared_base
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import Demonstrating, GeneratedData, ScenarioConfig, TensorGame
@@ -103,6 +103,7 @@ class DuplicatesConfig(DuplicatesDataConfig):
     quote_tokens: int = checked(32, ge=1)  # chat: tokens of a reply shown to the agents that read it
     max_prompt_tokens: int = checked(0, ge=0)  # chat: prompt width; 0 = the longest prompt the game can produce
     decoys: DecoyWeights = field(default_factory=DecoyWeights)  # the verifier's demonstrations: mix of decoy kinds
+    shared_base: bool = False  # every agent of the game (but frozen co-players and those with a share_* setting of their own) shares the frozen base of the protocol's first agent, each with its own LoRA adapters (share_base_with)
 
 
 def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
@@ -327,7 +328,10 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
             else self.config.default_agent
             for name in self.agent_names
         }
-        return {name: self._frozen_config(name, agent) if agent.frozen_from else agent for name, agent in configs.items()}
+        configs = {name: self._frozen_config(name, agent) if agent.frozen_from else agent for name, agent in configs.items()}
+        if self.config.get("shared_base"):
+            configs = with_shared_base(configs)
+        return configs
 
     @cached_property
     def _frozen_sources(self) -> dict[str, tuple[Path, FrozenSource]]:
@@ -349,6 +353,10 @@ class DuplicatesScenario(DuplicatesGame, TensorGame, Demonstrating):
     def policy_owners(self) -> dict[str, str]:
         """Each agent -> the agent whose model it plays with (``share_policy_with``; itself when none)."""
         return policy_owners(self.agent_configs())
+
+    def warm_start_owners(self) -> dict[str, str]:
+        """Each agent -> the agent whose model it plays in the warm start (:func:`~nip_like.lm.shared_models.warm_start_owners`)."""
+        return warm_start_owners(self.agent_configs())
 
     def frozen_agents(self) -> dict[str, FrozenSource]:
         """The frozen co-players (``frozen_from``) and where each one's weights come from."""
