@@ -136,3 +136,28 @@ def test_a_warm_start_of_a_frozen_co_player_is_refused(earlier_run, tmp_path):
                     f"trainer.pretrain.cache_dir={tmp_path / 'warm'}")
     trainer = experiment.build_trainer(config, tmp_path / "run2")
     assert "pretrain/prover/train_accuracy" in trainer.pretrain_metrics and not any("verifier" in key for key in trainer.pretrain_metrics)
+
+
+def test_adapters_added_after_a_full_warm_start_are_saved_with_their_base(chat_model, tmp_path):
+    # lm_chat's agents: fitted whole in the warm start, then adapters. Their folder holds the fitted base (base/), so that
+    # PeftModel over it, the export and a frozen co-player all rebuild the agent that played, not the start folder's.
+    folder = chat_model("qwen2")
+    config = chat_config(
+        folder, tmp_path, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full",
+        'trainer.pretrain.agents=["verifier"]', "trainer.pretrain.epochs=2", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+    )
+    trainer = experiment.build_trainer(config, tmp_path / "run")
+    trainer.train()
+    trainer.save_checkpoint("last")
+    live = logits(trainer.policy.policy("verifier").model)
+    saved = trainer.checkpoint_dir / "last" / "verifier"
+    config = json.loads((saved / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((saved / "base").resolve())
+    start = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    assert not torch.allclose(logits(PeftModel.from_pretrained(start, saved)), live, atol=1e-3)  # the start folder's base is not it
+    base = AutoModelForCausalLM.from_pretrained(saved / "base", local_files_only=True)
+    torch.testing.assert_close(logits(PeftModel.from_pretrained(base, saved)), live, atol=1e-5, rtol=1e-5)
+    assert export_main([str(tmp_path / "run"), "--out", str(tmp_path / "exported")]) == 0
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "exported" / "verifier")), live, atol=1e-5, rtol=1e-5)
+    frozen_run = experiment.build_trainer(frozen(folder, tmp_path / "b", tmp_path / "run"), tmp_path / "second")
+    torch.testing.assert_close(logits(frozen_run.policy.policy("verifier").model), live, atol=1e-5, rtol=1e-5)

@@ -149,7 +149,7 @@ class LMActor(TensorDictModuleBase):
         for name in self.agent_names:  # an agent that plays another's model plays it with the adapters just added
             owner = self.policy(name).policy_owner
             if owner is not None:
-                self.policy(name).play_with(self.policy(owner).model)
+                self.policy(name).play_with(self.policy(owner).model, self.policy(owner).fitted_base)
 
     def frozen_reference(self) -> "LMReference":
         """The initial policy, frozen, for KL penalties and DPO (see :class:`LMReference`)."""
@@ -170,11 +170,16 @@ class LMActor(TensorDictModuleBase):
         model, ``AutoTokenizer.from_pretrained`` its tokenizer, and
         ``scenario.agents.<agent>.pretrained_path`` starts a run from it.
         ``states`` (from :meth:`whole_states`) gives the weights of sharded
-        agents; None: the modules' own.
+        agents; None: the modules' own. The folder of an agent whose LoRA
+        adapters came after a warm start that fitted every weight also holds
+        that fitted base (``base/``, see :func:`~nip_like.lm.checkpoints.save_agent`).
         """
         states = states or {}
         return [
-            save_agent(Path(folder) / name, policy.model, policy.tokenizer, policy.value_head, *states.get(name, (None, None)))
+            save_agent(
+                Path(folder) / name, policy.model, policy.tokenizer, policy.value_head, *states.get(name, (None, None)),
+                with_base=policy.fitted_base,
+            )
             for name, policy in ((name, self.policy(name)) for name in self.agent_names)
             if policy.frozen_source is None  # a frozen co-player's folder is where it was loaded from
         ]

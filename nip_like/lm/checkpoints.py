@@ -37,6 +37,7 @@ def save_agent(
     value_head: Optional[LMValueHead] = None,
     model_state: Optional[dict] = None,
     head_state: Optional[dict] = None,
+    with_base: bool = False,
 ) -> Path:
     """Write a language-model agent to ``folder``, whole or not at all.
 
@@ -61,6 +62,13 @@ def save_agent(
     model_state, head_state : dict, optional
         The weights to write instead of the modules' own state dicts (whole
         tensors of agents sharded with FSDP2, :mod:`nip_like.lm.sharding`).
+    with_base : bool
+        For a LoRA model whose base is no longer its folder's (adapters added
+        after a warm start that fitted every weight): also write the base,
+        without adapters, as a model folder ``base/`` (with the tokenizer),
+        and name it in ``adapter_config.json``, so that
+        ``PeftModel.from_pretrained`` over it, ``nip_like.export`` and
+        ``frozen_from`` rebuild the agent.
 
     Returns
     -------
@@ -81,6 +89,8 @@ def save_agent(
         with quiet_progress():
             model.save_pretrained(staging, **({"state_dict": model_state} if model_state is not None else {}))
             tokenizer.save_pretrained(staging)
+            if with_base:
+                _save_base(model, tokenizer, staging, folder, model_state)
         if value_head is not None:
             state = {
                 "shared_body": value_head.shared_body,
@@ -100,6 +110,36 @@ def save_agent(
     staging.rename(folder)
     shutil.rmtree(previous, ignore_errors=True)
     return folder
+
+
+#: The folder, inside an agent's folder, of the base its adapters were added to when it is not the start folder's.
+BASE_FOLDER = "base"
+
+
+def _save_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, staging: Path, folder: Path, model_state: Optional[dict]) -> None:
+    """Write a LoRA model's base (its adapters left out) to ``staging/base`` and name ``folder/base`` in its adapter config."""
+    import copy
+    import json
+
+    if model_state is not None:  # whole tensors of a sharded agent: load them into a CPU copy first
+        model = copy.deepcopy(model).cpu()
+        model.load_state_dict(model_state)
+    base = copy.deepcopy(model).unload()
+    base.save_pretrained(staging / BASE_FOLDER)
+    tokenizer.save_pretrained(staging / BASE_FOLDER)
+    config_path = staging / ADAPTER_CONFIG
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = str((folder / BASE_FOLDER).resolve())
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def adapter_base_folder(folder: Path) -> Optional[str]:
+    """The base an adapter folder's adapters go on: its own ``base/`` if it has one, else the one its adapter config names."""
+    import json
+
+    if (folder / BASE_FOLDER / "config.json").is_file():
+        return str(folder / BASE_FOLDER)
+    return json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
 
 
 @contextmanager
@@ -207,8 +247,6 @@ def write_standalone(folder: Path, out: Path) -> Path:
     ConfigError
         If the base folder an adapter folder names is not a local folder.
     """
-    import json
-
     from peft import PeftModel
 
     from nip_like.dependency_warnings import dependency_warnings_once
@@ -218,7 +256,7 @@ def write_standalone(folder: Path, out: Path) -> Path:
             shutil.rmtree(out)
         shutil.copytree(folder, out)
         return out
-    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    base = adapter_base_folder(folder)
     if not base or not Path(base).is_dir():
         raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
     with quiet_progress():

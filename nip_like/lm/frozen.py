@@ -22,7 +22,6 @@ files have changed since.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from nip_like.errors import CheckpointError, ConfigError
-from nip_like.lm.checkpoints import ADAPTER_CONFIG
+from nip_like.lm.checkpoints import ADAPTER_CONFIG, adapter_base_folder
 
 #: The checkpoints a run folder offers.
 CHECKPOINTS = ("last", "best")
@@ -70,7 +69,7 @@ def adapter_base(folder: Path, where: str = "frozen_from") -> Path | None:
     """The base folder an adapter folder names (None for a whole model folder); one line if it is not a local folder."""
     if not (folder / ADAPTER_CONFIG).is_file():
         return None
-    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    base = adapter_base_folder(folder)
     if not base or not Path(base).is_dir():
         raise ConfigError(f"{where}: {folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
     return Path(base)
@@ -125,7 +124,8 @@ def resolve(path: str, agent: str, cache_dir: str | Path, checkpoint: str = "las
     """
     folder = agent_folder(path, agent, checkpoint, where)
     base = adapter_base(folder, where)
-    checksum = folder_checksum(folder, *([base] if base is not None else []))
+    outside = base is not None and folder.resolve() not in base.resolve().parents  # a base/ inside is hashed with the folder
+    checksum = folder_checksum(folder, *([base] if outside else []))
     standalone = folder if base is None else merged_folder(folder, base, cache_dir, checksum)
     return standalone, FrozenSource(source=str(path), folder=str(folder.resolve()), checksum=checksum)
 

@@ -282,6 +282,9 @@ class LMPolicy(nn.Module):
         self.lockstep = False
         #: The agent whose base model this policy's model shares (:mod:`nip_like.lm.shared_models`); None: its own.
         self.base_owner: Optional[str] = None
+        #: Whether the model's base weights are no longer its folder's: LoRA adapters added after a warm start that
+        #: fitted every weight (``lora.warm_start: full``), so the agent's folder must hold the base too.
+        self.fitted_base = False
         #: The agent whose model this policy plays with (``share_policy_with``); None: its own model.
         self.policy_owner: Optional[str] = None
         #: Where a frozen co-player's weights come from (:mod:`nip_like.lm.frozen`); None: a trained agent.
@@ -617,11 +620,13 @@ class LMPolicy(nn.Module):
 
             self.model = add_lora(self.model, self._deferred_lora)
             self._deferred_lora = None
+            self.fitted_base = True
 
-    def play_with(self, model: nn.Module) -> None:
+    def play_with(self, model: nn.Module, fitted_base: bool = False) -> None:
         """Play with ``model`` from now on (another agent's, whose adapters came after the warm start), adding none of its own."""
         self.model = model
         self._deferred_lora = None
+        self.fitted_base = fitted_base
 
     def pop_padding_counts(self) -> tuple[int, int]:
         """Real and padded-total tokens of the scoring passes since the last call, then reset."""
