@@ -103,7 +103,7 @@ class DuplicatesConfig(DuplicatesDataConfig):
     quote_tokens: int = checked(32, ge=1)  # chat: tokens of a reply shown to the agents that read it
     max_prompt_tokens: int = checked(0, ge=0)  # chat: prompt width; 0 = the longest prompt the game can produce
     decoys: DecoyWeights = field(default_factory=DecoyWeights)  # the verifier's demonstrations: mix of decoy kinds
-    shared_base: bool = False  # every agent of the game (but frozen co-players and those with a share_* setting of their own) shares the frozen base of the protocol's first agent, each with its own LoRA adapters (share_base_with)
+    shared_base: bool = False  # every agent of the game (but frozen co-players and agents with their own share_base_with or share_policy_with) shares the frozen base of the protocol's first agent, each with its own LoRA adapters (share_base_with)
 
 
 def equal_pair_seen(values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
