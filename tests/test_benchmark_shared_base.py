@@ -27,6 +27,7 @@ def benchmark():
         yield module
 
 
+@pytest.mark.slow
 def test_smoke_run_reports_every_figure_and_holds_one_base_less(benchmark, tmp_path, capsys):
     output = tmp_path / "shared_base.json"
     results = benchmark.main(["--smoke", "--iterations", "3", "--cache-dir", str(tmp_path / "cache"),

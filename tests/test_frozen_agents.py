@@ -71,6 +71,7 @@ def test_a_new_prover_trains_against_the_frozen_verifier_of_an_earlier_run(earli
     assert sorted(path.name for path in (trainer.checkpoint_dir / "last").iterdir()) == ["prover"]
 
 
+@pytest.mark.slow
 def test_a_frozen_co_player_plays_from_an_exported_folder(earlier_run, tmp_path):
     folder, run = earlier_run
     assert export_main([str(run), "--out", str(tmp_path / "exported")]) == 0
@@ -84,6 +85,7 @@ def test_a_frozen_co_player_plays_from_an_exported_folder(earlier_run, tmp_path)
     trainer.train()
 
 
+@pytest.mark.slow
 def test_a_run_with_a_frozen_co_player_resumes_exactly_and_refuses_a_changed_source(earlier_run, tmp_path, monkeypatch):
     import shutil
 
@@ -126,6 +128,7 @@ def test_a_frozen_co_player_that_cannot_be_loaded_is_refused_in_one_line(earlier
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.slow
 def test_a_warm_start_of_a_frozen_co_player_is_refused(earlier_run, tmp_path):
     folder, run = earlier_run
     config = frozen(folder, tmp_path, run, 'trainer.pretrain.agents=["verifier"]')
@@ -138,6 +141,7 @@ def test_a_warm_start_of_a_frozen_co_player_is_refused(earlier_run, tmp_path):
     assert "pretrain/prover/train_accuracy" in trainer.pretrain_metrics and not any("verifier" in key for key in trainer.pretrain_metrics)
 
 
+@pytest.mark.slow
 def test_adapters_added_after_a_full_warm_start_are_saved_with_their_base(chat_model, tmp_path):
     # lm_chat's agents: fitted whole in the warm start, then adapters. Their folder holds the fitted base (base/), so that
     # PeftModel over it, the export and a frozen co-player all rebuild the agent that played, not the start folder's.

@@ -64,6 +64,7 @@ def test_snapshots_play_the_seat_with_their_own_weights_and_the_agent_trains_on_
     assert not bool((batch.get(keys.ACTIVE_KEY)[..., index] & (versions != LIVE)).any())
 
 
+@pytest.mark.slow
 def test_every_finished_episode_is_logged_with_its_opponent_and_the_learners_score(chat_model, tmp_path):
     run_experiment(pooled(chat_model("qwen2"), tmp_path, "trainer.num_iterations=3", "logger=csv"), tmp_path / "run")
     logged = episodes(tmp_path / "run")
@@ -79,6 +80,7 @@ def test_every_finished_episode_is_logged_with_its_opponent_and_the_learners_sco
     assert sum(counts) == sum(1 for entry in logged if entry["opponent"] == LIVE)
 
 
+@pytest.mark.slow
 def test_episodes_started_in_one_iteration_meet_one_draw_with_per_iteration(chat_model, tmp_path):
     config = pooled(chat_model("qwen2"), tmp_path, "trainer.opponent_pool.per=iteration", "trainer.opponent_pool.live_fraction=0.3")
     trainer = experiment.build_trainer(config, tmp_path / "run")
@@ -100,6 +102,7 @@ def test_episodes_started_in_one_iteration_meet_one_draw_with_per_iteration(chat
     assert len(draws) > 1  # the draw changes from one iteration to the next
 
 
+@pytest.mark.slow
 def test_a_run_with_a_pool_resumes_to_the_same_draws(chat_model, tmp_path, monkeypatch):
     folder = chat_model("qwen2")
     overrides = ("trainer.num_iterations=4", "run.checkpoint_every=1", "logger=csv", "trainer.opponent_pool.draw=win_rate")

@@ -46,12 +46,13 @@ def trained_state(trainer) -> dict[str, torch.Tensor]:
     "objective",
     [
         pytest.param(("trainer=ppo",), id="ppo"),
-        pytest.param(("trainer=grpo", "trainer.group_size=2"), id="grpo"),
-        pytest.param(("trainer=dpo", "trainer.group_size=2", "trainer.minibatch_size=4"), id="dpo"),
+        pytest.param(("trainer=grpo", "trainer.group_size=2"), id="grpo", marks=pytest.mark.slow),
+        pytest.param(("trainer=dpo", "trainer.group_size=2", "trainer.minibatch_size=4"), id="dpo", marks=pytest.mark.slow),
         # Recomputation in the backward pass (gradient checkpointing, micro-batches of at most two 172-token sequences).
         pytest.param(
             ("trainer=ppo", "scenario.default_agent.gradient_checkpointing=true", "scenario.default_agent.max_tokens_per_micro_batch=400"),
             id="ppo-recompute",
+            marks=pytest.mark.slow,
         ),
     ],
 )
@@ -99,6 +100,7 @@ def test_agents_on_one_base_hold_it_once_and_train_like_two_copies(chat_model, t
         assert [value for _, value in logged[0]] == pytest.approx([value for _, value in logged[1]], rel=1e-4, abs=1e-6), metric
 
 
+@pytest.mark.slow
 def test_each_agent_of_a_shared_base_saves_the_adapter_folder_of_a_separate_copy(chat_model, tmp_path):
     folder = chat_model("qwen2")
     config = game(folder, tmp_path, True, "trainer.num_iterations=2")
@@ -122,6 +124,7 @@ def test_each_agent_of_a_shared_base_saves_the_adapter_folder_of_a_separate_copy
         assert not torch.allclose(merged["prover"](input_ids=ids).logits, merged["verifier"](input_ids=ids).logits)
 
 
+@pytest.mark.slow
 def test_a_shared_base_run_resumes_exactly_and_evaluates(chat_model, tmp_path, monkeypatch):
     folder = chat_model("qwen2")
     overrides = ("trainer.num_iterations=4", "run.checkpoint_every=1", "logger=csv")
@@ -177,6 +180,7 @@ def test_sharing_that_cannot_hold_one_frozen_base_is_refused_in_one_line(verifie
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.slow
 def test_a_refused_sharing_stops_the_run_before_its_folder(chat_model, tmp_path):
     from tests.conftest import run_cli
 
@@ -212,6 +216,7 @@ def test_the_memory_preflight_counts_a_shared_base_once(chat_model):
     assert f"weights of the agents {size(weights)}," in refusal(True)
 
 
+@pytest.mark.slow
 def test_a_warm_start_restart_of_one_agent_leaves_the_base_it_shares_alone(tmp_path, monkeypatch):
     import nip_like.pretrain as pretrain
     from tests.test_checkpoint import lm_overrides
@@ -240,6 +245,7 @@ def test_a_warm_start_restart_of_one_agent_leaves_the_base_it_shares_alone(tmp_p
         torch.testing.assert_close(final[name].detach(), value, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_a_base_fitted_whole_first_is_fitted_on_every_role_then_shared_under_an_adapter_per_agent(chat_model, tmp_path, monkeypatch):
     import nip_like.pretrain as pretrain
     from nip_like.lm.lora import has_lora

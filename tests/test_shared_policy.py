@@ -22,7 +22,7 @@ def one_policy(folder, tmp_path, *overrides: str, lora: int = 4):
     )
 
 
-@pytest.mark.parametrize("lora", [4, 0], ids=["lora", "full"])
+@pytest.mark.parametrize("lora", [4, pytest.param(0, marks=pytest.mark.slow)], ids=["lora", "full"])
 def test_one_model_plays_both_roles_and_trains_on_both_roles_tokens(chat_model, tmp_path, lora):
     folder = chat_model("qwen2")
     trainer = experiment.build_trainer(one_policy(folder, tmp_path, "trainer.num_iterations=2", lora=lora), tmp_path / "run")
@@ -86,6 +86,7 @@ def test_advantages_are_normalised_per_role_as_by_hand(chat_model, tmp_path, mon
         assert abs(float(normalised.mean())) < 1e-5 and abs(float(normalised.std(unbiased=False)) - 1) < 1e-4
 
 
+@pytest.mark.slow
 def test_grpo_forms_its_groups_per_role_as_by_hand(chat_model, tmp_path):
     folder = chat_model("qwen2")
     trainer = experiment.build_trainer(one_policy(folder, tmp_path, "trainer=grpo", "trainer.group_size=2"), tmp_path / "run")
@@ -118,6 +119,7 @@ def test_one_policy_is_refused_where_it_cannot_apply(chat_model, tmp_path):
         experiment.build_trainer(one_policy(folder, tmp_path, 'trainer.pretrain.agents=["verifier"]'), tmp_path / "run2")
 
 
+@pytest.mark.slow
 def test_the_owners_warm_start_fits_every_role_and_both_play_the_adapters_added_after_it(chat_model, tmp_path, monkeypatch):
     import nip_like.pretrain as pretrain
     from nip_like.lm.lora import has_lora
