@@ -460,5 +460,9 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
         if cached.get("val_accuracy") is not None:
             metrics[f"pretrain/{agent}/val_accuracy"] = float(cached["val_accuracy"])
         _copy_body_to_value(agents, agent)
+        # Roles that play the fitted model: a separate value body of theirs starts from it too.
+        for name, owner in getattr(scenario, "warm_start_owners", dict)().items():
+            if owner == agent and name != agent and hasattr(policy_network(agents, name), "value_head"):
+                sync_value_body(policy_network(agents, name))
     metrics["timers/pretrain"] = time.perf_counter() - started
     return metrics

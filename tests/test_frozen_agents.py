@@ -165,3 +165,12 @@ def test_adapters_added_after_a_full_warm_start_are_saved_with_their_base(chat_m
     torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path / "exported" / "verifier")), live, atol=1e-5, rtol=1e-5)
     frozen_run = experiment.build_trainer(frozen(folder, tmp_path / "b", tmp_path / "run"), tmp_path / "second")
     torch.testing.assert_close(logits(frozen_run.policy.policy("verifier").model), live, atol=1e-5, rtol=1e-5)
+
+
+def test_with_a_frozen_first_agent_each_gradient_norm_is_logged_under_its_own_agent(earlier_run, tmp_path):
+    folder, run = earlier_run
+    config = chat_config(folder, tmp_path, "scenario.default_agent.lora.r=4", f"+scenario.agents.prover={{frozen_from: {run}, max_new_tokens: 12}}")
+    trainer = experiment.build_trainer(config, tmp_path / "run")
+    assert [group["agent"] for group in trainer.optimizer.param_groups] == ["verifier"]
+    metrics = trainer.train_iteration()
+    assert "train/grad_norm/verifier" in metrics and "train/grad_norm/prover" not in metrics

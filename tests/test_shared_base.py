@@ -15,7 +15,8 @@ from nip_like.evaluate import main as evaluate_main
 from nip_like.experiment import run_experiment
 from nip_like.export import main as export_main
 from nip_like.lm.memory import check_lm_memory
-from nip_like.lm.shared_models import check_shared_models, sharing_copy
+from nip_like.lm.models import sharing_copy
+from nip_like.lm.shared_models import check_shared_models
 from nip_like.logging import read_csv_metric
 from tests.conftest import smoke_config, stopped_and_resumed
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
@@ -165,13 +166,18 @@ def _agent(**fields) -> dict:
             _agent(pretrained_path=None, architecture="qwen2", hidden_size=128),
             r"bases differ \(hidden_size 64 against 128\)",
         ),
+        (
+            _agent(share_base_with="prover", lora={"r": 4, "warm_start": "full"}, gradient_checkpointing=True),
+            _agent(lora={"r": 4, "warm_start": "full"}),
+            r"a base fitted whole first is one model until the adapters come, so gradient_checkpointing must be the same",
+        ),
         (_agent(share_policy_with="prover", lora={"r": 8}), _agent(), r"share_policy_with=prover: the agents' model settings differ \(lora .*'r': 8.* against .*'r': 4.*\); one model plays both roles"),
         (_agent(share_policy_with="prover", gradient_checkpointing=True), _agent(), r"model settings differ \(gradient_checkpointing True against False\)"),
         (_agent(share_policy_with="prover", share_base_with="prover"), _agent(), r"share_base_with and share_policy_with do not go together"),
         (_agent(share_policy_with="prover"), _agent(frozen_from="/runs/a", lora={"r": 0}), r"agent prover is a frozen co-player \(frozen_from\), which shares nothing"),
     ],
     ids=["itself", "unknown", "chain", "no-lora", "owner-no-lora", "full-warm-start", "other-folder", "dtype", "sizes",
-         "policy-lora", "policy-checkpointing", "both", "frozen"],
+         "full-checkpointing", "policy-lora", "policy-checkpointing", "both", "frozen"],
 )
 def test_sharing_that_cannot_hold_one_frozen_base_is_refused_in_one_line(verifier, prover, message):
     agents = {"prover": ("scenario.default_agent", prover), "verifier": ("scenario.agents.verifier", verifier)}

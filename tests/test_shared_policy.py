@@ -142,3 +142,21 @@ def test_the_owners_warm_start_fits_every_role_and_both_play_the_adapters_added_
     assert [agent for agent, _ in fitted] == ["prover"]
     assert fitted[0][1].batch_size[0] == demonstrations["prover"].batch_size[0] + demonstrations["verifier"].batch_size[0]
     trainer.train()
+
+
+def test_the_model_trains_in_its_owners_group_whichever_agent_comes_first(chat_model, tmp_path):
+    folder = chat_model("qwen2")
+    config = chat_config(
+        folder, tmp_path, "scenario.default_agent.lora.r=4", "scenario.default_agent.share_policy_with=verifier",
+        f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4}}}}",
+        "+trainer.optimizer.agent_lr.verifier=0.01",
+    )
+    trainer = experiment.build_trainer(config, tmp_path / "run")
+    prover, verifier = trainer.policy.policy("prover"), trainer.policy.policy("verifier")
+    assert prover.model is verifier.model and prover.policy_owner == "verifier"
+    groups = {group["agent"]: group for group in trainer.optimizer.param_groups}
+    model = {id(param) for param in verifier.model.parameters() if param.requires_grad}
+    assert model <= {id(param) for param in groups["verifier"]["params"]} and groups["verifier"]["lr"] == 0.01
+    assert {id(param) for param in groups["prover"]["params"]} == {id(param) for param in prover.value_head.parameters()}
+    metrics = trainer.train_iteration()
+    assert {"train/grad_norm/prover", "train/grad_norm/verifier"} <= set(metrics)

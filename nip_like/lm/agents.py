@@ -32,12 +32,11 @@ from nip_like.agents import AgentModules, PerAgent
 from nip_like.lm.checkpoints import save_agent
 from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.policy import LMPolicy
-from nip_like.lm.shared_models import sharing_copy
+from nip_like.lm.models import sharing_copy
 from nip_like.objectives.scoring import ActionScores
 
 if TYPE_CHECKING:
     from nip_like.lm.server import InferenceServer
-    from nip_like.trainers.opponent_pool import OpponentPool
 
 #: Exploration types that take the most likely token instead of sampling.
 GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE)
@@ -88,10 +87,11 @@ class LMActor(TensorDictModuleBase):
         ]
         #: Agents that sample from an inference server (:meth:`attach_servers`); not modules, not in the state dict.
         self.servers: dict[str, "InferenceServer"] = {}
-        #: The opponent pool whose snapshots play one agent's seat in training episodes (:meth:`attach_pool`).
-        self.pool: "OpponentPool | None" = None
+        #: The opponent pool (:class:`~nip_like.trainers.opponent_pool.OpponentPool`) whose snapshots play one
+        #: agent's seat in training episodes (:meth:`attach_pool`).
+        self.pool = None
 
-    def attach_pool(self, pool: "OpponentPool") -> None:
+    def attach_pool(self, pool) -> None:
         """Let ``pool`` choose who plays its agent's seat in each episode; every step then gets ``opponent_version``."""
         self.pool = pool
         if keys.OPPONENT_VERSION_KEY not in self.out_keys:

@@ -118,14 +118,17 @@ BASE_FOLDER = "base"
 
 def _save_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, staging: Path, folder: Path, model_state: Optional[dict]) -> None:
     """Write a LoRA model's base (its adapters left out) to ``staging/base`` and name ``folder/base`` in its adapter config."""
-    import copy
     import json
 
-    if model_state is not None:  # whole tensors of a sharded agent: load them into a CPU copy first
-        model = copy.deepcopy(model).cpu()
-        model.load_state_dict(model_state)
-    base = copy.deepcopy(model).unload()
-    base.save_pretrained(staging / BASE_FOLDER)
+    # The base's own names in the LoRA model's state (whole tensors of a sharded agent when given): no copy is made.
+    state = model_state if model_state is not None else model.state_dict()
+    prefix = "base_model.model."
+    base_state = {
+        key[len(prefix):].replace(".base_layer.", "."): value
+        for key, value in state.items()
+        if key.startswith(prefix) and "lora_" not in key
+    }
+    model.get_base_model().save_pretrained(staging / BASE_FOLDER, state_dict=base_state)
     tokenizer.save_pretrained(staging / BASE_FOLDER)
     config_path = staging / ADAPTER_CONFIG
     config = json.loads(config_path.read_text())

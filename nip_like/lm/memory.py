@@ -202,10 +202,11 @@ def check_lm_memory(
     )
     ranks = {name: int(getattr(getattr(agent, "lora", None), "r", 0) or 0) for name, (_, agent, _) in agents.items()}
     players = policy_owners({name: agent for name, (_, agent, _) in agents.items()})
-    state = sum(  # a model that plays several roles (share_policy_with) trains once
+    frozen = {name for name, (_, agent, _) in agents.items() if getattr(agent, "frozen_from", None)}
+    state = sum(  # a model that plays several roles (share_policy_with) trains once; a frozen co-player never
         12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters)
         for name in agents
-        if players[name] == name
+        if players[name] == name and name not in frozen
     )
     for name, (where, agent, _) in agents.items():
         shape, tokens = shapes[name], int(agent.max_new_tokens)
@@ -216,7 +217,7 @@ def check_lm_memory(
         scored = int(budget) if budget else (2 * tokens if budget is None else minibatch_size * tokens)
         per_token = activation_estimate(shape, element, bool(getattr(agent, "gradient_checkpointing", False)))
         logits = 3 * 4 * shape.vocab_size * (scored if budget else minibatch_size * tokens if budget == 0 else tokens)
-        scoring = state + per_token * scored + logits
+        scoring = 0 if name in frozen else state + per_token * scored + logits  # a frozen co-player only samples
         needed = weights + max(sampling, scoring)
         if needed <= free:
             continue

@@ -8,6 +8,7 @@ or a local ``save_pretrained`` folder) and its tokenizer;
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -147,7 +148,7 @@ def build_lm(
     base : PreTrainedModel, optional
         A base model from :func:`build_base` that this agent shares with
         others (``share_base_with``): the agent's model is a module tree over
-        the same weight tensors (:func:`~nip_like.lm.shared_models.sharing_copy`),
+        the same weight tensors (:func:`sharing_copy`),
         nothing is loaded, and ``tokenizer`` must be given.
 
     Returns
@@ -168,8 +169,6 @@ def build_lm(
     if base is None:
         model, tokenizer = build_base(config, tokenizer)
     else:
-        from nip_like.lm.shared_models import sharing_copy
-
         if tokenizer is None:
             raise ConfigError("build_lm needs the base's tokenizer to build on a shared base")
         model = sharing_copy(base)
@@ -182,6 +181,17 @@ def build_lm(
     if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "lora":
         model = add_lora(model, lora)
     return model, tokenizer
+
+
+def sharing_copy(model: nn.Module) -> nn.Module:
+    """A new module tree of ``model`` whose parameters and buffers are ``model``'s own tensors (no weight is copied).
+
+    Adding LoRA adapters or gradient checkpointing to the copy changes the
+    copy's modules only; the weights stay one set of tensors in memory.
+    """
+    memo: dict[int, Any] = {id(tensor): tensor for tensor in model.parameters()}
+    memo.update({id(tensor): tensor for tensor in model.buffers()})
+    return copy.deepcopy(model, memo)
 
 
 def build_base(

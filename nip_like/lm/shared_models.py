@@ -5,7 +5,7 @@ Two settings of an agent's config, each naming another agent of the game:
 ``share_base_with``
     The agent is built on that agent's base: the base is loaded once, and
     each agent of the group gets its own module tree over the *same* weight
-    tensors (:func:`sharing_copy`), to which its own adapters (and gradient
+    tensors (:func:`~nip_like.lm.models.sharing_copy`), to which its own adapters (and gradient
     checkpointing, if it asks) are added. The base weights are held once in
     memory; everything an agent runs (sampling, scoring in micro-batches,
     recomputation in the backward pass, its reference with adapters switched
@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping, Optional
 from torch import nn
 
 from nip_like.errors import ConfigError
+from nip_like.lm.models import build_base, build_lm_policy
 
 #: The fields that make a from-config base (with the same architecture, the same weights are drawn once).
 SIZE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
@@ -53,17 +54,6 @@ SIZE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_heads", "interm
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
     return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
-
-
-def sharing_copy(model: nn.Module) -> nn.Module:
-    """A new module tree of ``model`` whose parameters and buffers are ``model``'s own tensors (no weight is copied).
-
-    Adding LoRA adapters or gradient checkpointing to the copy changes the
-    copy's modules only; the weights stay one set of tensors in memory.
-    """
-    memo: dict[int, Any] = {id(tensor): tensor for tensor in model.parameters()}
-    memo.update({id(tensor): tensor for tensor in model.buffers()})
-    return copy.deepcopy(model, memo)
 
 
 def with_shared_base(configs: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,6 +174,12 @@ def _check_base(agents: Mapping[str, tuple[str, Any]], name: str, where: str, ow
                 f"{field_name}: a shared base stays frozen, so agent {agent} needs LoRA adapters: set {agent_where}.lora.r >= 1"
             )
     starts = {_get(_get(config, "lora"), "warm_start", "lora") for config in (agents[name][1], owner_config)}
+    checkpointing = {bool(_get(config, "gradient_checkpointing", False)) for config in (agents[name][1], owner_config)}
+    if starts == {"full"} and len(checkpointing) > 1:
+        raise ConfigError(
+            f"{field_name}: a base fitted whole first is one model until the adapters come, so gradient_checkpointing must be "
+            f"the same in {where} and {owner_where}"
+        )
     if len(starts) > 1:
         raise ConfigError(
             f"{field_name}: the agents of a shared base add their adapters at the same time: set lora.warm_start to the "
@@ -264,8 +260,6 @@ def build_policies(
         whose config the base was loaded from; one that plays another agent's
         model has ``policy_owner`` set to that agent.
     """
-    from nip_like.lm.models import build_base, build_lm_policy
-
     build_policy = build_policy or build_lm_policy
     shared = set(sharing_groups(configs))
     sharers = {name: owner for name, owner in policy_owners(configs).items() if owner != name}

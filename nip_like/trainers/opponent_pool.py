@@ -254,6 +254,8 @@ def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
     if not options.agent:
         return None
     names = tuple(trainer.agent_names)
+    if len(names) < 2:
+        raise ConfigError("trainer.opponent_pool needs a game of two or more agents: the pooled agent's opponents learn against it")
     if options.agent not in names:
         raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is not an agent of this game; allowed: {list(names)}")
     others = [name for name in names if name != options.agent]
@@ -264,6 +266,11 @@ def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
     if trainer.distributed.enabled:
         raise ConfigError("trainer.opponent_pool runs in one process: each torchrun rank would draw its own opponents (set agent: null)")
     policy = trainer.policy.policy(options.agent)
+    if options.agent in getattr(trainer.policy, "servers", {}):
+        raise ConfigError(
+            f"trainer.opponent_pool.agent={options.agent} samples from an inference server, which holds the live weights, "
+            f"not a snapshot's: set its sampler.kind=local"
+        )
     if policy.frozen_source is not None:
         raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is a frozen co-player (frozen_from): its snapshots would all be alike")
     if not any(param.requires_grad for param in policy.model.parameters()):

@@ -174,7 +174,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
             return {}
         held = sum(t.numel() * t.element_size() for t in (*self.policy.parameters(), *self.policy.buffers()))
         available = available_memory(self.device, self.config.run.get("memory_limit_gib"), held)
-        reserved = sum(trainable_bytes(self.policy.policy(name)) for name in configs)
+        # Each trainable parameter once: one model playing several roles (share_policy_with) trains once.
+        reserved = trainable_bytes(nn.ModuleList([self.policy.policy(name) for name in configs]))
         width = int(getattr(self.train_env, "prompt_length", 0)) + int(self.policy.message_tokens)
         metrics: dict[str, float] = {}
         for name, (where, agent, _) in configs.items():
@@ -241,7 +242,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def _build_optimiser(self) -> None:
         """One parameter group per agent, the learning-rate schedule, which agents each iteration trains."""
         optimizer_config = self.trainer_config.optimizer
-        agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in self.agent_names}
+        # Owners before the agents that play their model (share_policy_with): a shared model trains in its owner's group.
+        plays_another = lambda name: getattr(getattr(self.policy, "policy", lambda _: None)(name), "policy_owner", None) is not None  # noqa: E731
+        names = sorted(self.agent_names, key=plays_another)
+        agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in names}
         self.optimizer = build_optimizer(optimizer_config, agent_params)
         self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)
         self._schedule_stepped = False  # whether the scheduler has stepped in this process (see train_iteration)
@@ -427,13 +431,13 @@ class TensorDictRlTrainer(TensorDictTrainer):
             if iteration == 0:
                 metrics.update(self.pretrain_metrics)
                 metrics.update(self.memory_metrics)
+            if pool is not None:  # the pooled agent trains (and is diagnosed) on the episodes it played itself
+                metrics.update(pool.record(batch, iteration))
             every = self._diagnostics_every
             if every and iteration % every == 0:
                 diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
                 metrics.update(dist.mean(diagnostics))
 
-            if pool is not None:  # the pooled agent trains on the episodes it played itself
-                metrics.update(pool.record(batch, iteration))
             # The loss's layout of the batch: advantages, then its items in the replay buffer.
             with torch.no_grad():
                 if self.advantage_module is not None:
@@ -449,7 +453,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.fill_buffer(data)
 
         # The update: epochs x minibatches for the agents this iteration trains, then the schedule's step.
-        trained = self.update_schedule.trained_agents(iteration)
+        # Agents without an optimiser group (frozen co-players, a shared policy's sharer without a value head) train nothing.
+        grouped = {group["agent"] for group in self.optimizer.param_groups}
+        trained = tuple(name for name in self.update_schedule.trained_agents(iteration) if name in grouped)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
         loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
         if loss_stats:
@@ -515,7 +521,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         if padding is not None:
             stats["train/padding_fraction"] = padding
         stats = self.distributed.mean(stats, weight=len(records))
-        for name, values in zip(trained, torch.stack(norms).mean(0).tolist()):
+        stepped = [group["agent"] for group in self.optimizer.param_groups if group["agent"] in trained]  # the norms' order
+        for name, values in zip(stepped, torch.stack(norms).mean(0).tolist()):
             stats[f"train/grad_norm/{name}"] = values
         update.check_parameters(
             self.optimizer,
