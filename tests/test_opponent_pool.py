@@ -29,6 +29,7 @@ def episodes(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "opponent_pool.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_snapshots_play_the_seat_with_their_own_weights_and_the_agent_trains_on_its_own_episodes(chat_model, tmp_path):
     trainer = experiment.build_trainer(pooled(chat_model("qwen2"), tmp_path, "trainer.num_iterations=3"), tmp_path / "run")
     pool = trainer.opponent_pool
