@@ -251,24 +251,37 @@ def test_a_warm_start_restart_of_one_agent_leaves_the_base_it_shares_alone(tmp_p
         torch.testing.assert_close(final[name].detach(), value, rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.slow
-def test_a_base_fitted_whole_first_is_fitted_on_every_role_then_shared_under_an_adapter_per_agent(chat_model, tmp_path, monkeypatch):
+def warm_started_on_both_roles(folder: Path, tmp_path: Path, monkeypatch, setting: str):
+    """The tiny chat game, both agents with adapters after a full warm start and the verifier's ``setting: prover``.
+
+    Checks that the warm start made one fit, of the prover's model, on both
+    roles' demonstrations; returns the trainer.
+    """
     import nip_like.pretrain as pretrain
-    from nip_like.lm.lora import has_lora
 
     fitted = []
     fit = pretrain._fit
     monkeypatch.setattr(pretrain, "_fit", lambda config, scenario, agents, agent, train, *rest: fitted.append((agent, train)) or fit(config, scenario, agents, agent, train, *rest))
-    folder = chat_model("qwen2")
     config = chat_config(
         folder, tmp_path, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full",
-        f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4, warm_start: full}}, share_base_with: prover}}",
+        f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4, warm_start: full}}, {setting}: prover}}",
         'trainer.pretrain.agents=["*"]', "trainer.pretrain.epochs=1", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
     )
     trainer = experiment.build_trainer(config, tmp_path / "run")
+    # Each role's prompt opens with its system prompt: one model learns both.
     demonstrations = pretrain.split_data(trainer.scenario, "train", 0, torch.device("cpu"))
-    assert [agent for agent, _ in fitted] == ["prover"]  # one fit of the base, on both roles' demonstrations
+    assert [agent for agent, _ in fitted] == ["prover"]
     assert fitted[0][1].batch_size[0] == demonstrations["prover"].batch_size[0] + demonstrations["verifier"].batch_size[0]
+    assert "pretrain/prover/train_accuracy" in trainer.pretrain_metrics and not any("verifier" in key for key in trainer.pretrain_metrics)
+    return trainer
+
+
+@pytest.mark.slow
+def test_a_base_fitted_whole_first_is_fitted_on_every_role_then_shared_under_an_adapter_per_agent(chat_model, tmp_path, monkeypatch):
+    from nip_like.lm.lora import has_lora
+
+    folder = chat_model("qwen2")
+    trainer = warm_started_on_both_roles(folder, tmp_path, monkeypatch, "share_base_with")
     prover, verifier = trainer.policy.policy("prover"), trainer.policy.policy("verifier")
     # After the warm start: a tree per agent over the fitted base's tensors, frozen, each with its own adapters.
     assert prover.model is not verifier.model and has_lora(prover.model) and has_lora(verifier.model)

@@ -11,6 +11,7 @@ from nip_like.objectives import ppo
 from nip_like.objectives.episodes import complete_episodes
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 from tests.test_lm_chat import chat_config
+from tests.test_shared_base import warm_started_on_both_roles
 
 
 def one_policy(folder, tmp_path, *overrides: str, lora: int = 4):
@@ -121,26 +122,11 @@ def test_one_policy_is_refused_where_it_cannot_apply(chat_model, tmp_path):
 
 @pytest.mark.slow
 def test_the_owners_warm_start_fits_every_role_and_both_play_the_adapters_added_after_it(chat_model, tmp_path, monkeypatch):
-    import nip_like.pretrain as pretrain
     from nip_like.lm.lora import has_lora
 
-    fitted = []
-    fit = pretrain._fit
-    monkeypatch.setattr(pretrain, "_fit", lambda config, scenario, agents, agent, train, *rest: fitted.append((agent, train)) or fit(config, scenario, agents, agent, train, *rest))
-    folder = chat_model("qwen2")
-    config = chat_config(
-        folder, tmp_path, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.warm_start=full",
-        f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4, warm_start: full}}, share_policy_with: prover}}",
-        'trainer.pretrain.agents=["*"]', "trainer.pretrain.epochs=1", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
-    )
-    trainer = experiment.build_trainer(config, tmp_path / "run")
+    trainer = warm_started_on_both_roles(chat_model("qwen2"), tmp_path, monkeypatch, "share_policy_with")
     prover, verifier = trainer.policy.policy("prover"), trainer.policy.policy("verifier")
-    assert "pretrain/prover/train_accuracy" in trainer.pretrain_metrics and not any("verifier" in key for key in trainer.pretrain_metrics)
     assert has_lora(prover.model) and verifier.model is prover.model
-    # One fit, of the prover's model, on both roles' demonstrations (each role's prompt opens with its system prompt).
-    demonstrations = pretrain.split_data(trainer.scenario, "train", 0, torch.device("cpu"))
-    assert [agent for agent, _ in fitted] == ["prover"]
-    assert fitted[0][1].batch_size[0] == demonstrations["prover"].batch_size[0] + demonstrations["verifier"].batch_size[0]
     trainer.train()
 
 

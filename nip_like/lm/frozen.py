@@ -30,6 +30,8 @@ from typing import Any, Mapping
 
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.checkpoints import ADAPTER_CONFIG, adapter_base_folder
+from nip_like.lm.lora import lora_enabled
+from nip_like.lm.models import agent_option
 
 #: The checkpoints a run folder offers.
 CHECKPOINTS = ("last", "best")
@@ -160,14 +162,12 @@ def source_record(sources: Mapping[str, FrozenSource]) -> dict[str, dict[str, st
 
 def check_frozen_config(where: str, config: Any) -> None:
     """Refuse, in one line, a ``frozen_from`` agent config that asks for something a frozen agent cannot do."""
-    get = config.get if hasattr(config, "get") else lambda name, default=None: getattr(config, name, default)
+    get = lambda name: agent_option(config, name)  # noqa: E731
     if not get("frozen_from"):
         return
     if get("pretrained_path"):
         raise ConfigError(f"{where}.frozen_from and {where}.pretrained_path: give one of them (frozen_from reads the model it names)")
-    lora = get("lora")
-    rank = (lora.get("r", 0) if hasattr(lora, "get") else getattr(lora, "r", 0)) if lora is not None else 0
-    if int(rank or 0) > 0:
+    if lora_enabled(get("lora")):
         raise ConfigError(f"{where}.frozen_from: a frozen agent trains nothing, so it takes no LoRA adapters: set {where}.lora.r=0")
     if get("share_base_with"):
         raise ConfigError(f"{where}.frozen_from and {where}.share_base_with do not go together: a frozen agent plays from its own folder")

@@ -172,13 +172,13 @@ def build_lm(
         if tokenizer is None:
             raise ConfigError("build_lm needs the base's tokenizer to build on a shared base")
         model = sharing_copy(base)
-    if _option(config, "gradient_checkpointing", False):
+    if agent_option(config, "gradient_checkpointing", False):
         if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = _option(config, "lora", None)
-    if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "lora":
+    lora = agent_option(config, "lora", None)
+    if lora_enabled(lora) and agent_option(lora, "warm_start", "lora") == "lora":
         model = add_lora(model, lora)
     return model, tokenizer
 
@@ -202,7 +202,7 @@ def build_base(
     The part of :func:`build_lm` that agents sharing a base do once; see
     :func:`build_lm` for the parameters and errors.
     """
-    dtype = getattr(torch, _option(config, "dtype", "float32"))
+    dtype = getattr(torch, agent_option(config, "dtype", "float32"))
     if config.pretrained_path is not None:
         folder = check_model_folder(config.pretrained_path)
         folder_tokenizer = load_tokenizer(folder)
@@ -237,8 +237,8 @@ def build_base(
     return model, tokenizer
 
 
-def _option(config: Any, name: str, default: Any) -> Any:
-    """A field of an agent config that older configs (or other schemas) may lack."""
+def agent_option(config: Any, name: str, default: Any = None) -> Any:
+    """A field of an agent config (a dataclass, a DictConfig or a mapping) that older configs (or other schemas) may lack."""
     return getattr(config, name, default) if not hasattr(config, "get") else config.get(name, default)
 
 
@@ -301,9 +301,9 @@ def build_lm_policy(
         model, tokenizer = build_lm(config, tokenizer, base)
     elif tokenizer is None:
         raise ConfigError("build_lm_policy needs the tokenizer of the model it is given")
-    lora = _option(config, "lora", None)
-    frozen = _option(config, "frozen_from", None) is not None
-    wanted = _option(config, "value_head", None)
+    lora = agent_option(config, "lora", None)
+    frozen = agent_option(config, "frozen_from", None) is not None
+    wanted = agent_option(config, "value_head", None)
     value_head = None
     if wanted or (wanted is None and not frozen):
         if config.pretrained_path is not None:
@@ -323,10 +323,10 @@ def build_lm_policy(
         top_k=config.top_k,
         top_p=config.top_p,
         value_head=value_head,
-        stop_strings=tuple(_option(config, "stop_strings", ()) or ()),
-        max_tokens_per_micro_batch=_option(config, "max_tokens_per_micro_batch", None) or None,  # automatic: set by the trainer
-        score_chunk_tokens=_option(config, "score_chunk_tokens", None),
-        deferred_lora=lora if lora_enabled(lora) and _option(lora, "warm_start", "lora") == "full" else None,
+        stop_strings=tuple(agent_option(config, "stop_strings", ()) or ()),
+        max_tokens_per_micro_batch=agent_option(config, "max_tokens_per_micro_batch", None) or None,  # automatic: set by the trainer
+        score_chunk_tokens=agent_option(config, "score_chunk_tokens", None),
+        deferred_lora=lora if lora_enabled(lora) and agent_option(lora, "warm_start", "lora") == "full" else None,
     )
     if frozen:  # a co-player from a finished run: nothing of it trains
         policy.requires_grad_(False)

@@ -46,14 +46,16 @@ from typing import Any, Callable, Mapping, Optional
 from torch import nn
 
 from nip_like.errors import ConfigError
-from nip_like.lm.models import build_base, build_lm_policy
+from nip_like.lm.lora import lora_enabled
+from nip_like.lm.models import agent_option, build_base, build_lm_policy
 
 #: The fields that make a from-config base (with the same architecture, the same weights are drawn once).
 SIZE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
 
 
-def _get(config: Any, name: str, default: Any = None) -> Any:
-    return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
+def _warm_start(config: Any) -> str:
+    """An agent's ``lora.warm_start`` (``lora`` when it sets none)."""
+    return agent_option(agent_option(config, "lora"), "warm_start", "lora")
 
 
 def with_shared_base(configs: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,10 +66,10 @@ def with_shared_base(configs: Mapping[str, Any]) -> dict[str, Any]:
     one agent.
     """
     names = list(configs)
-    owner = next((name for name in names if not _get(configs[name], "frozen_from")), None)
+    owner = next((name for name in names if not agent_option(configs[name], "frozen_from")), None)
     shared = {}
     for name, config in configs.items():
-        free = not any(_get(config, field) for field in ("frozen_from", "share_base_with", "share_policy_with"))
+        free = not any(agent_option(config, field) for field in ("frozen_from", "share_base_with", "share_policy_with"))
         if name != owner and owner is not None and free:
             config = copy.deepcopy(config)
             config.share_base_with = owner
@@ -77,12 +79,12 @@ def with_shared_base(configs: Mapping[str, Any]) -> dict[str, Any]:
 
 def base_owners(configs: Mapping[str, Any]) -> dict[str, str]:
     """Each agent's name -> the agent whose base weights it plays with (itself when it shares none)."""
-    return {name: _get(config, "share_base_with") or _get(config, "share_policy_with") or name for name, config in configs.items()}
+    return {name: agent_option(config, "share_base_with") or agent_option(config, "share_policy_with") or name for name, config in configs.items()}
 
 
 def policy_owners(configs: Mapping[str, Any]) -> dict[str, str]:
     """Each agent's name -> the agent whose model it plays with (``share_policy_with``; itself when none)."""
-    return {name: _get(config, "share_policy_with") or name for name, config in configs.items()}
+    return {name: agent_option(config, "share_policy_with") or name for name, config in configs.items()}
 
 
 def warm_start_owners(configs: Mapping[str, Any]) -> dict[str, str]:
@@ -93,8 +95,8 @@ def warm_start_owners(configs: Mapping[str, Any]) -> dict[str, str]:
     """
     owners = policy_owners(configs)
     for name, config in configs.items():
-        base = _get(config, "share_base_with")
-        if base and _get(_get(config, "lora"), "warm_start", "lora") == "full":
+        base = agent_option(config, "share_base_with")
+        if base and _warm_start(config) == "full":
             owners[name] = base
     return owners
 
@@ -103,7 +105,7 @@ def sharing_groups(configs: Mapping[str, Any]) -> dict[str, list[str]]:
     """The owner of each shared base -> every agent built on it, owner first (others are left out)."""
     groups: dict[str, list[str]] = {}
     for name, config in configs.items():
-        owner = _get(config, "share_base_with")
+        owner = agent_option(config, "share_base_with")
         if owner:
             groups.setdefault(owner, [owner])
             groups[owner].append(name)
@@ -130,7 +132,7 @@ def check_shared_models(agents: Mapping[str, tuple[str, Any]]) -> None:
     """
     configs = {name: config for name, (_, config) in agents.items()}
     for name, (where, config) in agents.items():
-        base, policy = _get(config, "share_base_with"), _get(config, "share_policy_with")
+        base, policy = agent_option(config, "share_base_with"), agent_option(config, "share_policy_with")
         if base and policy:
             raise ConfigError(f"{where}: share_base_with and share_policy_with do not go together; set one of them")
         for setting, owner in (("share_base_with", base), ("share_policy_with", policy)):
@@ -156,25 +158,24 @@ def _check_owner(agents: Mapping[str, tuple[str, Any]], name: str, where: str, s
         raise ConfigError(f"{field_name} is not an agent of this game; allowed: {sorted(set(agents) - {name})}")
     owner_config = agents[owner][1]
     for other in ("share_base_with", "share_policy_with"):
-        if _get(owner_config, other):
-            raise ConfigError(f"{field_name}: {owner} shares with {_get(owner_config, other)} itself ({other}); name {_get(owner_config, other)} instead")
+        if agent_option(owner_config, other):
+            raise ConfigError(f"{field_name}: {owner} shares with {agent_option(owner_config, other)} itself ({other}); name {agent_option(owner_config, other)} instead")
     for agent, config in ((name, agents[name][1]), (owner, owner_config)):
-        if _get(config, "frozen_from"):
+        if agent_option(config, "frozen_from"):
             raise ConfigError(f"{field_name}: agent {agent} is a frozen co-player (frozen_from), which shares nothing: load both from their folders")
 
 
 def _check_base(agents: Mapping[str, tuple[str, Any]], name: str, where: str, owner: str) -> None:
-    """Both agents train LoRA adapters from the start, on the same base."""
+    """Both agents train LoRA adapters, added at the same time, on the same base."""
     field_name = f"{where}.share_base_with={owner}"
     owner_where, owner_config = agents[owner]
     for agent, agent_where, agent_config in ((name, where, agents[name][1]), (owner, owner_where, owner_config)):
-        lora = _get(agent_config, "lora")
-        if int(_get(lora, "r", 0) or 0) < 1:
+        if not lora_enabled(agent_option(agent_config, "lora")):
             raise ConfigError(
                 f"{field_name}: a shared base stays frozen, so agent {agent} needs LoRA adapters: set {agent_where}.lora.r >= 1"
             )
-    starts = {_get(_get(config, "lora"), "warm_start", "lora") for config in (agents[name][1], owner_config)}
-    checkpointing = {bool(_get(config, "gradient_checkpointing", False)) for config in (agents[name][1], owner_config)}
+    starts = {_warm_start(config) for config in (agents[name][1], owner_config)}
+    checkpointing = {bool(agent_option(config, "gradient_checkpointing", False)) for config in (agents[name][1], owner_config)}
     if starts == {"full"} and len(checkpointing) > 1:
         raise ConfigError(
             f"{field_name}: a base fitted whole first is one model until the adapters come, so gradient_checkpointing must be "
@@ -199,9 +200,9 @@ def _model_difference(config: Any, other: Any) -> Optional[str]:
     if difference:
         return difference
     for field_name in ("gradient_checkpointing",):
-        if bool(_get(config, field_name, False)) != bool(_get(other, field_name, False)):
-            return f"{field_name} {_get(config, field_name, False)} against {_get(other, field_name, False)}"
-    lora, other_lora = _plain(_get(config, "lora")), _plain(_get(other, "lora"))
+        if bool(agent_option(config, field_name, False)) != bool(agent_option(other, field_name, False)):
+            return f"{field_name} {agent_option(config, field_name, False)} against {agent_option(other, field_name, False)}"
+    lora, other_lora = _plain(agent_option(config, "lora")), _plain(agent_option(other, "lora"))
     if lora != other_lora:
         return f"lora {lora} against {other_lora}"
     return None
@@ -212,7 +213,7 @@ def _plain(options: Any) -> dict:
     if options is None:
         return {"r": 0}
     fields = ("r", "alpha", "dropout", "target_modules", "warm_start")
-    values = {name: _get(options, name) for name in fields}
+    values = {name: agent_option(options, name) for name in fields}
     if not values["r"]:
         return {"r": 0}
     if values["target_modules"] is not None:
@@ -222,17 +223,17 @@ def _plain(options: Any) -> dict:
 
 def _base_difference(config: Any, other: Any) -> Optional[str]:
     """What tells the two agents' bases (and so their tokenizers) apart, None if they are the same."""
-    path, other_path = _get(config, "pretrained_path"), _get(other, "pretrained_path")
+    path, other_path = agent_option(config, "pretrained_path"), agent_option(other, "pretrained_path")
     if (path is None) != (other_path is None):
         return f"pretrained_path {path} against {other_path}"
     if path is not None and Path(path).expanduser().resolve() != Path(other_path).expanduser().resolve():
         return f"pretrained_path {path} against {other_path}"
     if path is None:
         for field_name in SIZE_FIELDS:
-            if _get(config, field_name) != _get(other, field_name):
-                return f"{field_name} {_get(config, field_name)} against {_get(other, field_name)}"
-    if _get(config, "dtype", "float32") != _get(other, "dtype", "float32"):
-        return f"dtype {_get(config, 'dtype', 'float32')} against {_get(other, 'dtype', 'float32')}"
+            if agent_option(config, field_name) != agent_option(other, field_name):
+                return f"{field_name} {agent_option(config, field_name)} against {agent_option(other, field_name)}"
+    if agent_option(config, "dtype", "float32") != agent_option(other, "dtype", "float32"):
+        return f"dtype {agent_option(config, 'dtype', 'float32')} against {agent_option(other, 'dtype', 'float32')}"
     return None
 
 
@@ -271,11 +272,11 @@ def build_policies(
         config = configs[name]
         if name in sharers:
             continue
-        owner = _get(config, "share_base_with") or name
+        owner = agent_option(config, "share_base_with") or name
         if owner not in shared:
             policies[name] = build_policy(config, tokenizers.get(name))
             continue
-        if _get(_get(config, "lora"), "warm_start", "lora") == "full":
+        if _warm_start(config) == "full":
             # Fitted whole in the warm start first: the group plays the owner's model until its adapters come.
             if owner == name:
                 policy = build_policy(config, tokenizers.get(name))
