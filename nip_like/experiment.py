@@ -24,6 +24,7 @@ from nip_like.protocols.base import Protocol
 from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS, Entry, typed_entry
 from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import Trainer
+from nip_like.trainers.opponent_pool import check_opponent_pool
 
 #: Name of the resolved config a run folder keeps (read back by ``nip_like.resume``).
 CONFIG_FILE = "config.yaml"
@@ -106,6 +107,8 @@ def preflight(config: DictConfig) -> Entry:
     scenario = build_scenario(config)
     check_requirements(trainer.cls, scenario, config)
     check_fsdp(config, trainer.cls, scenario)
+    if "opponent_pool" in config.trainer:
+        check_opponent_pool(config.trainer.opponent_pool, scenario, distributed.launched_world_size())
     scenario.preflight()
     trainer.cls.preflight(config, scenario)
     return trainer

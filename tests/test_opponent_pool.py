@@ -160,4 +160,6 @@ def test_the_draw_rules():
 def test_a_pool_that_cannot_apply_is_refused_in_one_line(chat_model, tmp_path, overrides, message):
     config = chat_config(chat_model("qwen2"), tmp_path, "scenario.default_agent.lora.r=4", *overrides)
     with pytest.raises(ConfigError, match=message):
+        experiment.preflight(config)  # before any run folder
+    with pytest.raises(ConfigError, match=message):
         experiment.build_trainer(config, tmp_path / "run")

@@ -52,6 +52,12 @@ class LearningAwareTrainer(TensorDictRlTrainer):
         # Checked before the agents are built: the protocol must say who leads, if the objective asks.
         self._check_leader_order(config, scenario.protocol)
         self._check_options(config)
+        super().__init__(config, scenario, run_dir, logger)
+
+    @classmethod
+    def preflight(cls, config: DictConfig, scenario) -> None:
+        """Refuse, in one line, agents that share a policy and opponent pools, whose updates this trainer cannot differentiate through."""
+        super().preflight(config, scenario)
         sharers = sorted(name for name, owner in getattr(scenario, "policy_owners", dict)().items() if owner != name)
         if sharers:
             raise ConfigError(
@@ -64,7 +70,6 @@ class LearningAwareTrainer(TensorDictRlTrainer):
                 f"trainer {config.trainer.trainer_type} differentiates through the other agents' updates, which a snapshot "
                 f"from trainer.opponent_pool does not make: use a standard trainer, or set trainer.opponent_pool.agent=null"
             )
-        super().__init__(config, scenario, run_dir, logger)
 
     @property
     def _name(self) -> str:

@@ -241,6 +241,43 @@ class OpponentPool:
             self.episodes_file.write_text("".join(f"{line}\n" for line in kept))
 
 
+def check_opponent_pool(options: Any, scenario: Any, world_size: int) -> None:
+    """Refuse, in one line, an opponent pool that cannot apply (before any work; nothing without ``agent``).
+
+    Parameters
+    ----------
+    options : OpponentPoolConfig
+        ``trainer.opponent_pool``.
+    scenario : TensorGame
+        The game (its agents and, for language-model agents, their configs).
+    world_size : int
+        The torchrun ranks of the run (1 in one process).
+    """
+    if not options.get("agent"):
+        return
+    names = tuple(scenario.agent_names)
+    if len(names) < 2:
+        raise ConfigError("trainer.opponent_pool needs a game of two or more agents: the pooled agent's opponents learn against it")
+    if options.agent not in names:
+        raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is not an agent of this game; allowed: {list(names)}")
+    others = [name for name in names if name != options.agent]
+    if options.get("learner") is not None and options.learner not in others:
+        raise ConfigError(f"trainer.opponent_pool.learner={options.learner} must be another agent of the game: one of {others}")
+    lm_agents = getattr(scenario, "lm_agent_configs", dict)()
+    if options.agent not in lm_agents:
+        raise ConfigError("trainer.opponent_pool plays snapshots of language-model agents; this game's agents are not (set agent: null)")
+    if world_size > 1:
+        raise ConfigError("trainer.opponent_pool runs in one process: each torchrun rank would draw its own opponents (set agent: null)")
+    where, agent, _ = lm_agents[options.agent]
+    if agent.sampler.kind == "server":
+        raise ConfigError(
+            f"trainer.opponent_pool.agent={options.agent} samples from an inference server, which holds the live weights, "
+            f"not a snapshot's: set {where}.sampler.kind=local"
+        )
+    if agent.frozen_from:
+        raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is a frozen co-player (frozen_from): its snapshots would all be alike")
+
+
 def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
     """The trainer's :class:`OpponentPool` (None without ``trainer.opponent_pool.agent``), checked in one line.
 
@@ -253,28 +290,10 @@ def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
     """
     if not options.agent:
         return None
-    names = tuple(trainer.agent_names)
-    if len(names) < 2:
-        raise ConfigError("trainer.opponent_pool needs a game of two or more agents: the pooled agent's opponents learn against it")
-    if options.agent not in names:
-        raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is not an agent of this game; allowed: {list(names)}")
-    others = [name for name in names if name != options.agent]
-    if options.learner is not None and options.learner not in others:
-        raise ConfigError(f"trainer.opponent_pool.learner={options.learner} must be another agent of the game: one of {others}")
-    if not hasattr(trainer.policy, "attach_pool"):
-        raise ConfigError("trainer.opponent_pool plays snapshots of language-model agents; this game's agents are not (set agent: null)")
-    if trainer.distributed.enabled:
-        raise ConfigError("trainer.opponent_pool runs in one process: each torchrun rank would draw its own opponents (set agent: null)")
+    check_opponent_pool(options, trainer.scenario, trainer.distributed.world_size)
     policy = trainer.policy.policy(options.agent)
-    if options.agent in getattr(trainer.policy, "servers", {}):
-        raise ConfigError(
-            f"trainer.opponent_pool.agent={options.agent} samples from an inference server, which holds the live weights, "
-            f"not a snapshot's: set its sampler.kind=local"
-        )
-    if policy.frozen_source is not None:
-        raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is a frozen co-player (frozen_from): its snapshots would all be alike")
     if not any(param.requires_grad for param in policy.model.parameters()):
         raise ConfigError(f"trainer.opponent_pool.agent={options.agent}: the agent's model trains nothing, so its snapshots would all be alike")
-    pool = OpponentPool(options, names, trainer.policy, int(trainer.config.seed), trainer.run_dir)
+    pool = OpponentPool(options, tuple(trainer.agent_names), trainer.policy, int(trainer.config.seed), trainer.run_dir)
     trainer.policy.attach_pool(pool)
     return pool
