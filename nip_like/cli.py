@@ -125,6 +125,25 @@ def _is_dotted(value: str) -> bool:
     return "." in value and not any(mark in value for mark in ",${}[]'\"")
 
 
+def check_arguments_text(arguments: list[str]) -> None:
+    """Refuse, in one line, a command-line argument holding a byte that is not UTF-8 text.
+
+    Such a byte reaches Python as a lone surrogate (``\\udce9``), which
+    tokenizers and files cannot take: it would fail deep inside a run (a
+    fine-tune job, say); here it is named, with its field, before anything is
+    built.
+    """
+    for argument in arguments:
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError as error:
+            key = argument.partition("=")[0].encode("utf-8", "backslashreplace").decode()
+            raise ConfigError(
+                f"{key.lstrip('+~')}: the command-line argument holds a byte that is not UTF-8 text at character "
+                f"{error.start}; give it as UTF-8"
+            ) from None
+
+
 def check_group_options(arguments: list[str]) -> None:
     """Refuse ``group=option`` for a config group that has no such option, listing the group's options.
 
@@ -140,6 +159,7 @@ def check_group_options(arguments: list[str]) -> None:
     ConfigError
         Naming the group, the option and the options there are.
     """
+    check_arguments_text(arguments)
     from nip_like.registry import REGISTRIES
 
     folders = _config_dirs(arguments)
@@ -301,32 +321,40 @@ def report_errors() -> Iterator[None]:
     a rank other than 0 names itself (``error: rank 1: ...``), and a rank
     stopped because another one failed (which reported its own error) prints
     nothing and exits with status 1. A config error is the same on every rank:
-    rank 0 alone prints it (the others exit with status 2 in silence).
+    rank 0 alone prints it (the others exit with status 2 in silence). Under
+    torchrun every rank also records its line in torchrun's error file
+    (:func:`~nip_like.distributed.record_for_torchrun`), so that torchrun's
+    report of the failed ranks ends with it.
     """
-    from nip_like.distributed import PeerFailure, current, launched_rank
+    from nip_like.distributed import PeerFailure, launched_rank
 
     try:
         yield
     except RunInterrupted as error:
-        if current().is_writer:
-            print(error, file=sys.stderr)
-        sys.exit(error.exit_status)
+        _stop(error.exit_status, str(error), shown=launched_rank() == 0)
     except PeerFailure as error:
-        if not error.quiet:
-            print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+        # A quiet one: the rank that failed reports (and records) its own error.
+        _stop(1, None if error.quiet else f"error: {error}", shown=True)
     except ConfigError as error:
-        if launched_rank() == 0:
-            print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        _stop(EXIT_BAD_INPUT, f"error: {error}", shown=launched_rank() == 0)
     except NipLikeError as error:
-        rank = current().rank
-        print(f"error: {f'rank {rank}: ' if rank else ''}{error}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        rank = launched_rank()
+        _stop(EXIT_BAD_INPUT, f"error: {f'rank {rank}: ' if rank else ''}{error}", shown=True)
     except (OmegaConfBaseException, HydraException) as error:
-        if launched_rank() == 0:
-            print(f"error: config: {one_line(error)}{_preset_hint(error)}{_quoting_hint()}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        line = f"error: config: {one_line(error)}{_preset_hint(error)}{_quoting_hint()}"
+        _stop(EXIT_BAD_INPUT, line, shown=launched_rank() == 0)
+
+
+def _stop(status: int, line: str | None, shown: bool) -> NoReturn:
+    """Print ``line`` on stderr if ``shown``, record it for torchrun's report (under torchrun), exit with ``status``."""
+    from nip_like.distributed import record_for_torchrun
+
+    if line is not None:
+        line = line.encode("utf-8", "backslashreplace").decode()  # a value quoted from bad input prints all the same
+        if shown:
+            print(line, file=sys.stderr)
+        record_for_torchrun(line)
+    sys.exit(status)
 
 
 class RunFolderCallback(Callback):

@@ -62,7 +62,7 @@ class OptimizerConfig:
     betas: list[float] = checked(factory=lambda: [0.9, 0.999], length=2, each=Allowed(ge=0, lt=1))  # Adam/AdamW betas
     eps: float = checked(1e-8, gt=0)  # numerical epsilon of adaptive optimisers
     max_grad_norm: Optional[float] = checked(1.0, gt=0)  # clip each agent's gradient norm to this; null disables
-    grad_accumulation_steps: int = checked(1, ge=1)  # minibatches whose gradients are summed before one optimiser step
+    grad_accumulation_steps: Optional[int] = checked(None, ge=1)  # minibatches whose gradients are summed before one optimiser step; null = one per rank (1 in one process, N under torchrun)
     lr_schedule: str = checked("constant", choices=LR_SCHEDULES)  # constant | linear | cosine, over the training iterations
     lr_final_factor: float = checked(0.0, ge=0, le=1)  # linear/cosine: final lr as a fraction of the initial lr
     warmup_iterations: int = checked(0, ge=0)  # iterations of linear warm-up from 0 before the schedule
@@ -341,9 +341,10 @@ def without_locations(value: Any) -> Any:
 
     For anything keyed by what determines results: the run id, the cache key
     of a pretrained agent. The :data:`NEUTRAL_ENTRIES` at their neutral
-    values are left out too.
+    values are left out too, and the :data:`CHANGED_DEFAULTS` at their new
+    default are written as the old one.
     """
-    return without_entries(value, lambda key, item: key in LOCATION_KEYS or _neutral(key, item))
+    return _with_old_defaults(without_entries(value, lambda key, item: key in LOCATION_KEYS or _neutral(key, item)))
 
 
 #: Options added after runs were keyed, at the value that behaves as before they existed: left out of run ids and
@@ -353,6 +354,23 @@ NEUTRAL_ENTRIES: dict[str, Callable[[Any], bool]] = {
     "sampler": lambda item: isinstance(item, dict) and item.get("kind") == "local",
     "agent_restarts": lambda item: item == {},
 }
+
+
+#: Defaults changed after runs were keyed, to a value that runs as the old one did in one process: keyed as the old
+#: value, so that the change changed no key (``trainer.optimizer.grad_accumulation_steps`` null, one minibatch per
+#: rank and optimiser step, is 1 in one process). Old value of each, from the new one.
+CHANGED_DEFAULTS: dict[str, Callable[[Any], Any]] = {
+    "grad_accumulation_steps": lambda item: 1 if item is None else item,
+}
+
+
+def _with_old_defaults(value: Any) -> Any:
+    """``value`` (plain containers) with every :data:`CHANGED_DEFAULTS` entry at its new default written as the old one."""
+    if isinstance(value, dict):
+        return {key: CHANGED_DEFAULTS.get(key, _with_old_defaults)(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_with_old_defaults(item) for item in value]
+    return value
 
 
 def _neutral(key: str, item: Any) -> bool:

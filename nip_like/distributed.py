@@ -23,11 +23,18 @@ What the trainer asks of it, at a few named points:
   step, which is then the same on every rank;
 * :attr:`Distributed.is_writer`: only rank 0 writes logs, transcripts,
   checkpoints and the summary, and holds the run folder's lock.
+
+A rank stopped by an error of ours prints it in one line and also records it
+in the error file torchrun reads (:func:`record_for_torchrun`), so that
+torchrun's report of the failed ranks ends with that line.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -305,6 +312,48 @@ def launched_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def timeout_from_environment(name: str, default: float) -> timedelta:
+    """The time limit in seconds that environment variable ``name`` sets (``default`` when it is unset or empty).
+
+    Raises
+    ------
+    ConfigError
+        If the value is not a positive number of seconds (``abc``, ``-5``,
+        ``0``, ``inf``, one too large for a time limit).
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return timedelta(seconds=default)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= timedelta.max.total_seconds():  # also refuses NaN
+        raise ConfigError(f"{name}={text!r} must be a positive number of seconds (default {default:g})")
+    return timedelta(seconds=seconds)
+
+
+def record_for_torchrun(line: str) -> None:
+    """Under torchrun, write ``line`` (an error of ours, as printed) to the error file torchrun reads for this rank.
+
+    torchrun (torch.distributed.elastic) names the file in
+    ``TORCHELASTIC_ERROR_FILE``; its report of a failed rank, printed when
+    the ranks have stopped, then shows ``traceback : <line>`` instead of a
+    link to instructions for tracebacks the rank does not have. Nothing
+    happens without torchrun, or if the file cannot be written.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    # The layout torch's own ErrorHandler.record_exception writes; torchrun reads the timestamp as an int.
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as file:
+            json.dump(data, file)
+    except OSError:
+        pass
+
+
 def current() -> Distributed:
     """The rank context of this process; joins torchrun's process group on first use.
 
@@ -314,6 +363,12 @@ def current() -> Distributed:
     a rank that waits longer for the others in one collective stops with an
     error. A second (gloo) group with ``NIP_LIKE_BUILD_TIMEOUT`` (default
     :data:`BUILD_TIMEOUT`) serves the waits of :meth:`Distributed.rank_zero_first`.
+
+    Raises
+    ------
+    ConfigError
+        If one of these variables is not a positive number of seconds
+        (:func:`timeout_from_environment`); every rank raises it, before joining.
     """
     global _current
     if _current is not None:
@@ -321,15 +376,16 @@ def current() -> Distributed:
     if launched_world_size() == 1:
         _current = Distributed()
         return _current
+    # Read both before joining: a bad value stops every rank alike, at once.
+    timeout = timeout_from_environment("NIP_LIKE_DISTRIBUTED_TIMEOUT", DEFAULT_TIMEOUT)
+    build_timeout = timeout_from_environment("NIP_LIKE_BUILD_TIMEOUT", BUILD_TIMEOUT)
     if not torch.distributed.is_initialized():
-        timeout = timedelta(seconds=float(os.environ.get("NIP_LIKE_DISTRIBUTED_TIMEOUT", DEFAULT_TIMEOUT)))
         backend = "gloo"
         if torch.cuda.is_available():
             # CUDA tensors go through NCCL, CPU ones (gathered objects, CPU runs) through gloo.
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             backend = "cpu:gloo,cuda:nccl"
         torch.distributed.init_process_group(backend, timeout=timeout)
-    build_timeout = timedelta(seconds=float(os.environ.get("NIP_LIKE_BUILD_TIMEOUT", BUILD_TIMEOUT)))
     patient = torch.distributed.new_group(backend="gloo", timeout=build_timeout)
     _current = Distributed(torch.distributed.get_rank(), torch.distributed.get_world_size(), patient)
     return _current

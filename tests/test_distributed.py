@@ -26,8 +26,10 @@ from tests.test_checkpoint import lm_overrides
 
 PROBE = REPO_ROOT / "tests" / "distributed_probe.py"
 
-#: Tiny graph agents on graph isomorphism, PPO; two minibatches of each optimiser step per rank pair.
-GRAPH = ("scenario=graph_isomorphism", "protocol=nip", "scenario.num_pairs=200", "trainer.optimizer.grad_accumulation_steps=2")
+#: Tiny graph agents on graph isomorphism, PPO; grad_accumulation_steps at its default (null: one minibatch per rank).
+GRAPH_AGENTS = ("scenario=graph_isomorphism", "protocol=nip", "scenario.num_pairs=200")
+#: The same; two minibatches of each optimiser step per rank pair.
+GRAPH = (*GRAPH_AGENTS, "trainer.optimizer.grad_accumulation_steps=2")
 
 
 def _environment() -> dict[str, str]:
@@ -66,8 +68,11 @@ def _replaying(monkeypatch, record_dir: Path) -> None:
 
 def _two_ranks_against_one(
     tmp_path, monkeypatch, overrides: tuple[str, ...], settings: tuple[str, ...] = (), one: tuple[str, ...] | None = None
-) -> None:
-    """``settings``: run settings of the torchrun run only (``run.fsdp=true``); ``one``: the one-process run's overrides, if others."""
+) -> subprocess.CompletedProcess:
+    """``settings``: run settings of the torchrun run only (``run.fsdp=true``); ``one``: the one-process run's overrides, if others.
+
+    Returns the torchrun run's completed process.
+    """
     args = cli_args(tmp_path, *overrides, *settings, "trainer.num_iterations=3")
     distributed = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'two'}"], script=[str(PROBE), str(tmp_path / "record"), "--"]))
     assert distributed.returncode == 0, distributed.stderr[-3000:]
@@ -98,6 +103,7 @@ def _two_ranks_against_one(
     assert [step for step, _ in read_csv_metric(tmp_path / "two", "train/iteration")] == [1, 2, 3]
     assert not (tmp_path / "two" / "run.lock").exists()
     assert "Final test metrics" in distributed.stdout and distributed.stdout.count("Final test metrics") == 1
+    return distributed
 
 
 def load_initial(tmp_path, overrides) -> dict[str, torch.Tensor]:
@@ -110,7 +116,11 @@ def load_initial(tmp_path, overrides) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch):
-    _two_ranks_against_one(tmp_path, monkeypatch, GRAPH)
+    # grad_accumulation_steps left at its default (null; torchrun's ranks were refused there): each optimiser step
+    # takes one whole minibatch per rank, exactly as one process with grad_accumulation_steps=2.
+    distributed = _two_ranks_against_one(tmp_path, monkeypatch, GRAPH_AGENTS, one=GRAPH)
+    assert distributed.stdout.count("trainer.optimizer.grad_accumulation_steps is null: each optimiser step takes 2 "
+                                    "minibatches, one per rank") == 1  # logged once, by rank 0
 
 
 @pytest.mark.slow
@@ -317,6 +327,54 @@ def test_only_errors_of_the_process_group_are_taken_for_a_peer_failure():
     assert not silent.value.quiet and "no answer from the other ranks in time" in str(silent.value)
 
 
+def test_accumulation_left_null_is_one_minibatch_per_rank_and_an_explicit_one_must_divide():
+    from nip_like.config import run_id
+    from nip_like.trainers.update import accumulation_steps
+
+    assert [accumulation_steps(None, ranks) for ranks in (1, 2, 4)] == [1, 2, 4]
+    assert accumulation_steps(4, 2) == 4 and accumulation_steps(3, 1) == 3
+    with pytest.raises(ConfigError, match=(
+        r"^trainer.optimizer.grad_accumulation_steps \(1\) must be a multiple of the number of ranks \(2\): the ranks "
+        r"share each optimiser step's minibatches; or leave it unset \(null\) for one minibatch per rank$"
+    )):
+        accumulation_steps(1, 2)
+    # The default was 1 before it was null: runs keep their ids (null keys as 1, which it is in one process).
+    assert smoke_config().trainer.optimizer.grad_accumulation_steps is None
+    assert run_id(smoke_config()) == run_id(smoke_config("trainer.optimizer.grad_accumulation_steps=1"))
+    assert run_id(smoke_config()) != run_id(smoke_config("trainer.optimizer.grad_accumulation_steps=2"))
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "0", "inf", "nan", "1e300"])
+def test_a_timeout_variable_that_is_no_positive_number_of_seconds_is_refused_in_one_line(monkeypatch, value):
+    from nip_like.distributed import timeout_from_environment
+
+    monkeypatch.setenv("NIP_LIKE_BUILD_TIMEOUT", value)
+    with pytest.raises(ConfigError, match=rf"^NIP_LIKE_BUILD_TIMEOUT='{value}' must be a positive number of seconds \(default 60\)$"):
+        timeout_from_environment("NIP_LIKE_BUILD_TIMEOUT", 60)
+    monkeypatch.setenv("NIP_LIKE_BUILD_TIMEOUT", " 2.5 ")
+    assert timeout_from_environment("NIP_LIKE_BUILD_TIMEOUT", 60).total_seconds() == 2.5
+    monkeypatch.delenv("NIP_LIKE_BUILD_TIMEOUT")
+    assert timeout_from_environment("NIP_LIKE_BUILD_TIMEOUT", 60).total_seconds() == 60
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_error_under_torchrun_goes_to_the_error_file_torchrun_reports(tmp_path, monkeypatch, capsys, rank):
+    # torchrun's report of a failed rank shows the file's message (else a link to how to record a traceback).
+    from nip_like.cli import report_errors
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("RANK", str(rank))
+    with pytest.raises(SystemExit) as exit_info, report_errors():
+        raise ConfigError("trainer.num_envs (15) must be a multiple of the number of ranks (2)")
+    assert exit_info.value.code == 2
+    line = "error: trainer.num_envs (15) must be a multiple of the number of ranks (2)"
+    assert capsys.readouterr().err == (f"{line}\n" if rank == 0 else "")  # a config error: rank 0 alone prints it
+    recorded = json.loads(error_file.read_text())["message"]
+    assert recorded["message"] == recorded["extraInfo"]["py_callstack"] == line
+    assert int(recorded["extraInfo"]["timestamp"]) > 0  # torchrun reads it as an int
+
+
 def test_a_rank_share_that_does_not_divide_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^trainer.num_envs \(15\) must be a multiple of the number of ranks \(2\)$"):
         Distributed(rank=1, world_size=2).share(15, "trainer.num_envs")
@@ -337,10 +395,26 @@ def test_a_rank_that_left_the_group_keeps_its_rank_and_does_not_join_again(monke
 
 @pytest.mark.slow
 def test_a_config_error_under_torchrun_is_printed_once(tmp_path):
-    for override in ("trainer.num_envs=15", "trainer.bogus=1"):  # a relation between fields; an unknown key
-        result = run(torchrun(cli_args(tmp_path, override, f"hydra.run.dir={tmp_path / 'run'}")))
+    timeout = "error: NIP_LIKE_DISTRIBUTED_TIMEOUT='abc' must be a positive number of seconds (default 1800)"
+    cases = [  # a relation between fields; an unknown key; a variable of ours, read as the ranks join (before Hydra)
+        ("trainer.num_envs=15", {}, "error: trainer.frames_per_batch (96) must be a multiple of trainer.num_envs (15)"),
+        ("trainer.bogus=1", {}, "error: config: Could not override 'trainer.bogus'"),
+        ("seed=0", {"NIP_LIKE_DISTRIBUTED_TIMEOUT": "abc"}, timeout),
+    ]
+    for override, variables, expected in cases:
+        command = torchrun(["preset=smoke", "run.progress_bar=false", override, f"hydra.run.dir={tmp_path / 'run'}"])
+        result = subprocess.run(command, cwd=REPO_ROOT, env={**_environment(), **variables}, capture_output=True, text=True,
+                                timeout=300)
         assert result.returncode != 0 and not (tmp_path / "run" / "checkpoints").exists()
-        assert len([line for line in result.stderr.splitlines() if line.startswith("error")]) == 1, result.stderr[-2000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert len(errors) == 1 and errors[0].startswith(expected), result.stderr[-2000:]
+        # torchrun's report of the failed ranks follows (its log lines, its own traceback, a table of the ranks:
+        # 42-44 lines in all, where a bad variable gave 72, with a Python traceback per rank), and its root cause
+        # is our line, from the error file torchrun reads, not a link to how to record a traceback.
+        lines = (result.stdout + result.stderr).splitlines()
+        assert len(lines) <= 50 and result.stderr.count("Traceback") == 1, result.stderr
+        root_cause = result.stderr[result.stderr.index("Root Cause"):]
+        assert f"traceback : {errors[0]}" in root_cause, root_cause
 
 
 @pytest.mark.slow

@@ -98,7 +98,8 @@ class LoopSettings:
             "protocol.name": (config.protocol.name, "prover_verifier"),
             "trainer.optimizer.name": (optimizer.name, "adam"),
             "trainer.optimizer.weight_decay": (optimizer.weight_decay, 0.0),
-            "trainer.optimizer.grad_accumulation_steps": (optimizer.grad_accumulation_steps, 1),
+            # null (the default) is one minibatch per rank: 1 in this one process.
+            "trainer.optimizer.grad_accumulation_steps": (optimizer.grad_accumulation_steps or 1, 1),
             "trainer.optimizer.lr_schedule": (optimizer.lr_schedule, "constant"),
             "trainer.optimizer.warmup_iterations": (optimizer.warmup_iterations, 0),
             "trainer.group_size": (tc.group_size, 1),

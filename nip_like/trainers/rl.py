@@ -16,6 +16,7 @@ work of each part is in a sibling module: collection
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -54,6 +55,9 @@ from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_p
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.rl_state import TrainState
 from nip_like.trainers.update import UpdateSettings
+
+#: Notes on how the run goes, printed on rank 0 by Hydra's job logging (and kept in the run's job log).
+log = logging.getLogger(__name__)
 
 
 class TensorDictRlTrainer(TensorDictTrainer):
@@ -253,7 +257,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         bound = self.trainer_config.divergence_bound
         self.update_settings = UpdateSettings(
             num_epochs=int(self.trainer_config.num_epochs),
-            accumulation=int(optimizer_config.grad_accumulation_steps),
+            accumulation=self.accumulation,
             max_grad_norm=optimizer_config.max_grad_norm,
             divergence_bound=float(bound) if bound is not None else math.inf,
         )
@@ -318,11 +322,14 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 f"trainer.num_envs ({tc.num_envs}) over {self.distributed.world_size} ranks must leave each rank a "
                 f"multiple of trainer.group_size ({tc.group_size})"
             )
-        accumulation = tc.optimizer.grad_accumulation_steps
-        if accumulation % self.distributed.world_size:
-            raise ConfigError(
-                f"trainer.optimizer.grad_accumulation_steps ({accumulation}) must be a multiple of the number of "
-                f"ranks ({self.distributed.world_size}): the ranks share each optimiser step's minibatches"
+        # Minibatches per optimiser step; null: one per rank (the ranks share each step's minibatches, whole).
+        self.accumulation = update.accumulation_steps(tc.optimizer.grad_accumulation_steps, self.distributed.world_size)
+        if tc.optimizer.grad_accumulation_steps is None and self.distributed.enabled and self.distributed.is_writer:
+            log.info(
+                "trainer.optimizer.grad_accumulation_steps is null: each optimiser step takes %d minibatches, one per "
+                "rank, as one process does with grad_accumulation_steps=%d",
+                self.accumulation,
+                self.accumulation,
             )
         if tc.frames_per_batch % tc.num_envs:
             raise ConfigError(

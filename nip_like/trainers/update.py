@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 
 from nip_like.distributed import Distributed
-from nip_like.errors import TrainingError
+from nip_like.errors import ConfigError, TrainingError
 from nip_like.lm.sharding import is_sharded, local_abs_max
 from nip_like.objectives.contract import LossContract
 from nip_like.trainers.data_parallel import LossPasses
@@ -30,7 +30,7 @@ class UpdateSettings:
     """The update's options, read once from the config (OmegaConf lookups are slow in the inner loop)."""
 
     num_epochs: int  # passes over the buffer per iteration (trainer.num_epochs)
-    accumulation: int  # minibatches per optimiser step (trainer.optimizer.grad_accumulation_steps)
+    accumulation: int  # minibatches per optimiser step (trainer.optimizer.grad_accumulation_steps; see accumulation_steps)
     max_grad_norm: float | None  # gradient clipping per agent; None = none
     divergence_bound: float  # largest loss or parameter magnitude allowed (math.inf = none)
 
@@ -63,6 +63,38 @@ def fill_buffer(
     if size:
         buffer.extend(data)
     return buffer
+
+
+def accumulation_steps(setting: int | None, world_size: int) -> int:
+    """Minibatches per optimiser step: ``trainer.optimizer.grad_accumulation_steps``, or one per rank when it is null.
+
+    The ranks of a torchrun run share each optimiser step's minibatches, a
+    whole minibatch each (:func:`optimise`): left null, a step takes one
+    minibatch per rank (one in one process), as one process does with
+    ``grad_accumulation_steps`` set to the number of ranks.
+
+    Parameters
+    ----------
+    setting : int or None
+        The config's value; ``None`` (null) leaves the choice to the number of ranks.
+    world_size : int
+        The number of ranks.
+
+    Raises
+    ------
+    ConfigError
+        If ``setting`` is not a multiple of ``world_size`` (some rank would
+        have no minibatch of a step to compute).
+    """
+    if setting is None:
+        return world_size
+    if setting % world_size:
+        raise ConfigError(
+            f"trainer.optimizer.grad_accumulation_steps ({setting}) must be a multiple of the number of ranks "
+            f"({world_size}): the ranks share each optimiser step's minibatches; or leave it unset (null) for one "
+            "minibatch per rank"
+        )
+    return setting
 
 
 def accumulation_windows(num_minibatches: int, accumulation: int) -> list[int]:
