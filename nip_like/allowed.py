@@ -46,6 +46,8 @@ class Allowed:
         What every item of a list, or every value of a dict, allows.
     integer_valued : bool
         The number must be a whole number (for counts stored as floats).
+    also : tuple, optional
+        Values allowed besides the range (``0`` for a temperature whose 0 means greedy).
     """
 
     ge: float | None = None
@@ -56,6 +58,7 @@ class Allowed:
     length: int | None = None
     each: "Allowed | None" = None
     integer_valued: bool = False
+    also: tuple[Any, ...] | None = None
 
     def describe(self) -> str:
         """What is allowed, in words (``> 0``, ``in [0, 1)``, ``one of ['a', 'b']``)."""
@@ -76,11 +79,14 @@ class Allowed:
             parts.append(f"{'<=' if high[0] == ']' else '<'} {high[1]:g}")
         if self.integer_valued:
             parts.append("a whole number")
-        return ", ".join(parts) if parts else "a finite number"
+        described = ", ".join(parts) if parts else "a finite number"
+        if self.also:
+            return " or ".join([*(f"{value:g}" if isinstance(value, float) else str(value) for value in self.also), described])
+        return described
 
     def violation(self, value: Any) -> bool:
         """Whether ``value`` is outside what this allows (``None`` is checked by the field's type, not here)."""
-        if value is None:
+        if value is None or (self.also is not None and not isinstance(value, bool) and value in self.also):
             return False
         if self.choices is not None:
             return value not in self.choices

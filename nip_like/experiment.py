@@ -17,7 +17,7 @@ from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder, resume_command
 from nip_like.config import check_config_values, check_known_keys, run_id
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
-from nip_like.interrupts import StopRequested
+from nip_like.interrupts import StopNow, StopRequested
 from nip_like.lm.sharding import check_fsdp
 from nip_like.logging import MetricLogger
 from nip_like.protocols.base import Protocol
@@ -104,6 +104,9 @@ def preflight(config: DictConfig) -> Entry:
     check_known_keys(config, trainer)
     check_config_values(config, trainer)
     _check_device(config.run.device)
+    pretrain = config.trainer.get("pretrain")
+    if pretrain is not None and pretrain.get("agents"):  # the fitted agents are cached there
+        check_writable_folder(Path(str(pretrain.cache_dir)).expanduser(), "trainer.pretrain.cache_dir")
     scenario = build_scenario(config)
     check_requirements(trainer.cls, scenario, config)
     check_fsdp(config, trainer.cls, scenario)
@@ -267,16 +270,20 @@ def _remove_stale_temporaries(run_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _interrupted(run_dir: Path, trainer: Trainer | None, stop: StopRequested | None) -> RunInterrupted:
+def _interrupted(
+    run_dir: Path, trainer: Trainer | None, stop: StopRequested | None, waiting: StopNow | None = None
+) -> RunInterrupted:
     """The one-line report of a run stopped by SIGINT or SIGTERM (see :mod:`nip_like.interrupts`)."""
     command = resume_command(run_dir)
     if stop is not None and stop.phase == "train":
         message = f"interrupted at iteration {stop.iteration}; resume with: {command}"
     elif stop is not None:
         message = f"interrupted in the test loop (training finished at iteration {stop.iteration}); resume with: {command}"
-    else:  # a second signal: stopped at once, wherever the run was
+    else:  # a second signal, or a first one in a long wait: stopped at once, wherever the run was
         state = getattr(trainer, "state", None)
         where = f"during iteration {state.iteration + 1}" if state is not None else "while setting up"
+        if waiting is not None:
+            where = f"{where}, waiting for {waiting.what}"
         if (run_dir / "checkpoints" / "last.pt").is_file():
             message = f"interrupted at once {where}; resume from the last checkpoint with: {command}"
         else:
@@ -364,6 +371,8 @@ def _run_locked(
             trainer.logger.close()
     except StopRequested as stop:
         raise _interrupted(run_dir, trainer, stop) from None
+    except StopNow as waiting:
+        raise _interrupted(run_dir, trainer, None, waiting) from None
     except KeyboardInterrupt:
         if interrupts.requested_signal() is None:  # not from handle_interrupts' handler
             raise

@@ -10,6 +10,14 @@ line on standard error with the resume command, and exit status 128 + the
 signal number (130 for SIGINT, 143 for SIGTERM). A second signal raises
 :class:`KeyboardInterrupt` at once, wherever the run is.
 
+Work that can wait long inside one iteration or stage (a request to a model
+server, a fine-tune job, a long generation) does not wait for the next safe
+point: it calls :func:`raise_if_stop_requested` while it waits, or waits
+through :func:`sleep` and :func:`wait_for`, which raise :class:`StopNow` within
+:data:`POLL_SECONDS` of the first signal. The run then stops with the work
+since its last checkpoint dropped; a resume starts that iteration or stage
+again.
+
 A signal that the process was started with ignored (a shell's background job
 ignores SIGINT) stays ignored.
 """
@@ -18,11 +26,15 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
 #: The signals that stop a run.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: How often a wait looks for a stop request (seconds).
+POLL_SECONDS = 0.1
 
 _requested: list[int] = []  # the signals received while handle_interrupts is active, in order
 _active = False
@@ -46,6 +58,48 @@ class StopRequested(BaseException):
         super().__init__(f"stop requested after iteration {iteration} ({phase})")
         self.iteration = iteration
         self.phase = phase
+
+
+class StopNow(BaseException):
+    """Raised inside a long wait after a stop request: the work since the last checkpoint is dropped.
+
+    Parameters
+    ----------
+    what : str
+        What was waited for (``"a reply from the server at <url>"``), for the report.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"stopped while waiting for {what}")
+        self.what = what
+
+
+def raise_if_stop_requested(what: str) -> None:
+    """Raise :class:`StopNow` if SIGINT or SIGTERM asked the run to stop; ``what`` is being waited for."""
+    if _requested:
+        raise StopNow(what)
+
+
+def sleep(seconds: float, what: str) -> None:
+    """``time.sleep(seconds)``, cut short by a stop request (:class:`StopNow`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        raise_if_stop_requested(what)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, POLL_SECONDS))
+
+
+def wait_for(thread: threading.Thread, what: str) -> None:
+    """Join ``thread`` (a daemon thread doing a blocking call), cut short by a stop request (:class:`StopNow`).
+
+    The thread is left to finish on its own; being a daemon, it does not hold
+    the process at its exit.
+    """
+    while thread.is_alive():
+        raise_if_stop_requested(what)
+        thread.join(POLL_SECONDS)
 
 
 def stop_requested() -> bool:

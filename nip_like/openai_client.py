@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 from urllib.parse import urlsplit
 
+from nip_like import interrupts
 from nip_like.errors import ConfigError, ModelServerError
 
 T = TypeVar("T")
+X = TypeVar("X")
 
 
 class MalformedAnswer(Exception):
@@ -57,6 +58,9 @@ class OpenAIClient:
         Seconds before the first retry; doubled for each next one.
     timeout : float
         Seconds before a request counts as failed.
+    label : str
+        What the server is called in messages (``text-model server``,
+        ``inference server``).
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class OpenAIClient:
         max_retries: int = 3,
         retry_backoff: float = 0.5,
         timeout: float = 60.0,
+        label: str = "text-model server",
     ) -> None:
         try:
             import openai
@@ -80,6 +85,7 @@ class OpenAIClient:
         self.max_retries = int(max_retries)
         self.retry_backoff = float(retry_backoff)
         self.timeout = float(timeout)
+        self.label = label
         # The client's own retries are off: this class retries, with its own backoff and error line.
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0, timeout=timeout)
 
@@ -110,7 +116,53 @@ class OpenAIClient:
             except ValueError as error:
                 raise MalformedAnswer(f"malformed JSON answer to GET /models: {one_line(error)}") from None
 
-        self.with_retries(ask, "GET /models")
+        self.map(lambda _, failed: self.with_retries(ask, "GET /models", failed), [None])
+
+    def map(self, request: Callable[[X, threading.Event], T], items: Sequence[X]) -> list[T]:
+        """``request(item, failed)`` for every item, ``max_concurrency`` at once in daemon threads; the results in order.
+
+        The first request that fails for good sets ``failed`` (requests in
+        flight stop retrying, those queued are dropped) and its error is
+        raised at once, without waiting for the requests still in flight. A
+        stop request raises :class:`~nip_like.interrupts.StopNow` the same way.
+        """
+        failed, finished = threading.Event(), threading.Event()
+        results: list = [None] * len(items)
+        errors: list[BaseException] = []
+        queue = list(enumerate(items))[::-1]
+        lock = threading.Lock()
+        workers = min(self.max_concurrency, len(items))
+        running = [workers]
+
+        def work() -> None:
+            try:
+                while not failed.is_set():
+                    with lock:
+                        if not queue:
+                            return
+                        index, item = queue.pop()
+                    results[index] = request(item, failed)
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                if not isinstance(error, Abandoned):
+                    errors.append(error)
+                failed.set()
+            finally:
+                with lock:
+                    running[0] -= 1
+                    if running[0] == 0 or errors:
+                        finished.set()
+
+        for number in range(workers):
+            threading.Thread(target=work, name=f"nip_like-request-{number}", daemon=True).start()
+        try:
+            while not finished.wait(interrupts.POLL_SECONDS):
+                interrupts.raise_if_stop_requested(f"an answer from the {self.label} at {self.base_url}")
+        except BaseException:  # a stop request, or a second signal's KeyboardInterrupt
+            failed.set()
+            raise
+        if errors:
+            raise errors[0]
+        return results
 
     def with_retries(self, call: Callable[[], T], action: str, failed: threading.Event | None = None) -> T:
         """``call()``, retried with backoff on the failures worth retrying; one :class:`ModelServerError` line otherwise.
@@ -124,32 +176,39 @@ class OpenAIClient:
         failed : threading.Event, optional
             Shared by the requests of one batch: set when one fails for good,
             after which the others stop instead of retrying.
+
+        Notes
+        -----
+        Run it in :meth:`map`'s threads: called in the main thread, a silent
+        server holds that thread for ``timeout`` seconds, signals or not.
         """
         openai = self._openai
+        failed = threading.Event() if failed is None else failed
         retryable = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, MalformedAnswer)
         for attempt in range(self.max_retries + 1):
-            if failed is not None and failed.is_set():
+            if failed.is_set():
                 raise Abandoned()
             try:
                 return call()
+            except openai.APITimeoutError:  # an APIConnectionError too, but not worth retrying: see the module docstring
+                failed.set()
+                raise ModelServerError(
+                    f"{self.label} {self.base_url} ({action}) gave no answer within its timeout of {self.timeout:g} s "
+                    f"(hung or overloaded; a slow server needs a longer timeout)"
+                ) from None
             except retryable as error:
                 if attempt == self.max_retries:
-                    if failed is not None:
-                        failed.set()
+                    failed.set()
                     raise ModelServerError(
-                        f"text-model server {self.base_url} ({action}) failed after {attempt + 1} "
+                        f"{self.label} {self.base_url} ({action}) failed after {attempt + 1} "
                         f"{'try' if attempt == 0 else 'tries'} (timeout "
                         f"{self.timeout:g} s): {reason(error)}"
                     ) from None
-                delay = self.retry_backoff * 2**attempt
-                if failed is None:
-                    time.sleep(delay)
-                elif failed.wait(delay):  # another request failed for good meanwhile
+                if failed.wait(self.retry_backoff * 2**attempt):  # another request failed for good meanwhile
                     raise Abandoned() from None
             except openai.APIStatusError as error:
-                if failed is not None:
-                    failed.set()
-                raise ModelServerError(f"text-model server {self.base_url} refused {action}: {reason(error)}") from None
+                failed.set()
+                raise ModelServerError(f"{self.label} {self.base_url} refused {action}: {reason(error)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:

@@ -31,7 +31,13 @@ BEHAVIOURS = (
     "unauthorized",  # both answer HTTP 401
     "no_model_list",  # the list answers 404 (a server without /models); a chat answers
     "chat_500",  # the list answers; a chat gets HTTP 500 (a server that fails mid-run)
+    # The start-up checks answer (the list, an LM sampler's one-token probe of /completions); every other chat or
+    # completion is accepted and never answered (a server that hangs once the run is under way).
+    "chat_hang",
 )
+
+#: The answer to a one-token /completions probe: token 0 with its log-probability, as vLLM names tokens.
+PROBE_CHOICE = {"index": 0, "text": "", "finish_reason": "length", "logprobs": {"tokens": ["token_id:0"], "token_logprobs": [-0.5]}}
 
 
 def free_port() -> int:
@@ -69,7 +75,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # no answer: the client sees the connection dropped
             return
         behaviour = self.server.behaviour
-        if behaviour == "hang":
+        if behaviour == "chat_hang" and kind == "completion" and (json.loads(body) or {}).get("max_tokens") == 1:
+            self._answer(200, {"id": "x", "object": "text_completion", "model": "fake", "choices": [PROBE_CHOICE]})
+            return
+        if behaviour == "hang" or (behaviour == "chat_hang" and kind in ("chat", "completion")):
             self.server.stopped.wait(60)
             return
         if behaviour == "error_500" or (behaviour == "chat_500" and kind == "chat"):
@@ -97,7 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("models" if self.path.rstrip("/").endswith("/models") else "other")
 
     def do_POST(self) -> None:
-        self._handle("chat" if self.path.rstrip("/").endswith("/chat/completions") else "other")
+        path = self.path.rstrip("/")
+        self._handle("chat" if path.endswith("/chat/completions") else "completion" if path.endswith("/completions") else "other")
 
 
 class FakeServer(ThreadingHTTPServer):

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from nip_like import interrupts
 from nip_like.errors import ConfigError
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
 from nip_like.lm.value import LMValueHead
@@ -377,6 +378,7 @@ class LMPolicy(nn.Module):
             **last_logits,
         )
         for step in range(length):
+            interrupts.raise_if_stop_requested("the sampled messages")  # a long decode stops at a signal too
             log_probs = processed_log_probs(output.logits[:, -1], self.banned, self.settings)
             token = log_probs.argmax(-1) if greedy else self._draw(log_probs, generator)
             token_log_prob = log_probs.gather(-1, token.unsqueeze(-1)).squeeze(-1)

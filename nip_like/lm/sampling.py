@@ -16,6 +16,9 @@ import torch
 
 from nip_like.errors import ConfigError
 
+#: The lowest sampling temperature: below it, logits divided by it overflow float32 and sampling fails.
+MIN_TEMPERATURE = 0.01
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -38,8 +41,8 @@ class SamplingSettings:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature must be positive, got {self.temperature}")
+        if not self.temperature >= MIN_TEMPERATURE:
+            raise ConfigError(f"temperature must be >= {MIN_TEMPERATURE:g}, got {self.temperature}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if not 0 < self.top_p <= 1:

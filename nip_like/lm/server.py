@@ -44,7 +44,6 @@ import signal
 import subprocess
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -52,6 +51,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from nip_like import interrupts
 from nip_like.allowed import checked
 from nip_like.checkpoint import derive_seed
 from nip_like.dependency_warnings import dependency_warnings_once
@@ -82,7 +82,7 @@ class SamplerConfig:
     command: Optional[str] = None  # restart: the command that starts the server, with {model}, {host} and {port} filled in
     start_timeout: float = checked(600.0, gt=0)  # restart: seconds the started server gets to answer GET /models
     max_importance_weight: Optional[float] = checked(None, ge=1)  # truncated importance weight min(pi_trainer / pi_server, c) on each token's loss term; null = none
-    timeout: float = checked(120.0, gt=0)  # seconds before a request counts as failed
+    timeout: float = checked(60.0, gt=0)  # seconds a request may wait for its answer; one that gets none is not retried
     max_retries: int = checked(3, ge=0)  # retries of a request that could not reach the server or met a server error
     retry_backoff: float = checked(0.5, ge=0)  # seconds before the first retry, doubled for each next one
     max_concurrency: int = checked(16, ge=1)  # requests in flight at once (one prompt each)
@@ -171,7 +171,9 @@ def probe_server(where: str, sampler: Any, agent: Any) -> None:
         # One token with its log-probability: a server that refuses the request or answers without it cannot serve.
         model = str(sampler.model or agent.pretrained_path or "")
         try:
-            _read_choice(_complete(client, model, _Prompt([0], 1, seed=0), _settings(1.0, 0, 1.0), (), {}), None)
+            probe = _Prompt([0], 1, seed=0)
+            choice = client.map(lambda prompt, failed: _complete(client, model, prompt, _settings(1.0, 0, 1.0), (), {}, failed), [probe])[0]
+            _read_choice(choice, None)
         except ModelServerError as error:
             raise ModelServerError(f"{path}: a completion of one token with its log-probability failed: {error}; {_NEEDS}") from None
         except _NoLogProbs:
@@ -237,6 +239,7 @@ def _client(sampler: SamplerConfig):
         max_retries=int(sampler.max_retries),
         retry_backoff=float(sampler.retry_backoff),
         timeout=float(sampler.timeout),
+        label="inference server",
     )
 
 
@@ -348,25 +351,18 @@ class InferenceServer:
         return self._score(policy, prompt_ids, prompt_mask, replies)
 
     def _complete_all(self, policy: LMPolicy, prompts: list[_Prompt], settings: dict[str, Any], bias: dict[str, int]) -> list[ServerSample]:
-        failed = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=int(self.sampler.max_concurrency))
         model = self._request_model()
         try:
-            futures = [
-                pool.submit(_complete, self.client, model, prompt, settings, policy.stop_strings, bias, failed)
-                for prompt in prompts
-            ]
-            wait(futures, return_when=FIRST_EXCEPTION)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        errors = [future.exception() for future in futures if not future.cancelled() and future.exception() is not None]
-        if errors:
-            error = next((error for error in errors if isinstance(error, ModelServerError)), errors[0])
+            choices = self.client.map(
+                lambda prompt, failed: _complete(self.client, model, prompt, settings, policy.stop_strings, bias, failed),
+                prompts,
+            )
+        except ModelServerError as error:
             raise ModelServerError(f"{self.where}: {error}") from None
         replies = []
-        for future in futures:
+        for choice in choices:
             try:
-                ids, log_probs, reason, retokenized, mismatch = _read_choice(future.result(), policy.tokenizer)
+                ids, log_probs, reason, retokenized, mismatch = _read_choice(choice, policy.tokenizer)
             except _NoLogProbs:
                 raise ModelServerError(f"{self.where}: the server at {self.base_url} returned no per-token log-probabilities; {_NEEDS}") from None
             finished = reason == "stop"
@@ -458,12 +454,23 @@ class InferenceServer:
             parts = urlsplit(base)
             base = f"{parts.scheme}://{parts.netloc}"
         url = f"{base}/{endpoint}"
-        try:
-            response = httpx.post(url, json=body, timeout=float(self.sampler.timeout))
-        except httpx.HTTPError as error:
+        outcome: dict[str, Any] = {}
+
+        def post() -> None:  # in a daemon thread: a stop request need not wait for a silent server
+            try:
+                outcome["response"] = httpx.post(url, json=body, timeout=float(self.sampler.timeout))
+            except httpx.HTTPError as error:
+                outcome["error"] = error
+
+        thread = threading.Thread(target=post, name="nip_like-post", daemon=True)
+        thread.start()
+        interrupts.wait_for(thread, f"an answer to POST {url}")
+        if "error" in outcome:
+            error = outcome["error"]
             if required:
                 raise ModelServerError(f"{self.where}: POST {url} failed: {type(error).__name__}: {error}") from None
             return
+        response = outcome["response"]
         if required and response.status_code >= 400:
             raise ModelServerError(
                 f"{self.where}.sync={self.sampler.sync}: POST {url} answered HTTP {response.status_code}: "
@@ -487,6 +494,7 @@ class InferenceServer:
                 self.client.client.models.list()
                 return
             except Exception:  # noqa: BLE001 - not up yet
+                interrupts.raise_if_stop_requested(f"{self.where}.command to start")
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ModelServerError(f"{self.where}.command did not answer GET /models within {self.sampler.start_timeout:g} s; its output is in {log}") from None

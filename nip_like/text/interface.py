@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from nip_like.allowed import checked
+from nip_like.lm.sampling import MIN_TEMPERATURE
 
 #: A chat: messages with a ``role`` (system, user, assistant) and a ``content``.
 Chat = list[dict[str, str]]
@@ -37,7 +38,7 @@ class TextModelConfig:
     num_heads: int = checked(4, ge=1)  # attention heads of a from-config model
     intermediate_size: int = checked(128, ge=1)  # MLP width of a from-config model
     max_new_tokens: int = checked(16, ge=1)  # longest reply, in tokens
-    temperature: float = checked(1.0, ge=0)  # sampling temperature; 0 = greedy
+    temperature: float = checked(1.0, ge=MIN_TEMPERATURE, also=(0,))  # sampling temperature; 0 = greedy; else >= 0.01, below which the logits overflow
     top_p: float = checked(1.0, gt=0, le=1)  # nucleus sampling; 1 = off
     batch_size: int = checked(256, ge=1)  # chats per generate call (local backend)
     base_url: Optional[str] = None  # openai: the server's API root (http://host:port/v1); null reads OPENAI_BASE_URL

@@ -44,6 +44,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmJob
 
+from nip_like import interrupts
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError, FineTuneError, one_line
 
@@ -150,7 +151,8 @@ class FineTuneBackend(ABC):
             if timeout is not None and time.monotonic() - started > timeout:
                 waiting = [job_id for job_id, status in statuses.items() if not status.finished]
                 raise FineTuneError(f"fine-tune jobs {waiting} did not finish within {timeout:g} s")
-            time.sleep(poll_seconds)
+            # A stop request does not wait for the jobs: they run on, and a resume adopts them.
+            interrupts.sleep(poll_seconds, f"fine-tune jobs {job_ids}")
 
 
 # ------------------------------------------------------------------ submitit's local executor, detached

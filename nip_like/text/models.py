@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
+from nip_like import interrupts
 
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import local_model_folder, quiet_progress
@@ -91,12 +93,21 @@ class LocalTextModel(TextModel):
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.tokenizer.eos_token_id,
             suppress_tokens=self.banned or None,
+            stopping_criteria=StoppingCriteriaList([_StopOnSignal()]),
         )
         new_tokens = output[:, encoded["input_ids"].shape[1] :]
         return [self.tokenizer.decode(row, skip_special_tokens=True) for row in cut_at_eos(new_tokens, self.tokenizer.eos_token_id)]
 
     def close(self) -> None:
         self.model = None
+
+
+class _StopOnSignal(StoppingCriteria):
+    """Ends a ``generate`` call at a stop request (:class:`~nip_like.interrupts.StopNow`): a long reply does not hold a signal up."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        interrupts.raise_if_stop_requested("the text model's replies")
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def cut_at_eos(tokens: torch.Tensor, eos_token_id: int) -> list[list[int]]:

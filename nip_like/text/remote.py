@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Sequence
 
 from nip_like.checkpoint import derive_seed
 from nip_like.errors import ConfigError, ModelServerError
-from nip_like.openai_client import Abandoned, MalformedAnswer, OpenAIClient, check_base_url, one_line
+from nip_like.openai_client import MalformedAnswer, OpenAIClient, check_base_url, one_line
 from nip_like.text.interface import Chat, Sampling, TextModel
 
 #: Where the base URL comes from when the config does not give one.
@@ -57,18 +56,7 @@ class OpenAIChatModel(OpenAIClient, TextModel):
 
     def reply(self, chats: Sequence[Chat], sampling: Sampling, seed: int) -> list[str]:
         seeds = [derive_seed(seed, f"request:{index}") for index in range(len(chats))]
-        failed = threading.Event()  # set by the first request that fails for good: the others stop
-        pool = ThreadPoolExecutor(max_workers=self.max_concurrency)
-        try:
-            futures = [pool.submit(self._request, chat, chat_seed, sampling, failed) for chat, chat_seed in zip(chats, seeds)]
-            wait(futures, return_when=FIRST_EXCEPTION)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        errors = [future.exception() for future in futures if not future.cancelled() and future.exception() is not None]
-        if errors:
-            # The request that failed for good, not one that stopped because of it.
-            raise next((error for error in errors if not isinstance(error, Abandoned)), errors[0])
-        return [future.result() for future in futures]
+        return self.map(lambda item, failed: self._request(*item, sampling, failed), list(zip(chats, seeds)))
 
     def _request(self, chat: Chat, seed: int, sampling: Sampling, failed: threading.Event | None = None) -> str:
         def ask() -> str:

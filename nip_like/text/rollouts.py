@@ -25,10 +25,19 @@ key                             shape        meaning
 String entries are non-tensor stacks. :func:`save_rollouts` writes them as
 JSONL, one readable dialogue per line, and :func:`load_rollouts` reads that
 file back into the same TensorDict, so a resumed run reuses saved rollouts.
+
+A saved file is checked before it is used. Its header line holds the number of
+episodes and the SHA-256 of the lines after it, and :func:`save_rollouts`
+returns the SHA-256 of the whole file, which the text trainers keep in their
+checksummed experiment state; :func:`load_rollouts` refuses, in one
+:class:`~nip_like.errors.CheckpointError` line naming the file, a file whose
+bytes are not that digest, whose body is not its header's, that is cut, has
+lines added or removed, or is not UTF-8 JSON.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Mapping
@@ -38,6 +47,7 @@ from tensordict import NonTensorStack, TensorDict
 from torchrl.envs.utils import step_mdp
 
 from nip_like.checkpoint import derive_seed, write_text_atomic
+from nip_like.errors import CheckpointError
 from nip_like.text.interface import Sampling, TextModel
 
 
@@ -208,17 +218,96 @@ def rollout_records(rollouts: TensorDict, agent_names: tuple[str, ...]) -> list[
     return records
 
 
-def save_rollouts(rollouts: TensorDict, agent_names: tuple[str, ...], num_rounds: int, path: Path) -> None:
-    """Write ``rollouts`` as JSONL (one episode per line, after a header line), atomically."""
-    header = {"agents": list(agent_names), "rounds": num_rounds, "episodes": rollouts.batch_size[0]}
-    lines = [json.dumps(header)] + [json.dumps(record) for record in rollout_records(rollouts, agent_names)]
-    write_text_atomic("\n".join(lines) + "\n", path)
+#: The layout of a rollouts file: 2 added the checksum and episode count to the header.
+ROLLOUTS_FORMAT = 2
+
+#: What a user can do about a damaged rollouts file, in every message about one.
+_REMEDY = "delete it and resume to sample the iteration again with the same models and seed"
 
 
-def load_rollouts(path: Path) -> TensorDict:
-    """Read a file of :func:`save_rollouts` back into the rollouts TensorDict."""
-    lines = Path(path).read_text().splitlines()
-    header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+def file_digest(path: Path) -> str:
+    """The SHA-256 (hex) of the bytes of ``path``."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def save_rollouts(rollouts: TensorDict, agent_names: tuple[str, ...], num_rounds: int, path: Path) -> str:
+    """Write ``rollouts`` as JSONL (one episode per line, after a header line), atomically.
+
+    Returns
+    -------
+    str
+        The SHA-256 of the file written, for :func:`load_rollouts`' ``expected_digest``.
+    """
+    body = "".join(json.dumps(record) + "\n" for record in rollout_records(rollouts, agent_names))
+    header = {
+        "format": ROLLOUTS_FORMAT,
+        "agents": list(agent_names),
+        "rounds": num_rounds,
+        "episodes": rollouts.batch_size[0],
+        "sha256": hashlib.sha256(body.encode()).hexdigest(),
+    }
+    text = json.dumps(header) + "\n" + body
+    write_text_atomic(text, path)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _damaged(path: Path, reason: str) -> CheckpointError:
+    return CheckpointError(f"rollouts file {path} is damaged or was edited ({reason}); {_REMEDY}")
+
+
+def _checked_records(path: Path, expected_digest: str | None) -> tuple[dict, list[dict]]:
+    """The header and records of a rollouts file, after every check of the module docstring."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise CheckpointError(f"rollouts file {path} is unreadable ({error.strerror or type(error).__name__}); {_REMEDY}") from None
+    if expected_digest is not None and hashlib.sha256(data).hexdigest() != expected_digest:
+        raise _damaged(path, "its sha256 is not the one the run recorded when it wrote it")
+    head, newline, body = data.partition(b"\n")
+    try:
+        header = json.loads(head.decode("utf-8"))
+        known = isinstance(header, dict) and header.get("format") == ROLLOUTS_FORMAT
+    except ValueError:  # UnicodeDecodeError and json.JSONDecodeError
+        raise _damaged(path, "its header line is not UTF-8 JSON") from None
+    if not known:
+        raise _damaged(path, f"its header line is not a nip_like rollouts header of format {ROLLOUTS_FORMAT}")
+    if not newline or hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        raise _damaged(path, "the episodes after its header do not match the header's sha256")
+    try:
+        records = [json.loads(line) for line in body.decode("utf-8").splitlines()]
+    except ValueError:  # the checksum holds, so only a header and body edited together end here
+        raise _damaged(path, "its episodes are not UTF-8 JSON lines") from None
+    if len(records) != header.get("episodes"):
+        raise _damaged(path, f"it holds {len(records)} episodes, its header says {header.get('episodes')}")
+    return header, records
+
+
+def load_rollouts(path: Path, expected_digest: str | None = None) -> TensorDict:
+    """Read a file of :func:`save_rollouts` back into the rollouts TensorDict, after checking it.
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+    expected_digest : str, optional
+        The SHA-256 :func:`save_rollouts` returned for it; without it only the
+        header's checksum of the episodes is checked.
+
+    Raises
+    ------
+    CheckpointError
+        The file is unreadable, damaged or edited (see the module docstring),
+        in one line naming it and what to do.
+    """
+    header, records = _checked_records(path, expected_digest)
+    try:
+        return _rollouts_of(header, records)
+    except (KeyError, IndexError, TypeError, ValueError) as error:  # a header and body edited together
+        raise _damaged(path, f"an episode lacks a field or holds a wrong value: {type(error).__name__}: {error}") from None
+
+
+def _rollouts_of(header: dict, records: list[dict]) -> TensorDict:
+    """The rollouts TensorDict of a file's header and records."""
     names, rounds = header["agents"], int(header["rounds"])
     episodes, agents = len(records), len(names)
     acted = torch.zeros(episodes, rounds, agents, dtype=torch.bool)

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.lm.models import load_tokenizer
+from nip_like.lm.models import architecture_context, load_tokenizer, model_context
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text rules, shared with the chat view
     HIDDEN_TEXT,
@@ -46,6 +46,7 @@ from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, Duplicates
 from nip_like.scenarios.chat import ChatGame
 from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesGame
 from nip_like.text.interface import Chat, Sampling, TextModel, TextModelConfig
+from nip_like.text.tokenizer import build_chat_tokenizer
 
 #: Width of the token action the chat replies are translated into: two cells and ``<eos>``.
 ACTION_TOKENS = 3
@@ -92,14 +93,44 @@ class DuplicatesChatScenario(DuplicatesGame, ChatGame):
         return ACTION_TOKENS
 
     def preflight(self) -> None:
-        """Check each local text model's folder and its chat template, without loading weights."""
+        """Check each local text model's folder and its chat template, and that its longest prompt and reply fit
+        its context, without loading weights."""
         for group in self.group_names():
             model = self.model_config(group)
-            if model.backend == "local" and model.path is not None:
-                where = f"scenario.models.{group}" if group in self.config.models else "scenario.default_model"
+            if model.backend != "local":
+                continue
+            where = f"scenario.models.{group}" if group in self.config.models else "scenario.default_model"
+            if model.path is not None:
                 tokenizer = load_tokenizer(model.path, f"{where}.path")
                 if not getattr(tokenizer, "chat_template", None):
                     raise ConfigError(f"{where}.path: the tokenizer in {model.path} has no chat_template, which text models need")
+                context, source = model_context(model.path), f"the model in {model.path}"
+            else:
+                tokenizer = build_chat_tokenizer()
+                context, source = architecture_context(str(model.architecture), f"{where}.architecture"), f"a from-config {model.architecture}"
+            if context is None:
+                continue
+            agents = [index for index, name in enumerate(self.agent_names) if self.groups()[name] == group]
+            prompt = max(self.longest_prompt(tokenizer, agent, int(model.max_new_tokens)) for agent in agents)
+            if prompt + int(model.max_new_tokens) > context:
+                raise ConfigError(
+                    f"{where}.max_new_tokens ({model.max_new_tokens}) plus the longest prompt of model group {group} "
+                    f"(up to {prompt} tokens) exceeds the context of {source} ({context} tokens): "
+                    f"at most {max(context - prompt, 0)} with these prompts"
+                )
+
+    def longest_prompt(self, tokenizer, agent: int, max_new_tokens: int) -> int:
+        """An upper bound of the tokens of agent ``agent``'s prompts: the rendered chat of a list of the largest
+        values, every cell shown, after a reply of ``max_new_tokens`` tokens from every agent in every round."""
+        values = [int(self.config.num_values) - 1] * int(self.config.length)
+        lines = [list_line(values, [True] * len(values), self.config.list_format)]
+        replies = [f"{sender}: " for _ in range(self.protocol.num_rounds) for sender in self.agent_names]
+        chat = [
+            {"role": "system", "content": self.system_prompt(self.agent_names[agent])},
+            {"role": "user", "content": "\n".join(lines + replies)},
+        ]
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + len(replies) * max_new_tokens
 
     def groups(self) -> dict[str, str]:
         """Each agent's model group (``scenario.agent_groups``, else the agent's own name)."""

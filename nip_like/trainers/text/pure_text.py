@@ -50,7 +50,7 @@ from nip_like.text.interface import Sampling, TextModel
 from nip_like.text.jobs import FineTuneBackend, SubmititFineTuneBackend, check_executor
 from nip_like.text.models import build_text_model, create_model_folder
 from nip_like.text.remote import BASE_URL_ENV, check_text_model_server
-from nip_like.text.rollouts import play_episodes, rollout_records
+from nip_like.text.rollouts import file_digest, play_episodes, rollout_records
 from nip_like.text.tokenizer import build_chat_tokenizer
 from nip_like.trainers.base import IterationContext, Trainer, attach_progress_bar
 from nip_like.trainers.text import evaluation, fine_tune_jobs, sampling
@@ -175,18 +175,25 @@ class PureTextRlTrainer(Trainer):
     # Each returns the next stage ("next_iteration" to start the next iteration).
     def _stage_sample_rollouts_run(self) -> str:
         path = sampling.rollouts_path(self.run_dir, self.state.iteration)
-        if not path.is_file():  # a resumed run reuses the iteration's rollouts
-            models = {group: self.model(group) for group in self.scenario.group_names()}
-            sampling.sample_rollouts(
-                self.scenario,
-                models,
-                self.sampling(),
-                int(self.loop.episodes),
-                derive_seed(self.seed, f"rollouts:{self.state.iteration}"),
-                path,
-                branching=self.branching,
-            )
+        if path.is_file():  # written before a crash or stop, the state not yet saved: reused once its header checks out
+            sampling.read_rollouts(path)
+            self.state.rollouts_sha256 = file_digest(path)
+        else:
+            self._sample(path)
         return "log_stats"
+
+    def _sample(self, path: Path) -> None:
+        """Play the iteration's train episodes with the groups' current models; save them and their digest."""
+        models = {group: self.model(group) for group in self.scenario.group_names()}
+        self.state.rollouts_sha256 = sampling.sample_rollouts(
+            self.scenario,
+            models,
+            self.sampling(),
+            int(self.loop.episodes),
+            derive_seed(self.seed, f"rollouts:{self.state.iteration}"),
+            path,
+            branching=self.branching,
+        )
 
     def _stage_log_stats_run(self) -> str:
         rollouts = self.rollouts()
@@ -388,8 +395,16 @@ class PureTextRlTrainer(Trainer):
         }
 
     def rollouts(self) -> TensorDict:
-        """The current iteration's rollouts (read from its saved file)."""
-        return sampling.read_rollouts(sampling.rollouts_path(self.run_dir, self.state.iteration))
+        """The current iteration's rollouts, read from its saved file and checked against the digest in the state.
+
+        A file deleted after a :class:`~nip_like.errors.CheckpointError` about it
+        is sampled again, with the same models and seed as the first time.
+        """
+        path = sampling.rollouts_path(self.run_dir, self.state.iteration)
+        if not path.is_file():
+            print(f"{path} is missing: sampling iteration {self.state.iteration}'s rollouts again with the same models and seed")
+            self._sample(path)
+        return sampling.read_rollouts(path, self.state.rollouts_sha256)
 
     def rollout_metrics(self, rollouts: TensorDict) -> dict[str, float]:
         """Decision metrics, each agent's mean episode return (``reward``), reply length and share of replies that did something."""

@@ -25,15 +25,16 @@ def sample_rollouts(
     seed: int,
     path: Path,
     branching: int = 1,
-) -> None:
-    """Play ``episodes`` train episodes (trees if ``branching`` > 1) with ``models`` and save them to ``path``."""
+) -> str:
+    """Play ``episodes`` train episodes (trees if ``branching`` > 1) with ``models`` and save them to ``path``;
+    the file's SHA-256."""
     rollouts = play_episodes(scenario, models, sampling, "train", episodes, seed, branching=branching)
-    save_rollouts(rollouts, scenario.agent_names, scenario.protocol.num_rounds, path)
+    return save_rollouts(rollouts, scenario.agent_names, scenario.protocol.num_rounds, path)
 
 
-def read_rollouts(path: Path) -> TensorDict:
-    """The rollouts saved at ``path``."""
-    return load_rollouts(path)
+def read_rollouts(path: Path, expected_digest: str | None = None) -> TensorDict:
+    """The rollouts saved at ``path``, checked against their header and ``expected_digest`` (the file's SHA-256)."""
+    return load_rollouts(path, expected_digest)
 
 
 def rollout_metrics(rollouts: TensorDict, agent_names: list[str]) -> dict[str, float]:

@@ -37,6 +37,7 @@ class TextTrainState:
     frames: int = 0  # environment steps sampled by the iterations so far (each round of each train episode)
     iteration_seconds: float = 0.0  # wall time of the current iteration's stages so far
     train_seconds: float = 0.0  # wall time in the stages, over all sessions
+    rollouts_sha256: Optional[str] = None  # SHA-256 of the current iteration's rollouts file, once written
 
     def to_dict(self) -> dict[str, Any]:
         """The state as plain data (``checkpoints/state.json``)."""
@@ -52,6 +53,7 @@ class TextTrainState:
         """Make ``stage`` the next one; ``next_iteration`` starts the next iteration (or the final test after the last)."""
         if stage == "next_iteration":
             self.iteration += 1
+            self.rollouts_sha256 = None
             stage = STAGES[0] if self.iteration < num_iterations else "final_test"
         self.stage = stage
 
