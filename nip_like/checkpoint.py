@@ -8,17 +8,24 @@ A file written by :func:`save_atomic` is one header line followed by the
 :func:`load_checked` compares the payload with its size and checksum before
 ``torch.load`` sees a byte of it, so a damaged file (flipped bits, a truncated
 copy) is refused in one line, never loaded.
+
+A folder of files written by other libraries (a language-model agent's
+``save_pretrained`` folder) gets the same protection from a manifest,
+``checksums.json``, that lists the size and SHA-256 of each of its files:
+:func:`write_manifest` writes it last, :func:`check_manifest` compares the
+files with it before they are loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -189,6 +196,175 @@ def load_checked(path: Path, run_id: str | None = None, what: str = "checkpoint"
             f"the hyper-parameters differ"
         )
     return state
+
+
+#: The manifest of a folder's files (:func:`write_manifest`).
+MANIFEST_FILE = "checksums.json"
+#: Version of the manifest's layout.
+MANIFEST_FORMAT = 1
+
+#: Folders (with their files' sizes and modification times) that :func:`check_manifest` found whole in this process.
+_checked_folders: dict[str, tuple] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of file ``path``'s contents, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest_entries(folder: Path, root: Path) -> Iterator[Path]:
+    """The files a manifest of ``root`` lists, under ``folder``: a subfolder with a manifest of its own is its manifest."""
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(".") or (folder == root and entry.name == MANIFEST_FILE):
+            continue
+        if entry.is_dir():
+            if (entry / MANIFEST_FILE).is_file():
+                yield entry / MANIFEST_FILE  # checked in its turn when its own manifest is checked
+            else:
+                yield from _manifest_entries(entry, root)
+        elif entry.is_file():
+            yield entry
+
+
+def write_manifest(folder: Path) -> Path:
+    """Write ``folder/checksums.json``: the size and SHA-256 of every file in ``folder``, written atomically.
+
+    Call it last, when every file of the folder is written. Hidden files are
+    left out; a subfolder that has a manifest of its own is listed by that
+    manifest (which :func:`check_manifest` then checks in its turn), others
+    file by file.
+
+    Parameters
+    ----------
+    folder : Path
+        The folder.
+
+    Returns
+    -------
+    Path
+        The manifest.
+
+    Raises
+    ------
+    WriteError
+        If it cannot be written, in one line.
+    """
+    folder = Path(folder)
+    try:
+        files = {
+            path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": file_sha256(path)}
+            for path in _manifest_entries(folder, folder)
+        }
+    except OSError as error:
+        raise write_failed(folder / MANIFEST_FILE, error) from error
+    record = {"format": MANIFEST_FORMAT, "algorithm": "sha256", "files": files}
+    write_text_atomic(json.dumps(record, indent=1, sort_keys=True) + "\n", folder / MANIFEST_FILE)
+    return folder / MANIFEST_FILE
+
+
+def _read_manifest(manifest: Path) -> dict[str, dict[str, Any]]:
+    """The ``files`` of a manifest, or a one-line :class:`CheckpointError` if it cannot be read."""
+    try:
+        record = json.loads(manifest.read_text())
+        files = record["files"]
+        if record.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError(f"format {record.get('format')}")
+        return {str(name): {"size": int(entry["size"]), "sha256": str(entry["sha256"])} for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(
+            f"{manifest} is damaged or not a nip_like manifest of format {MANIFEST_FORMAT} ({type(error).__name__}); "
+            f"the files of {manifest.parent} were not loaded"
+        ) from error
+
+
+def _signature(folder: Path, names: list[str]) -> tuple:
+    """Sizes and modification times of ``folder``'s manifest and the files it lists (None for a missing one)."""
+    def stamp(path: Path):
+        try:
+            status = path.stat()
+        except OSError:
+            return None
+        return status.st_size, status.st_mtime_ns, status.st_ino
+
+    return tuple(stamp(folder / name) for name in (MANIFEST_FILE, *names))
+
+
+def check_manifest(folder: Path, what: str = "folder") -> bool:
+    """Compare the files of ``folder`` with its ``checksums.json``; a one-line error naming the first that differs.
+
+    A folder without a manifest (written by an older nip_like, by another
+    program, or by the user) is accepted as it is. Files that the manifest
+    does not list are not checked; a subfolder's manifest that it lists is
+    checked in its turn. A folder found whole is not read again in this
+    process while its files keep their sizes and modification times.
+
+    Parameters
+    ----------
+    folder : Path
+        The folder (a language-model agent's or model's).
+    what : str
+        What the folder is, for the messages.
+
+    Returns
+    -------
+    bool
+        Whether the folder had a manifest (and so was checked).
+
+    Raises
+    ------
+    CheckpointError
+        If a listed file is missing, has another size or another SHA-256, or
+        the manifest cannot be read; the message names the file.
+    """
+    folder = Path(folder)
+    manifest = folder / MANIFEST_FILE
+    if not manifest.is_file():
+        return False
+    files = _read_manifest(manifest)
+    key, signature = str(folder.resolve()), _signature(folder, sorted(files))
+    if _checked_folders.get(key) == signature:
+        return True
+    for name, expected in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{what} {folder} is incomplete: {path} is missing, which its {MANIFEST_FILE} lists; nothing was loaded")
+        size = path.stat().st_size
+        if size != expected["size"]:
+            raise CheckpointError(
+                f"{path} is damaged: it holds {size} bytes, its folder's {MANIFEST_FILE} says {expected['size']} "
+                f"(truncated or extended); nothing of {what} {folder} was loaded"
+            )
+        if file_sha256(path) != expected["sha256"]:
+            raise CheckpointError(
+                f"{path} is damaged: its sha256 does not match its folder's {MANIFEST_FILE} (flipped bytes, or edited "
+                f"since it was written); nothing of {what} {folder} was loaded"
+            )
+        if path.name == MANIFEST_FILE:
+            check_manifest(path.parent, what)
+    _checked_folders[key] = signature
+    return True
+
+
+def check_checkpoint_folders(checkpoint_folder: Path) -> None:
+    """Check each folder saved beside a checkpoint (``checkpoints/<name>/<agent>/``) against its manifest.
+
+    A checkpoint without such folders (agents that are not language models)
+    and folders without a manifest pass unchecked.
+
+    Raises
+    ------
+    CheckpointError
+        If a file differs from its folder's manifest, in one line naming it.
+    """
+    folder = Path(checkpoint_folder)
+    if not folder.is_dir():
+        return
+    for agent in sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith(".")):
+        check_manifest(agent, "agent folder")
 
 
 def get_rng_states() -> dict[str, Any]:

@@ -4,8 +4,10 @@ Rebuilds the run's trainer from its own config (``RUN_DIR/config.yaml``), loads
 a checkpoint (by default the one the run's test loop used: ``best`` when
 ``trainer.eval.test_checkpoint=best``, else ``last``) and runs the trainer's
 own test loop on the chosen split, or on every example of a dataset file in
-the scenario's format. On the test split with the run's seed it reproduces the
-run's logged test metrics exactly. Nothing of the run is changed: the metrics
+the scenario's format. The checkpoint and the agent folders saved beside it
+are checked first (their checksums): a damaged file is refused in one line.
+On the test split with the run's seed it reproduces the run's logged test
+metrics exactly. Nothing of the run is changed: the metrics
 and transcripts go to ``RUN_DIR/evaluations/<checkpoint>-<split or file>.json``
 (and ``.jsonl`` beside it) or to ``--out``, written atomically. Only run
 settings may be overridden (``run.device=cuda``); bad input is one line
@@ -23,10 +25,11 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from nip_like.checkpoint import load_checked, write_text_atomic
+from nip_like.checkpoint import check_checkpoint_folders, load_checked, write_text_atomic
 from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.config import run_id
 from nip_like.errors import CheckpointError, ConfigError
@@ -43,6 +46,80 @@ def tested_checkpoint(config) -> str:
     """The checkpoint a run's test loop evaluated: ``best`` or ``last``."""
     chosen = config.trainer.get("eval", {}).get("test_checkpoint", "final")
     return "best" if chosen == "best" else "last"
+
+
+@contextmanager
+def rebuilt_trainer(run_dir: Path, checkpoint: str = "tested", overrides: list[str] | None = None) -> Iterator[tuple[Any, str, Path]]:
+    """A run's trainer, rebuilt from its own config, with a checkpoint's state loaded; nothing of the run is changed.
+
+    The checkpoint's file is checked (:func:`~nip_like.checkpoint.load_checked`)
+    and so are the agent folders saved beside it, against their
+    ``checksums.json``, before anything is built. Warm starts are skipped,
+    nothing is logged, and the trainer writes only in a scratch folder that
+    is removed on leaving. A LoRA base fitted in the warm start, which the
+    checkpoint file leaves out, is read from the agent's folder (``base/``).
+
+    Parameters
+    ----------
+    run_dir : Path
+        A run folder written by ``python -m nip_like``.
+    checkpoint : str
+        ``tested`` (the checkpoint the run's test used), ``best`` or ``last``.
+    overrides : list of str, optional
+        ``run.*`` settings, ``key=value``.
+
+    Yields
+    ------
+    trainer : Trainer
+        The trainer, its state the checkpoint's.
+    name : str
+        The checkpoint loaded: ``best`` or ``last``.
+    scratch : Path
+        The trainer's scratch run folder.
+    """
+    run_dir = Path(run_dir)
+    if checkpoint not in CHECKPOINTS:
+        raise ConfigError(f"--checkpoint must be one of {list(CHECKPOINTS)}, got {checkpoint!r}")
+    for item in overrides or []:
+        if not item.startswith("run."):
+            raise ConfigError(f"cannot override {item!r} when evaluating: only run.* settings (key=value) may change")
+    config = load_run_config(run_dir, overrides)
+    expected_id = run_id(config)
+    name = tested_checkpoint(config) if checkpoint == "tested" else checkpoint
+    path = run_dir / "checkpoints" / f"{name}.pt"
+    if not path.is_file():
+        found = sorted(p.stem for p in (run_dir / "checkpoints").glob("*.pt"))
+        raise CheckpointError(f"{run_dir} has no {name} checkpoint (checkpoints/{name}.pt); it has {found or 'none'}")
+    state = load_checked(path, expected_id)
+    check_checkpoint_folders(run_dir / "checkpoints" / name)  # the agents saved with it: a damaged file is refused too
+    # The agents come from the checkpoint: skip warm starts, log nothing, write nowhere in the run.
+    if "pretrain" in config.trainer:  # the RL trainers' warm start; a text trainer's state is past its own
+        config.trainer.pretrain.agents = []
+    config.logger.backends = []
+    config.logger.print_metrics = False
+    config.run.test_run = False
+    with tempfile.TemporaryDirectory(prefix="nip_like_evaluate_") as scratch:
+        trainer = build_trainer(config, Path(scratch))
+        trainer.load_state_dict(state["trainer"])
+        restore_fitted_bases(trainer, run_dir / "checkpoints" / name)
+        yield trainer, name, Path(scratch)
+
+
+def restore_fitted_bases(trainer: Any, folder: Path) -> None:
+    """Load into each LM agent whose LoRA base was fitted in the warm start that base, from its folder beside the checkpoint.
+
+    The checkpoint file leaves frozen weights out, and the warm start that
+    fitted them is skipped here: the agent's folder (``base/``) holds them.
+    Other agents (graph networks, bases loaded or built from config) are left
+    as built.
+    """
+    from nip_like.lm.checkpoints import load_saved_base
+
+    actor = getattr(trainer, "policy", None)
+    for agent in getattr(actor, "agent_names", ()) if hasattr(actor, "save_pretrained") else ():
+        policy = actor.policy(agent)
+        if policy.fitted_base and policy.policy_owner is None:  # an agent playing another's model gets its base with it
+            load_saved_base(policy.model, folder / agent)
 
 
 def evaluate_run(
@@ -76,38 +153,22 @@ def evaluate_run(
         ``"metrics"`` (named ``test/...`` on the test split, else after the
         split or ``data``), ``"checkpoint"``, ``"split"``, ``"data"``,
         ``"episodes"``, ``"transcripts"`` (the records written, if any).
+
+    Raises
+    ------
+    CheckpointError
+        If the checkpoint is missing, damaged or of another run, or a file of
+        an agent folder saved with it differs from its ``checksums.json``.
     """
-    run_dir = Path(run_dir)
-    if checkpoint not in CHECKPOINTS:
-        raise ConfigError(f"--checkpoint must be one of {list(CHECKPOINTS)}, got {checkpoint!r}")
-    for item in overrides or []:
-        if not item.startswith("run."):
-            raise ConfigError(f"cannot override {item!r} when evaluating: only run.* settings (key=value) may change")
-    config = load_run_config(run_dir, overrides)
-    expected_id = run_id(config)
-    name = tested_checkpoint(config) if checkpoint == "tested" else checkpoint
-    path = run_dir / "checkpoints" / f"{name}.pt"
-    if not path.is_file():
-        found = sorted(p.stem for p in (run_dir / "checkpoints").glob("*.pt"))
-        raise CheckpointError(f"{run_dir} has no {name} checkpoint (checkpoints/{name}.pt); it has {found or 'none'}")
-    state = load_checked(path, expected_id)
-    # The evaluated agents come from the checkpoint: skip warm starts, log nothing, write nowhere in the run.
-    if "pretrain" in config.trainer:  # the RL trainers' warm start; a text trainer's state is past its own
-        config.trainer.pretrain.agents = []
-    config.logger.backends = []
-    config.logger.print_metrics = False
-    config.run.test_run = False
     if episodes is not None and episodes < 1:
         raise ConfigError(f"--episodes must be at least 1, got {episodes}")
-    with tempfile.TemporaryDirectory(prefix="nip_like_evaluate_") as scratch:
-        trainer = build_trainer(config, Path(scratch))
-        trainer.load_state_dict(state["trainer"])
+    with rebuilt_trainer(Path(run_dir), checkpoint, overrides) as (trainer, name, scratch):
         examples = trainer.scenario.use_dataset_file(data, split) if data is not None else None
         trainer.test_split = split  # the test refuses an unknown split in one line
         if episodes is not None:
             trainer.test_episodes = int(episodes)
         metrics = trainer.test()
-        transcripts_file = Path(scratch) / "transcripts" / "test.jsonl"
+        transcripts_file = scratch / "transcripts" / "test.jsonl"
         transcripts = transcripts_file.read_text() if transcripts_file.is_file() else ""
         tested_episodes = trainer.test_episodes
     label = "data" if data is not None else split

@@ -3,13 +3,22 @@
 A run saves every LM agent beside each checkpoint, under
 ``checkpoints/<best|last>/<agent>/``: the whole model for an agent trained in
 full, the adapters only (``adapter_config.json``, ``adapter_model.safetensors``)
-for an agent trained with LoRA. This command writes, for each agent, a folder
-that needs nothing else: the LoRA adapters merged into a copy of the base
-model's weights (the base folder named in ``adapter_config.json``), or a copy
-of a full agent, with the tokenizer and the value head. Load it with
+for an agent trained with LoRA, with the base they go on named in
+``adapter_config.json`` (the run's ``pretrained_path`` folder, or the agent
+folder's own ``base/`` for a base built from config or fitted in a warm
+start). This command writes, for each agent, a folder that needs nothing
+else: the LoRA adapters merged into a copy of the base model's weights, or a
+copy of a full agent, with the tokenizer and the value head. Load it with
 ``AutoModelForCausalLM.from_pretrained``, or start a run from it
-(``scenario.agents.<name>.pretrained_path``). Bad input is one line ``error:
-...`` with exit status 2; nothing of the run is changed.
+(``scenario.agents.<name>.pretrained_path``).
+
+Every agent folder (and base folder) is first compared with its
+``checksums.json``: a file that differs is refused in one line naming it, and
+nothing is written. The agent folders of runs before nip_like saved a
+from-config base beside the adapters name no base: for them the base is
+rebuilt from the run's config and seed, as ``python -m nip_like.evaluate``
+rebuilds it. Bad input is one line ``error: ...`` with exit status 2; nothing
+of the run is changed.
 
 Examples
 --------
@@ -19,12 +28,24 @@ Examples
 
 from __future__ import annotations
 
+import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
+from nip_like.checkpoint import check_manifest
 from nip_like.cli import OneLineArgumentParser, report_errors
-from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import write_standalone
+from nip_like.errors import CheckpointError, ConfigError
+from nip_like.lm.checkpoints import (
+    ADAPTER_CONFIG,
+    BASE_FOLDER,
+    checked_agent_folder,
+    save_agent,
+    write_standalone,
+)
+
+#: Checkpoints whose agents a run saves.
+CHECKPOINTS = ("best", "last")
 
 
 def agent_folders(run_dir: Path, checkpoint: str) -> list[Path]:
@@ -41,6 +62,73 @@ def agent_folders(run_dir: Path, checkpoint: str) -> list[Path]:
     if not agents:
         raise ConfigError(f"{folder} holds no agent folders")
     return agents
+
+
+def names_no_base(folder: Path) -> bool:
+    """Whether ``folder`` holds adapters whose config names no base (a from-config base that older runs did not save)."""
+    path = folder / ADAPTER_CONFIG
+    if not path.is_file() or (folder / BASE_FOLDER / "config.json").is_file():
+        return False
+    try:
+        return not json.loads(path.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{path} cannot be read ({type(error).__name__}): it is damaged or not a peft adapter config") from error
+
+
+def rebuilt_bases(run_dir: Path, checkpoint: str, names: list[str], stack: ExitStack) -> dict[str, Path]:
+    """The from-config bases of agents ``names``, rebuilt from the run's config and seed, in a scratch folder kept open by ``stack``."""
+    from nip_like.evaluate import rebuilt_trainer
+
+    trainer, _, scratch = stack.enter_context(rebuilt_trainer(run_dir, checkpoint))
+    bases = {}
+    for name in names:
+        policy = trainer.policy.policy(name)
+        saved = save_agent(scratch / "rebuilt" / name, policy.model, policy.tokenizer, with_base=True)
+        bases[name] = saved / BASE_FOLDER
+    return bases
+
+
+def export_run(run_dir: Path, checkpoint: str = "last", out: Path | None = None) -> list[Path]:
+    """Write each agent saved beside checkpoint ``checkpoint`` of ``run_dir`` as a standalone folder; return them.
+
+    Parameters
+    ----------
+    run_dir : Path
+        A run folder of language-model agents.
+    checkpoint : str
+        ``best`` or ``last``.
+    out : Path, optional
+        Where to write one folder per agent (default:
+        ``RUN_DIR/exported/<checkpoint>``).
+
+    Returns
+    -------
+    list of Path
+        The folders written, one per agent.
+
+    Raises
+    ------
+    ConfigError
+        If the run has no such checkpoint folder, or an adapter folder names
+        a base that is not a local folder.
+    CheckpointError
+        If a file of an agent or base folder differs from its
+        ``checksums.json``; nothing is written then.
+    """
+    if checkpoint not in CHECKPOINTS:
+        raise ConfigError(f"--checkpoint must be best or last, got {checkpoint!r}")
+    run_dir = Path(run_dir)
+    folders = agent_folders(run_dir, checkpoint)
+    out = Path(out) if out is not None else run_dir / "exported" / checkpoint
+    for folder in folders:  # every agent folder is whole before any of its files is read
+        check_manifest(folder, "agent folder")
+    with ExitStack() as stack:
+        missing = [folder.name for folder in folders if names_no_base(folder)]
+        bases = rebuilt_bases(run_dir, checkpoint, missing, stack) if missing else {}
+        for folder in folders:  # every base folder too, before the first agent is written
+            if folder.name not in bases:
+                bases[folder.name] = checked_agent_folder(folder, "nip_like.export")
+        return [write_standalone(folder, out / folder.name, bases[folder.name]) for folder in folders]
 
 
 def export_agent(folder: Path, out: Path) -> Path:
@@ -60,11 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where to write one folder per agent (default: RUN_DIR/exported/<checkpoint>)")
     args = parser.parse_args(argv)
     with report_errors():
-        if args.checkpoint not in ("best", "last"):
-            raise ConfigError(f"--checkpoint must be best or last, got {args.checkpoint!r}")
-        folders = agent_folders(args.run_dir, args.checkpoint)
-        out = args.out or args.run_dir / "exported" / args.checkpoint
-        written = [export_agent(folder, out / folder.name) for folder in folders]
+        written = export_run(args.run_dir, args.checkpoint, args.out)
     for path in written:
         print(path)
     return 0

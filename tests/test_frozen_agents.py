@@ -10,7 +10,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from nip_like import experiment
-from nip_like.checkpoint import load_checked
+from nip_like.checkpoint import load_checked, write_manifest
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import run_experiment
 from nip_like.export import main as export_main
@@ -99,6 +99,7 @@ def test_a_run_with_a_frozen_co_player_resumes_exactly_and_refuses_a_changed_sou
     # The source changed since the checkpoint: resuming is refused in one line, and the run folder is left as it was.
     config = json.loads((source / "adapter_config.json").read_text())
     (source / "adapter_config.json").write_text(json.dumps(config, indent=4))
+    write_manifest(source)  # changed as nip_like changes a folder (an edit without it is refused as damage: test_export_integrity)
     written = sorted(path.name for path in (tmp_path / "resumed").rglob("*"))
     with pytest.raises(CheckpointError, match=r"^agent verifier was loaded frozen from .*source \(sha256 .*\), whose files have changed since") as raised:
         run_experiment(frozen(folder, tmp_path / "a", source, *overrides), tmp_path / "resumed", resume=True)

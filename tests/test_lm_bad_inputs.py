@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, BertConfig, BertModel
 
 from nip_like.cli import report_errors
 from tests.conftest import run_cli
@@ -44,7 +44,10 @@ NO_ANSWER = "scenario.default_model: text-model server {url} (GET /models) faile
 CASES = [
     # model folders
     (f"{CHAT} scenario.default_agent.pretrained_path={{missing}}", "does not exist"),
-    (f"{CHAT} scenario.default_agent.pretrained_path={{a_file}}", "does not exist"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{a_file}}", "is a file, not a folder"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{encoder}}", "holds BertModel, not a causal language model"),
+    (f"{CHAT} scenario.default_agent.pretrained_path={{bad_json}}", "config.json is not JSON (line 4 column 1: Expecting ':' delimiter)"),
+    (f"{CHAT} trainer.pretrain.agents=[verifier] trainer.pretrain.cache_dir={{a_file}}", "trainer.pretrain.cache_dir"),
     (f"{CHAT} scenario.default_agent.pretrained_path={{empty}}", "has no config.json"),
     (f"{CHAT} scenario.default_agent.pretrained_path={{config_only}}", "no weights"),
     (f"{CHAT} scenario.default_agent.pretrained_path={{unknown_type}}", "config.json cannot be read"),
@@ -83,7 +86,8 @@ CASES = [
         "lower scenario.agents.verifier.max_new_tokens (2000) or trainer.num_envs / trainer.test_batch_episodes",
     ),
     # sampling
-    (f"{CHAT} scenario.default_agent.temperature=0", "scenario.default_agent.temperature must be > 0"),
+    (f"{CHAT} scenario.default_agent.temperature=0", "scenario.default_agent.temperature must be >= 0.01"),
+    (f"{CHAT} scenario.default_agent.temperature=1e-45", "scenario.default_agent.temperature must be >= 0.01"),
     (f"{CHAT} scenario.default_agent.top_p=1.5", "scenario.default_agent.top_p must be in (0, 1]"),
     (f"{CHAT} scenario.default_agent.top_k=-1", "scenario.default_agent.top_k must be >= 0"),
     # the chat view
@@ -97,17 +101,22 @@ CASES = [
     (f"{GAME} scenario.default_agent.architecture=nonsense", "unknown architecture 'nonsense'"),
     # text agents
     (f"{TEXT} scenario.default_model.max_new_tokens=0", "scenario.default_model.max_new_tokens must be >= 1"),
-    (f"{TEXT} scenario.default_model.temperature=-1", "scenario.default_model.temperature must be >= 0"),
+    (f"{TEXT} scenario.default_model.temperature=-1", "scenario.default_model.temperature must be 0 or >= 0.01"),
+    (f"{TEXT} scenario.default_model.temperature=1e-45", "scenario.default_model.temperature must be 0 or >= 0.01"),
     (f"{TEXT} scenario.default_model.backend=vllm", "scenario.default_model.backend must be one of"),
     (f"{TEXT} +scenario.agent_groups.judge=verifier", "scenario.agent_groups names ['judge']"),
     (f"{TEXT} scenario.default_model.path={{missing}}", "does not exist"),
+    (f"{TEXT} scenario.default_model.path={{encoder}}", "holds BertModel, not a causal language model"),
+    (f"{TEXT} scenario.default_model.path={{short_context}}", "exceeds the context of the model in"),
+    (f"{TEXT} scenario.default_model.max_new_tokens=100000000", "exceeds the context of a from-config llama (2048 tokens)"),
+    (f"{TEXT} +scenario.system_prompts.verifier=caf\udce9", "scenario.system_prompts.verifier: the command-line argument holds a byte that is not UTF-8"),
     (f"{TEXT} scenario.default_model.path={{no_template}}", "has no chat_template, which text models need"),
     (f"{TEXT} scenario.default_model.path={{no_tokenizer}}", "scenario.default_model.path: "),
     # text agents behind a server: the preflight asks it, with the model's retries and timeout
     (f"{SERVED} scenario.default_model.base_url={{refusing}}", NO_ANSWER.format(url="{refusing}") + "APIConnectionError"),
     (f"{SERVED} scenario.default_model.base_url={{error_500}}", NO_ANSWER.format(url="{error_500}") + "HTTP 500"),
     (f"{SERVED} scenario.default_model.base_url={{malformed}}", NO_ANSWER.format(url="{malformed}") + "malformed JSON answer"),
-    (f"{SERVED} scenario.default_model.base_url={{hang}}", NO_ANSWER.format(url="{hang}") + "APITimeoutError: Request timed out."),
+    (f"{SERVED} scenario.default_model.base_url={{hang}}", "scenario.default_model: text-model server {hang} (GET /models) gave no answer within its timeout of 0.3 s"),
     (f"{SERVED} scenario.default_model.base_url={{unauthorized}}", "text-model server {unauthorized} refused GET /models: HTTP 401"),
     (
         f"{TEXT} +scenario.models.verifier.backend=openai +scenario.models.verifier.base_url={{error_500}} "
@@ -163,6 +172,16 @@ def folders(chat_model, tmp_path_factory) -> dict[str, Path]:
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     settings.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    folder = copy("bad_json")
+    (folder / "config.json").write_text('{\n  "model_type": "qwen2",\n  "oops"\n}\n')
+    folder = copy("short_context")
+    (folder / "config.json").write_text(json.dumps({**json.loads((good / "config.json").read_text()), "max_position_embeddings": 64}))
+    encoder = root / "encoder"
+    BertModel(BertConfig(vocab_size=1000, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)).save_pretrained(encoder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (good / name).is_file():
+            shutil.copy(good / name, encoder / name)
+    made["encoder"] = encoder
     folder = copy("small_vocab")
     model = AutoModelForCausalLM.from_pretrained(good)
     model.resize_token_embeddings(500)

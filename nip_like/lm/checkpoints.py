@@ -5,11 +5,19 @@ An agent's folder is what ``save_pretrained`` writes for the model
 the tokenizer (``tokenizer.json``, ``tokenizer_config.json``), so plain
 ``AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)`` and
 ``AutoTokenizer.from_pretrained(folder)`` reload it, plus the value head, if
-any, in ``value_head.pt`` beside them.
+any, in ``value_head.pt`` beside them, and ``checksums.json``, the size and
+SHA-256 of each of those files (:func:`~nip_like.checkpoint.write_manifest`),
+which :func:`checked_agent_folder` compares them with before they are read.
+A LoRA agent's folder holds its adapters (``adapter_config.json``,
+``adapter_model.safetensors``); its ``adapter_config.json`` names the base
+they go on: the local folder the run started from, or the folder's own
+``base/`` where the base is nowhere else (built from config, or fitted in a
+warm start).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +28,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from nip_like.checkpoint import load_checked, save_atomic, write_failed
+from nip_like.checkpoint import check_manifest, load_checked, save_atomic, write_failed, write_manifest
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.value import LMValueHead
 
@@ -68,7 +76,10 @@ def save_agent(
         without adapters, as a model folder ``base/`` (with the tokenizer),
         and name it in ``adapter_config.json``, so that
         ``PeftModel.from_pretrained`` over it, ``nip_like.export`` and
-        ``frozen_from`` rebuild the agent.
+        ``frozen_from`` rebuild the agent. A LoRA model whose base has no
+        local folder (built from config) gets its ``base/`` without being
+        asked; a base folder given as a relative path is named by its
+        absolute path.
 
     Returns
     -------
@@ -89,7 +100,7 @@ def save_agent(
         with quiet_progress():
             model.save_pretrained(staging, **({"state_dict": model_state} if model_state is not None else {}))
             tokenizer.save_pretrained(staging)
-            if with_base:
+            if (staging / ADAPTER_CONFIG).is_file() and (with_base or not _names_local_base(staging)):
                 _save_base(model, tokenizer, staging, folder, model_state)
         if value_head is not None:
             state = {
@@ -98,6 +109,7 @@ def save_agent(
                 "state_dict": head_state if head_state is not None else value_head.state_dict(),
             }
             save_atomic(state, staging / VALUE_HEAD_FILE)
+        write_manifest(staging)  # last: it lists every file above
     except (OSError, SafetensorError) as error:  # a full disk: safetensors reports it as its own error
         shutil.rmtree(staging, ignore_errors=True)
         raise write_failed(folder, error) from error
@@ -116,10 +128,22 @@ def save_agent(
 BASE_FOLDER = "base"
 
 
+def _names_local_base(staging: Path) -> bool:
+    """Whether the adapter config in ``staging`` names an existing local base folder (then named by its absolute path)."""
+    config_path = staging / ADAPTER_CONFIG
+    config = json.loads(config_path.read_text())
+    base = config.get("base_model_name_or_path")
+    if not base or not Path(base).expanduser().is_dir():
+        return False  # built from config (peft writes None), or a hub name: the base is written beside the adapters
+    absolute = str(Path(base).expanduser().resolve())
+    if absolute != base:  # a relative path holds only from the folder the run started in
+        config["base_model_name_or_path"] = absolute
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    return True
+
+
 def _save_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, staging: Path, folder: Path, model_state: Optional[dict]) -> None:
     """Write a LoRA model's base (its adapters left out) to ``staging/base`` and name ``folder/base`` in its adapter config."""
-    import json
-
     # The base's own names in the LoRA model's state (whole tensors of a sharded agent when given): no copy is made.
     state = model_state if model_state is not None else model.state_dict()
     prefix = "base_model.model."
@@ -130,16 +154,52 @@ def _save_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, stagi
     }
     model.get_base_model().save_pretrained(staging / BASE_FOLDER, state_dict=base_state)
     tokenizer.save_pretrained(staging / BASE_FOLDER)
+    write_manifest(staging / BASE_FOLDER)  # a model folder of its own: checked when it is loaded alone too
     config_path = staging / ADAPTER_CONFIG
     config = json.loads(config_path.read_text())
     config["base_model_name_or_path"] = str((folder / BASE_FOLDER).resolve())
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
+def load_saved_base(model: PreTrainedModel, folder: Path) -> None:
+    """Copy the base saved in agent folder ``folder`` (``base/``, :func:`_save_base`) into LoRA model ``model``'s base, in place.
+
+    For a base fitted in a warm start, which a run's checkpoint file leaves
+    out (its model folder holds it): ``python -m nip_like.evaluate`` skips
+    the warm start and takes the base from here.
+
+    Raises
+    ------
+    CheckpointError
+        If the folder has no saved base, or it does not fit the model.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(folder) / BASE_FOLDER / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no {BASE_FOLDER}/model.safetensors: the base its adapters were added to (fitted in the warm start) was not saved")
+    saved = load_file(path)
+    prefix = "base_model.model."
+    loaded, missing = set(), []
+    with torch.no_grad():
+        for key, tensor in model.state_dict(keep_vars=True).items():
+            if not key.startswith(prefix) or "lora_" in key:
+                continue
+            name = key[len(prefix):].replace(".base_layer.", ".")
+            if name not in saved:
+                missing.append((name, tensor))
+                continue
+            if saved[name].shape != tensor.shape:
+                raise CheckpointError(f"{path} does not fit the agent: {name} has shape {tuple(saved[name].shape)}, not {tuple(tensor.shape)}")
+            tensor.copy_(saved[name])
+            loaded.add(tensor.data_ptr())
+    untied = [name for name, tensor in missing if tensor.data_ptr() not in loaded]  # tied weights are saved once
+    if untied:
+        raise CheckpointError(f"{path} does not fit the agent: it has no {untied[0]}")
+
+
 def adapter_base_folder(folder: Path) -> Optional[str]:
     """The base an adapter folder's adapters go on: its own ``base/`` if it has one, else the one its adapter config names."""
-    import json
-
     if (folder / BASE_FOLDER / "config.json").is_file():
         return str(folder / BASE_FOLDER)
     return json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
@@ -233,35 +293,105 @@ def local_model_folder(path: Union[str, Path]) -> Path:
     Path
     """
     folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"model folder {str(path)!r} is a file, not a folder: give the folder save_pretrained wrote")
     if not folder.is_dir():
         raise ConfigError(f"model folder {str(path)!r} does not exist: only local folders are read, nothing is downloaded")
     return folder
 
 
-def write_standalone(folder: Path, out: Path) -> Path:
+def adapter_base(folder: Path, where: str = "") -> Optional[Path]:
+    """The local base folder of adapter folder ``folder`` (None for a whole model folder); one line if there is none.
+
+    Parameters
+    ----------
+    folder : Path
+        An agent or model folder.
+    where : str
+        The config field or command that named it, for the message.
+
+    Raises
+    ------
+    ConfigError
+        If ``folder`` holds adapters whose base is not a local folder (the
+        folders of runs before nip_like saved a from-config base beside
+        them: ``python -m nip_like.export`` rebuilds it from the run).
+    """
+    if not (folder / ADAPTER_CONFIG).is_file():
+        return None
+    base = adapter_base_folder(folder)
+    if not base or not Path(base).expanduser().is_dir():
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
+    return Path(base).expanduser()
+
+
+def checked_agent_folder(folder: Path, where: str = "") -> Optional[Path]:
+    """Compare an agent folder's files, then those of the base its adapters go on, with their ``checksums.json``; return that base.
+
+    The folder's manifest is checked before any of its files is read (its
+    ``base/``, if any, through it), then the base folder of its adapters.
+    Folders without a manifest are accepted unchecked (see
+    :func:`~nip_like.checkpoint.check_manifest`).
+
+    Parameters
+    ----------
+    folder : Path
+        The agent (or model) folder.
+    where : str
+        The config field or command that named it, for the messages.
+
+    Returns
+    -------
+    Path or None
+        The local base folder of an adapter folder (:func:`adapter_base`),
+        None for a whole model folder.
+
+    Raises
+    ------
+    CheckpointError
+        If a file differs from its manifest, in one line naming it.
+    ConfigError
+        If the folder holds adapters whose base is not a local folder.
+    """
+    check_manifest(Path(folder), "agent folder")
+    base = adapter_base(Path(folder), where)
+    if base is not None:
+        check_manifest(base, "base model folder")
+    return base
+
+
+def write_standalone(folder: Path, out: Path, base: Optional[Path] = None) -> Path:
     """Write agent folder ``folder`` to ``out`` as a folder that needs nothing else.
 
     An adapter folder (``adapter_config.json``) is merged into a copy of the
-    base model's weights (the local base folder the adapter config names),
-    with the agent's tokenizer and value head; any other folder is copied.
+    base model's weights (``base``, else the local base folder of
+    :func:`adapter_base`), with the agent's tokenizer and value head; any
+    other folder is copied. The folder and the base are first checked
+    against their manifests (:func:`checked_agent_folder`); nothing is
+    written if either differs.
 
     Raises
     ------
     ConfigError
         If the base folder an adapter folder names is not a local folder.
+    CheckpointError
+        If a file differs from its folder's ``checksums.json``.
     """
     from peft import PeftModel
 
     from nip_like.dependency_warnings import dependency_warnings_once
 
-    if not (folder / ADAPTER_CONFIG).is_file():
+    if base is None:
+        base = checked_agent_folder(folder)
+    else:
+        check_manifest(folder, "agent folder")
+        check_manifest(base, "base model folder")
+    if base is None:
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(folder, out)
         return out
-    base = adapter_base_folder(folder)
-    if not base or not Path(base).is_dir():
-        raise ConfigError(f"{folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
         with dependency_warnings_once():

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from nip_like.errors import CheckpointError, ConfigError
-from nip_like.lm.checkpoints import ADAPTER_CONFIG, adapter_base_folder
+from nip_like.lm.checkpoints import ADAPTER_CONFIG, checked_agent_folder
 from nip_like.lm.lora import lora_enabled
 from nip_like.lm.models import agent_option
 
@@ -67,16 +67,6 @@ def agent_folder(path: str | Path, agent: str, checkpoint: str = "last", where: 
     )
 
 
-def adapter_base(folder: Path, where: str = "frozen_from") -> Path | None:
-    """The base folder an adapter folder names (None for a whole model folder); one line if it is not a local folder."""
-    if not (folder / ADAPTER_CONFIG).is_file():
-        return None
-    base = adapter_base_folder(folder)
-    if not base or not Path(base).is_dir():
-        raise ConfigError(f"{where}: {folder}/{ADAPTER_CONFIG} names base model {base!r}, which is not a local folder")
-    return Path(base)
-
-
 def folder_checksum(*folders: Path) -> str:
     """sha256 over every file in ``folders`` (names and contents, in a fixed order; hidden files left out)."""
     digest = hashlib.sha256()
@@ -100,7 +90,7 @@ def merged_folder(folder: Path, base: Path, cache_dir: str | Path, checksum: str
     if not (target / "config.json").is_file():
         staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        write_standalone(folder, staging)
+        write_standalone(folder, staging, base)
         if not (target / "config.json").is_file():  # another process may have written it meanwhile
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
@@ -125,7 +115,7 @@ def resolve(path: str, agent: str, cache_dir: str | Path, checkpoint: str = "las
         The config path, for messages.
     """
     folder = agent_folder(path, agent, checkpoint, where)
-    base = adapter_base(folder, where)
+    base = checked_agent_folder(folder, where)  # files that differ from their checksums.json are refused before anything is read
     outside = base is not None and folder.resolve() not in base.resolve().parents  # a base/ inside is hashed with the folder
     checksum = folder_checksum(folder, *([base] if outside else []))
     standalone = folder if base is None else merged_folder(folder, base, cache_dir, checksum)

@@ -9,6 +9,7 @@ or a local ``save_pretrained`` folder) and its tokenizer;
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -18,10 +19,12 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from nip_like.allowed import checked
+from nip_like.checkpoint import check_manifest
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
+from nip_like.lm.sampling import MIN_TEMPERATURE
 from nip_like.lm.server import SamplerConfig
 from nip_like.lm.value import LMValueHead
 
@@ -38,7 +41,7 @@ class LMAgentConfig:
     intermediate_size: int = checked(128, ge=1)  # width of the MLP inside each block (from-config models)
     vocab_size: int = checked(2000, ge=300)  # BPE vocabulary of a from-config chat model (chat view without pretrained_path)
     max_new_tokens: int = checked(8, ge=1)  # tokens of a message, eos included
-    temperature: float = checked(1.0, gt=0)  # logits are divided by it before sampling; > 0
+    temperature: float = checked(1.0, ge=MIN_TEMPERATURE)  # logits are divided by it before sampling; >= 0.01, below which they overflow
     top_k: int = checked(0, ge=0)  # sample among the k most likely tokens only; 0 = off
     top_p: float = checked(1.0, gt=0, le=1)  # sample within the top-p probability nucleus only; 1 = off
     value_head: Optional[bool] = None  # give the agent a linear value head (for PPO's critic); null = yes, unless the agent is frozen
@@ -80,14 +83,43 @@ def check_model_folder(path: str | Path, field_name: str = "pretrained_path") ->
     if not (folder / "config.json").is_file():
         raise ConfigError(f"{field_name}: {folder} has no config.json, so it is not a save_pretrained model folder")
     try:
-        AutoConfig.from_pretrained(folder, local_files_only=True)
+        json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError: say where, which transformers does not
+        where = f"line {error.lineno} column {error.colno}: {error.msg}" if isinstance(error, json.JSONDecodeError) else "it is not UTF-8"
+        raise ConfigError(f"{field_name}: {folder}/config.json is not JSON ({where})") from None
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except (ValueError, OSError, KeyError) as error:
         raise ConfigError(f"{field_name}: {folder}/config.json cannot be read: {_first_line(error)}") from error
+    check_causal(config, f"{field_name}: {folder}")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(f"{field_name}: {folder} has a config.json but no weights (one of {', '.join(WEIGHT_FILES)})")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{field_name}: {folder} has no tokenizer (one of {', '.join(TOKENIZER_FILES)})")
     return folder
+
+
+def check_causal(config, where: str) -> None:
+    """Refuse, in one line, a model config that is not of a causal (decoder-only) language model.
+
+    The ``architectures`` that ``save_pretrained`` records must name a class
+    transformers maps to causal LM (``Qwen2ForCausalLM``, ``LlamaForCausalLM``,
+    ``GPT2LMHeadModel``, ...); without them, the model type must have one.
+    An encoder (``BertModel``, ``BertForMaskedLM``) or an encoder-decoder
+    (``T5ForConditionalGeneration``) is refused.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    architectures = list(getattr(config, "architectures", None) or [])
+    if getattr(config, "is_encoder_decoder", False) or (
+        architectures and not causal.intersection(architectures)
+    ) or (not architectures and config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        named = ", ".join(architectures) or f"model type {config.model_type}"
+        raise ConfigError(
+            f"{where} holds {named}, not a causal language model: agents need a decoder-only model such as "
+            f"*ForCausalLM (Qwen2, Llama, GPT-2, ...)"
+        )
 
 
 def load_tokenizer(path: str | Path, field_name: str = "pretrained_path") -> PreTrainedTokenizerBase:
@@ -205,6 +237,7 @@ def build_base(
     dtype = getattr(torch, agent_option(config, "dtype", "float32"))
     if config.pretrained_path is not None:
         folder = check_model_folder(config.pretrained_path)
+        check_manifest(folder, "model folder")  # a folder nip_like wrote is compared with its checksums.json first
         folder_tokenizer = load_tokenizer(folder)
         if tokenizer is not None and tokenizer.get_vocab() != folder_tokenizer.get_vocab():
             raise ConfigError(f"the tokenizer given differs from the one in {folder}: leave it out to use the folder's")

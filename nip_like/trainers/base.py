@@ -23,7 +23,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from tqdm.auto import tqdm
 
 from nip_like import distributed
-from nip_like.checkpoint import load_checked, save_atomic
+from nip_like.checkpoint import check_checkpoint_folders, load_checked, save_atomic
 from nip_like.config import TrainerConfig, run_id
 from nip_like.errors import ConfigError
 from nip_like.interrupts import StopRequested, stop_requested
@@ -228,8 +228,9 @@ class Trainer(ABC):
         return path
 
     def load_checkpoint(self, name: str = "last") -> None:
-        """Restore ``checkpoints/<name>.pt``, checking that it belongs to this run."""
+        """Restore ``checkpoints/<name>.pt``, checking that it belongs to this run and that the agent folders beside it are whole."""
         state = load_checked(self.checkpoint_dir / f"{name}.pt", self.run_id)
+        check_checkpoint_folders(self.checkpoint_dir / name)
         self.load_state_dict(state["trainer"])
 
     def stop_if_requested(self, iteration: int, checkpointed: bool = False) -> None:
