@@ -21,7 +21,7 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-import nip_like.objectives.learning_aware as learning_aware
+import nip_like.objectives.learning_aware.stackelberg as stackelberg
 from nip_like import keys
 from nip_like.experiment import build_trainer
 from nip_like.lm.models import LMAgentConfig, build_lm_policy
@@ -90,14 +90,14 @@ def test_advantages_and_value_targets_are_computed_in_float32_under_autocast(tmp
 
 def test_the_learning_aware_solver_runs_in_float32_under_autocast(tmp_path, monkeypatch):
     calls = []
-    solver = learning_aware.low_rank_inverse
+    solver = stackelberg.low_rank_inverse
 
     def recorded(hvp, b, rank, damping):
         x, residual = solver(hvp, b, rank, damping)
         calls.append((torch.is_autocast_enabled("cpu"), x.dtype))
         return x, residual
 
-    monkeypatch.setattr(learning_aware, "low_rank_inverse", recorded)
+    monkeypatch.setattr(stackelberg, "low_rank_inverse", recorded)  # where SPGLoss looks it up
     _one_iteration_under_autocast(tmp_path, "trainer=spg", "trainer.objective.ihvp_method=low_rank")
     assert calls and all(call == (False, torch.float32) for call in calls)
 

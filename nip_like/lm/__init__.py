@@ -4,6 +4,10 @@
 * :mod:`nip_like.lm.models`: the agent's config and the builders of its model;
 * :mod:`nip_like.lm.sampling`: the distribution tokens are sampled from;
 * :mod:`nip_like.lm.policy`: sampling, teacher-forced scoring and values;
+* :mod:`nip_like.lm.padding`: positions and trimming of padded prompts;
+* :mod:`nip_like.lm.decoding`: the sampling loop with the KV cache;
+* :mod:`nip_like.lm.scoring`: one teacher-forced pass (log-probabilities, entropies, value);
+* :mod:`nip_like.lm.micro_batches`: scoring passes within a token budget;
 * :mod:`nip_like.lm.value`: the value head;
 * :mod:`nip_like.lm.checkpoints`: ``save_pretrained`` folders plus the value head.
 """

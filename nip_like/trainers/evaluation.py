@@ -1,20 +1,29 @@
 """Evaluation and test of the RL trainers: playing whole episodes, transcripts, the best checkpoint's bookkeeping.
 
-Helpers of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`'s periodic
-evaluation and final test (and of other tensor trainers that play episodes).
+:class:`RlEvaluation` is the part of
+:class:`~nip_like.trainers.rl.TensorDictRlTrainer` that evaluates (periodic
+evaluation, the best checkpoint) and tests (the final test loop); the
+functions are its helpers (and those of other tensor trainers that play
+episodes).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from contextlib import ExitStack
 from pathlib import Path
 
+import torch
 from tensordict import TensorDictBase
 
 from nip_like.checkpoint import write_text_atomic
 from nip_like.errors import ConfigError
+from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import TensorGame
+from nip_like.trainers import collection
+from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.collection import finished_episodes
 from nip_like.trainers.rl_state import TrainState
 
@@ -83,3 +92,107 @@ def with_optimality(metrics: dict[str, float], optimum: dict[str, float]) -> dic
         if f"test/agents/{name}/reward" in metrics and best > 0:
             metrics[f"test/agents/{name}/optimality"] = metrics[f"test/agents/{name}/reward"] / best
     return metrics
+
+
+class RlEvaluation(TensorDictTrainer):
+    """Evaluation and test of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`: the part of it that plays fixed episodes.
+
+    Periodic evaluation on the scenario's eval split (with the best
+    checkpoint's bookkeeping) and the final test loop on :attr:`test_split`,
+    both in the test context, with the agents and settings the RL trainer
+    builds.
+    """
+
+    @property
+    def num_test_iterations(self) -> int:
+        """Test-loop iterations (1 in test-run mode)."""
+        if self.test_run:
+            return 1
+        return math.ceil(self.test_episodes / self.trainer_config.test_batch_episodes)
+
+    def evaluate(self) -> dict[str, float]:
+        """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics.
+
+        The same episodes at every evaluation. Call it inside the test context
+        (:meth:`~nip_like.trainers.base.TensorDictTrainer._build_test_context`), as the train loop does.
+        """
+        dist = self.distributed
+        num_episodes = dist.share(8 if self.test_run else self.trainer_config.eval.num_episodes, "trainer.eval.num_episodes")
+        if self.eval_env is None or self.eval_env.num_envs != num_episodes:
+            self.eval_env = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
+        # The same episodes at every evaluation, and no draw from the training generators.
+        self.eval_env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
+        with dist.rank_rng(int(self.config.seed)):
+            episodes = run_episodes(self.eval_env, self.policy, self.scenario.protocol.num_rounds)
+        episodes = dist.gather_cat(episodes)  # each rank played its share
+        self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
+        return {f"eval/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
+
+    def _write_transcripts(self, episodes: TensorDictBase, name: str) -> None:
+        write_transcripts(
+            self.scenario,
+            episodes,
+            name,
+            int(self.trainer_config.eval.transcripts),
+            self.run_dir,
+            self.logger,
+            self.state.iteration,
+            writer=self.distributed.is_writer,
+        )
+
+    def check_eval_metric(self) -> None:
+        """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
+
+        :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` calls it when
+        evaluation is on; a caller that builds a trainer may call it to learn
+        of a wrong metric before any training.
+        Plays one evaluation (on the generator state it would use anyway, and
+        with the global generators forked and restored, so training is the same
+        with or without this check) and looks the metric up among its results.
+        """
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), ExitStack() as stack:
+            self._build_test_context(stack, self.trainer_config.eval.deterministic)
+            require_eval_metric(self.trainer_config.eval.metric, self.evaluate())
+
+    def _track_best(self, metrics: dict[str, float]) -> None:
+        """Note the evaluation in the state (best so far, early stopping); a new best writes ``best.pt``."""
+        eval_config = self.trainer_config.eval
+        require_eval_metric(eval_config.metric, metrics)
+        value = metrics[eval_config.metric]
+        if track_best(self.state, value, eval_config.mode, eval_config.early_stopping_patience):
+            self.save_checkpoint("best")
+        metrics["eval/best"] = self.state.best_metric
+
+    def test(self) -> dict[str, float]:
+        """Test the current agents on :attr:`test_split` in the test context; the ``test/...`` metrics.
+
+        Plays :attr:`test_episodes` episodes (one batch in test-run mode) and
+        writes their transcripts to ``transcripts/test.jsonl``.
+        :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` ends with it;
+        ``python -m nip_like.evaluate`` calls it on a saved state.
+        """
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            return self._run_test_loop()
+
+    @attach_progress_bar(lambda self: self.num_test_iterations)
+    def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
+        iteration_context.set_description("Testing")
+        dist = self.distributed
+        batch_episodes = dist.share(8 if self.test_run else self.trainer_config.test_batch_episodes, "trainer.test_batch_episodes")
+        env = self.scenario.make_env(batch_episodes, self.test_split, dist.seed(int(self.config.seed), "test_env"), self.device)
+        episodes = []
+        for _ in range(self.num_test_iterations):
+            if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
+                raise StopRequested(self.state.iteration, phase="test")
+            with dist.rank_rng(int(self.config.seed)):
+                played = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
+            episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
+            iteration_context.step()
+        all_episodes = torch.cat(episodes)
+        if not self.test_run:
+            all_episodes = all_episodes[: self.test_episodes]
+        self._write_transcripts(all_episodes, "test")
+        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
+        return with_optimality(metrics, self.scenario.optimal_rewards() or {})

@@ -17,20 +17,17 @@ from omegaconf import DictConfig
 
 from nip_like import keys
 from nip_like.errors import ConfigError
-from nip_like.objectives.learning_aware import (
-    LearningAwareLoss,
+from nip_like.objectives.learning_aware.base import LearningAwareLoss
+from nip_like.objectives.learning_aware.opponent_shaping import (
     LOLAConfig,
     LOLALoss,
     POLAConfig,
     PSOSConfig,
-    PSPGConfig,
     SOSConfig,
     SOSLoss,
-    SPGConfig,
-    SPGLoss,
-    actor_parameters,
-    twice_differentiable,
 )
+from nip_like.objectives.learning_aware.second_order import actor_parameters, twice_differentiable
+from nip_like.objectives.learning_aware.stackelberg import PSPGConfig, SPGConfig, SPGLoss
 from nip_like.objectives.scoring import score_actions
 from nip_like.registry import register_trainer
 from nip_like.trainers.rl import TensorDictRlTrainer

@@ -5,24 +5,24 @@ module -> replay buffer (TensorDict storage) -> epochs x minibatches ->
 optimiser -> logs -> periodic evaluation and checkpoint; a test loop at the
 end. A subclass implements only :meth:`TensorDictRlTrainer._get_loss_module_and_gae`.
 
-The loop (:meth:`TensorDictRlTrainer._run_train_loop`) and one iteration
+The build order (``__init__``), the loop
+(:meth:`TensorDictRlTrainer._run_train_loop`) and one iteration
 (:meth:`TensorDictRlTrainer.train_iteration`) read top to bottom here; the
-work of each part is in a sibling module: collection
+work of each part is in a sibling module: the build steps
+(:mod:`~nip_like.trainers.rl_build`), collection
 (:mod:`~nip_like.trainers.collection`), the update
 (:mod:`~nip_like.trainers.update`), evaluation and test
-(:mod:`~nip_like.trainers.evaluation`), the checkpoint's state
+(:mod:`~nip_like.trainers.evaluation`), the checkpoints and their state
 (:mod:`~nip_like.trainers.rl_state`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 import warnings
 from abc import abstractmethod
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -30,37 +30,32 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDictBase
 from torch import nn
-from torchrl.collectors import Collector
 from torchrl.data import TensorDictReplayBuffer
-from torchrl.envs.utils import ExplorationType
 from torchrl.objectives import LossModule
 
 from nip_like import keys
-from nip_like.checkpoint import get_rng_states, load_checked, set_rng_states
-from nip_like.errors import CheckpointError, ConfigError, ModelServerError
+from nip_like.checkpoint import load_checked
+from nip_like.errors import ConfigError, ModelServerError
 from nip_like.folders import resume_command
-from nip_like.interrupts import StopRequested, stop_requested
-from nip_like.lm.frozen import check_sources, source_record
-from nip_like.trainers.opponent_pool import build_opponent_pool
-from nip_like.lm.sharding import ShardedAgents, shard_like, shard_optimizer_state, whole
 from nip_like.logging import MetricLogger
-from nip_like.objectives.contract import LossContract, contract_of
 from nip_like.objectives.reference import ReferencePolicy
-from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
 from nip_like.precision import float32_region
-from nip_like.pretrain import pretrain_agents
 from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
-from nip_like.trainers import collection, evaluation, rl_state, update
+from nip_like.trainers import collection, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.data_parallel import LossPasses
-from nip_like.trainers.rl_state import TrainState
-from nip_like.trainers.update import UpdateSettings
+from nip_like.trainers.evaluation import RlEvaluation
+from nip_like.trainers.opponent_pool import build_opponent_pool
+from nip_like.trainers.rl_build import RlBuildSteps
+from nip_like.trainers.rl_state import RlCheckpoints, TrainState
+
+__all__ = ["TensorDictRlTrainer", "log"]
 
 #: Notes on how the run goes, printed on rank 0 by Hydra's job logging (and kept in the run's job log).
 log = logging.getLogger(__name__)
 
 
-class TensorDictRlTrainer(TensorDictTrainer):
+class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictTrainer):
     """Standard on-policy RL trainer; subclasses supply the loss module.
 
     The trainer talks to the loss through the declared loss contract
@@ -90,6 +85,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
     Notes
     -----
     The attributes above are ready when :meth:`_get_loss_module_and_gae` runs.
+    The build steps (:class:`~nip_like.trainers.rl_build.RlBuildSteps`),
+    evaluation and test (:class:`~nip_like.trainers.evaluation.RlEvaluation`)
+    and the checkpoints (:class:`~nip_like.trainers.rl_state.RlCheckpoints`)
+    are parts of this class, each in its own module.
     """
 
     samples_from_servers = True
@@ -111,7 +110,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.test_run = bool(config.run.test_run)
         self.test_episodes = int(config.trainer.num_test_episodes)
         self._validate()
-        # The build order: agents -> warm start -> reference -> loss -> optimiser -> collection.
+        # The build order (its steps: rl_build): agents -> warm start -> reference -> loss -> optimiser -> collection.
         self.agent_names = scenario.agent_names
         self.agent_modules = scenario.make_agents()
         self.agent_modules.modules().to(self.device)
@@ -132,74 +131,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.state = TrainState()
         self.final_metrics: dict[str, float] = {}
 
-    def _attach_inference_servers(self) -> None:
-        """Give the LM agents with ``sampler.kind: server`` their inference servers (:mod:`nip_like.lm.server`)."""
-        from nip_like.lm.server import InferenceServer, server_agents
-
-        found = server_agents(self.scenario.lm_agent_configs())
-        if not found:
-            return
-        agents = self.scenario.lm_agent_configs()
-        self.policy.attach_servers(
-            {
-                name: InferenceServer(name, where, sampler, agents[name][1].pretrained_path, self.run_dir / "sampler")
-                for name, (where, sampler) in found.items()
-            }
-        )
-
-    def shard_agents(self) -> ShardedAgents | None:
-        """The build order's FSDP2 step (``run.fsdp``): shard the LM agents over the ranks, after the reference is taken.
-
-        None when the run does not shard (the default). The optimiser is built
-        after this step, on the sharded parameters.
-        """
-        if not self.config.run.get("fsdp") or not self.distributed.enabled:
-            return None
-        # Rank 0 builds first (it writes the caches); from here on the build needs every rank at once.
-        self.distributed.release_others()
-        return ShardedAgents({name: self.policy.policy(name) for name in self.agent_names})
-
-    def set_token_budgets(self) -> dict[str, float]:
-        """The build order's last step: each LM agent's automatic ``max_tokens_per_micro_batch``, from a probe pass.
-
-        For every language-model agent whose config leaves the budget null,
-        one probe pass measures the activation bytes a token of its update
-        keeps (:func:`~nip_like.lm.memory.activation_bytes_per_token`, under
-        the run's autocast), and the memory free on the device (at most
-        ``run.memory_limit_gib``), less every agent's gradients and optimiser
-        state, sets the budget (:func:`~nip_like.lm.memory.automatic_budget`).
-        A number in the config wins. Returns ``lm/memory/<agent>/...`` metrics
-        (logged with the first iteration); nothing for other agents or sharded ones.
-        """
-        from nip_like.lm.memory import activation_bytes_per_token, automatic_budget, available_memory, size, trainable_bytes
-
-        configs = self.scenario.lm_agent_configs()
-        if not configs or self.sharded is not None or not hasattr(self.policy, "policy"):
-            return {}
-        held = sum(t.numel() * t.element_size() for t in (*self.policy.parameters(), *self.policy.buffers()))
-        available = available_memory(self.device, self.config.run.get("memory_limit_gib"), held)
-        # Each trainable parameter once: one model playing several roles (share_policy_with) trains once.
-        reserved = trainable_bytes(nn.ModuleList([self.policy.policy(name) for name in configs]))
-        width = int(getattr(self.train_env, "prompt_length", 0)) + int(self.policy.message_tokens)
-        metrics: dict[str, float] = {}
-        for name, (where, agent, _) in configs.items():
-            policy = self.policy.policy(name)
-            if agent.get("max_tokens_per_micro_batch") is not None or available is None:
-                continue
-            per_token = activation_bytes_per_token(policy, self.config.run.get("autocast_dtype"))
-            budget = automatic_budget(per_token, available[0], reserved)
-            if budget < width:
-                raise ConfigError(
-                    f"{where}: agent {name}'s update cannot fit in memory: {size(available[0])} is available "
-                    f"({available[1]}), gradients and optimiser state take {size(reserved)} and a token of its update "
-                    f"{per_token / 2**20:.2f} MiB, so a micro-batch holds {budget} tokens, under one row ({width}); lower "
-                    f"{where}.lora.r or the model's size, or set {where}.gradient_checkpointing=true or run.autocast_dtype=bfloat16"
-                )
-            policy.max_tokens_per_micro_batch = budget
-            metrics[f"lm/memory/{name}/budget_tokens"] = float(budget)
-            metrics[f"lm/memory/{name}/activation_bytes_per_token"] = float(per_token)
-        return metrics
-
     def whole_weights(self) -> Any:
         """A context in which sharded agents keep their weights whole (sampling, evaluation, test); else nothing."""
         return self.sharded.gathered() if self.sharded is not None else nullcontext()
@@ -211,82 +142,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def close(self) -> None:
         """Stop the inference servers the run started and close their clients."""
         getattr(self.policy, "close_servers", lambda: None)()
-
-    def warm_start(self) -> dict[str, float]:
-        """The build order's warm start: fit the agents of ``trainer.pretrain.agents`` (cached), before the reference is taken.
-
-        Returns the warm start's metrics (logged with the first iteration);
-        nothing without ``trainer.pretrain.agents``. Agents whose LoRA adapters
-        come after a full warm start get them here (LM agents only).
-        """
-        metrics = (
-            pretrain_agents(self.config, self.scenario, self.agent_modules, self.device)
-            if self.trainer_config.pretrain.agents
-            else {}
-        )
-        getattr(self.policy, "after_warm_start", lambda: None)()
-        return metrics
-
-    def _build_loss(self) -> None:
-        """The loss module and advantage module of :meth:`_get_loss_module_and_gae`, checked; the loss contract."""
-        self.loss_module, self.advantage_module = self._get_loss_module_and_gae()
-        if not isinstance(self.loss_module, LossModule):
-            raise ConfigError(
-                f"{type(self).__name__}._get_loss_module_and_gae must return a torchrl LossModule, "
-                f"got {type(self.loss_module).__name__}"
-            )
-        self.loss_module.to(self.device)
-        self.loss_contract: LossContract = contract_of(self.loss_module)
-        if self.loss_contract.needs_groups and self.trainer_config.group_size < 2:
-            raise ConfigError(
-                f"trainer {self.trainer_config.trainer_type} compares episodes that started on the same datapoint: "
-                f"set trainer.group_size >= 2, got {self.trainer_config.group_size}"
-            )
-
-    def _build_optimiser(self) -> None:
-        """One parameter group per agent, the learning-rate schedule, which agents each iteration trains."""
-        optimizer_config = self.trainer_config.optimizer
-        # Owners before the agents that play their model (share_policy_with): a shared model trains in its owner's group.
-        plays_another = lambda name: getattr(getattr(self.policy, "policy", lambda _: None)(name), "policy_owner", None) is not None  # noqa: E731
-        names = sorted(self.agent_names, key=plays_another)
-        agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in names}
-        self.optimizer = build_optimizer(optimizer_config, agent_params)
-        self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)
-        self._schedule_stepped = False  # whether the scheduler has stepped in this process (see train_iteration)
-        self.update_schedule = AgentUpdateSchedule(self.trainer_config.agent_updates, self.agent_names)
-        bound = self.trainer_config.divergence_bound
-        self.update_settings = UpdateSettings(
-            num_epochs=int(self.trainer_config.num_epochs),
-            accumulation=self.accumulation,
-            max_grad_norm=optimizer_config.max_grad_norm,
-            divergence_bound=float(bound) if bound is not None else math.inf,
-        )
-        self._loss_passes: LossPasses | None = None  # built at the first update (see _optimise)
-        # Read once: OmegaConf lookups are slow enough to show in the inner loop.
-        self._diagnostics_every = int(self.config.logger.diagnostics_every)
-
-    def _build_collection(self) -> None:
-        """The train environments and their collector; the evaluation environments are built on first use."""
-        seed = int(self.config.seed)
-        # Under torchrun each rank collects its share of every batch, with its own seeds (nip_like.distributed).
-        self.train_env = self.scenario.make_env(
-            self.distributed.share(self.trainer_config.num_envs, "trainer.num_envs"),
-            "train",
-            self.distributed.seed(seed, "train_env"),
-            self.device,
-            group_size=int(self.trainer_config.group_size),
-        )
-        self.eval_env = None  # built on first use
-        self.collector = Collector(
-            self.train_env,
-            self.policy,
-            frames_per_batch=self.distributed.share(self.trainer_config.frames_per_batch, "trainer.frames_per_batch"),
-            total_frames=-1,
-            device=self.device,
-            exploration_type=ExplorationType.RANDOM,
-            auto_register_policy_transforms=False,
-        )
-        self._collector_iterator = iter(self.collector)
 
     # ---------------------------------------------------------------- the hook
     @abstractmethod
@@ -350,13 +205,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def num_iterations(self) -> int:
         """Train-loop iterations (1 in test-run mode)."""
         return 1 if self.test_run else int(self.trainer_config.num_iterations)
-
-    @property
-    def num_test_iterations(self) -> int:
-        """Test-loop iterations (1 in test-run mode)."""
-        if self.test_run:
-            return 1
-        return math.ceil(self.test_episodes / self.trainer_config.test_batch_episodes)
 
     def trainable_modules(self) -> list[nn.Module]:
         return [self.loss_module]
@@ -554,158 +402,3 @@ class TensorDictRlTrainer(TensorDictTrainer):
     def _last_checkpoint_note(self) -> str:
         last = self.checkpoint_dir / "last.pt"
         return f"the last checkpoint is {last}" if last.is_file() else "no checkpoint was written yet"
-
-    # -------------------------------------------------------------- evaluation
-    def evaluate(self) -> dict[str, float]:
-        """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics.
-
-        The same episodes at every evaluation. Call it inside the test context
-        (:meth:`_build_test_context`), as the train loop does.
-        """
-        dist = self.distributed
-        num_episodes = dist.share(8 if self.test_run else self.trainer_config.eval.num_episodes, "trainer.eval.num_episodes")
-        if self.eval_env is None or self.eval_env.num_envs != num_episodes:
-            self.eval_env = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
-        # The same episodes at every evaluation, and no draw from the training generators.
-        self.eval_env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
-        with dist.rank_rng(int(self.config.seed)):
-            episodes = evaluation.run_episodes(self.eval_env, self.policy, self.scenario.protocol.num_rounds)
-        episodes = dist.gather_cat(episodes)  # each rank played its share
-        self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
-        return {f"eval/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
-
-    def _write_transcripts(self, episodes: TensorDictBase, name: str) -> None:
-        evaluation.write_transcripts(
-            self.scenario,
-            episodes,
-            name,
-            int(self.trainer_config.eval.transcripts),
-            self.run_dir,
-            self.logger,
-            self.state.iteration,
-            writer=self.distributed.is_writer,
-        )
-
-    def check_eval_metric(self) -> None:
-        """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
-
-        :meth:`train` calls it when evaluation is on; a caller that builds a
-        trainer may call it to learn of a wrong metric before any training.
-        Plays one evaluation (on the generator state it would use anyway, and
-        with the global generators forked and restored, so training is the same
-        with or without this check) and looks the metric up among its results.
-        """
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), ExitStack() as stack:
-            self._build_test_context(stack, self.trainer_config.eval.deterministic)
-            evaluation.require_eval_metric(self.trainer_config.eval.metric, self.evaluate())
-
-    def _track_best(self, metrics: dict[str, float]) -> None:
-        """Note the evaluation in the state (best so far, early stopping); a new best writes ``best.pt``."""
-        eval_config = self.trainer_config.eval
-        evaluation.require_eval_metric(eval_config.metric, metrics)
-        value = metrics[eval_config.metric]
-        if evaluation.track_best(self.state, value, eval_config.mode, eval_config.early_stopping_patience):
-            self.save_checkpoint("best")
-        metrics["eval/best"] = self.state.best_metric
-
-    def test(self) -> dict[str, float]:
-        """Test the current agents on :attr:`test_split` in the test context; the ``test/...`` metrics.
-
-        Plays :attr:`test_episodes` episodes (one batch in test-run mode) and
-        writes their transcripts to ``transcripts/test.jsonl``. :meth:`train`
-        ends with it; ``python -m nip_like.evaluate`` calls it on a saved state.
-        """
-        with ExitStack() as stack:
-            self._build_test_context(stack)
-            return self._run_test_loop()
-
-    @attach_progress_bar(lambda self: self.num_test_iterations)
-    def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
-        iteration_context.set_description("Testing")
-        dist = self.distributed
-        batch_episodes = dist.share(8 if self.test_run else self.trainer_config.test_batch_episodes, "trainer.test_batch_episodes")
-        env = self.scenario.make_env(batch_episodes, self.test_split, dist.seed(int(self.config.seed), "test_env"), self.device)
-        episodes = []
-        for _ in range(self.num_test_iterations):
-            if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
-                raise StopRequested(self.state.iteration, phase="test")
-            with dist.rank_rng(int(self.config.seed)):
-                played = evaluation.run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
-            episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
-            iteration_context.step()
-        all_episodes = torch.cat(episodes)
-        if not self.test_run:
-            all_episodes = all_episodes[: self.test_episodes]
-        self._write_transcripts(all_episodes, "test")
-        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
-        return evaluation.with_optimality(metrics, self.scenario.optimal_rewards() or {})
-
-    # ------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, name: str = "last") -> Path:
-        """Write the trainer state to ``checkpoints/<name>.pt``, and the agents in their own format.
-
-        Agents that can write themselves as Hugging Face folders (a policy with
-        ``save_pretrained``: language-model agents) are also saved under
-        ``checkpoints/<name>/<agent>/`` (model, tokenizer, value head), beside
-        the full trainer state that exact resumption reads.
-        """
-        path = super().save_checkpoint(name)
-        save_pretrained = getattr(self.policy, "save_pretrained", None)
-        # Sharded agents are made whole on every rank (a collective); rank 0 writes them.
-        states = self.policy.whole_states() if self.sharded is not None else None
-        if save_pretrained is not None and self.distributed.is_writer:
-            save_pretrained(self.checkpoint_dir / name, states)
-        return path
-
-    def _frozen_keys(self) -> set[str]:
-        return rl_state.frozen_keys(self.agent_modules.modules(), self.loss_module)
-
-    def _load_loss_module_state(self, state: dict[str, Any]) -> None:
-        if self.sharded is not None:  # a checkpoint holds whole tensors: each rank keeps its shards
-            state = shard_like(state, self.loss_module.state_dict())
-        rl_state.load_loss_module_state(self.loss_module, state, self._frozen_keys())
-
-    def state_dict(self) -> dict[str, Any]:
-        collection_state = rl_state.collection_state(self.collector, self.train_env)
-        state = {
-            # Without frozen agent weights, which the model folders hold already.
-            "loss_module": rl_state.loss_module_state(self.loss_module, self._frozen_keys()),
-            "reference_policy": self.reference_policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-        if self.sharded is not None:  # whole tensors (every rank gathers): the file a replicated run writes
-            state = whole(state)
-        state |= {
-            # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
-            "frozen_agents": source_record(getattr(self.policy, "frozen_sources", dict)()),
-            "opponent_pool": self.opponent_pool.state_dict() if self.opponent_pool is not None else None,
-            "scheduler": self.scheduler.state_dict(),
-            "train_state": asdict(self.state),
-            "rng": get_rng_states(),
-        }
-        if not self.distributed.enabled:
-            return {**state, **collection_state}
-        # Under torchrun each rank's collection (and its own random stream) is its own: one entry per rank.
-        return {**state, "ranks": self.distributed.gather({**collection_state, "rank_rng": self.distributed.rng_state()})}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        rl_state.check_ranks(state, self.distributed.world_size)
-        collection_state = state["ranks"][self.distributed.rank] if "ranks" in state else state
-        check_sources(state.get("frozen_agents", {}), getattr(self.policy, "frozen_sources", dict)())
-        self._load_loss_module_state(state["loss_module"])
-        self.reference_policy.load_state_dict(state["reference_policy"])
-        optimizer_state = state["optimizer"]
-        if self.sharded is not None:
-            optimizer_state = shard_optimizer_state(optimizer_state, (p for g in self.optimizer.param_groups for p in g["params"]))
-        self.optimizer.load_state_dict(optimizer_state)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.state = TrainState(**state["train_state"])
-        if self.opponent_pool is not None:
-            if state.get("opponent_pool") is None:
-                raise CheckpointError("the checkpoint was written without trainer.opponent_pool: resume with the same settings")
-            self.opponent_pool.load_state_dict(state["opponent_pool"], self.state.iteration)
-        rl_state.load_collection_state(self.collector, self.train_env, collection_state, self.device)
-        self.distributed.set_rng_state(collection_state.get("rank_rng"))
-        set_rng_states(state["rng"])
-        self.progress_initial = {"_run_train_loop": self.state.iteration}

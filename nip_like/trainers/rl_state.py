@@ -1,23 +1,30 @@
 """What an RL trainer's checkpoint holds besides the optimiser: the loop's counters, the loss module, the collection.
 
-Helpers of :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.state_dict` and
-``load_state_dict``. Frozen agent weights (a LoRA agent's base model) are left
-out of the loss module's state: the model folders hold them already. The
-collection's state (the collector's in-flight episodes and the environments'
-generator) resumes collection exactly; under torchrun each rank has its own.
+:class:`RlCheckpoints` is the part of
+:class:`~nip_like.trainers.rl.TensorDictRlTrainer` that writes and reads its
+checkpoints (``state_dict``, ``load_state_dict``, the agents' own folders);
+the functions are its helpers. Frozen agent weights (a LoRA agent's base
+model) are left out of the loss module's state: the model folders hold them
+already. The collection's state (the collector's in-flight episodes and the
+environments' generator) resumes collection exactly; under torchrun each rank
+has its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torchrl.collectors import Collector
 
+from nip_like.checkpoint import get_rng_states, set_rng_states
 from nip_like.errors import CheckpointError
-from nip_like.lm.sharding import is_sharded
+from nip_like.lm.frozen import check_sources, source_record
+from nip_like.lm.sharding import is_sharded, shard_like, shard_optimizer_state, whole
+from nip_like.trainers.base import TensorDictTrainer
 
 
 @dataclass
@@ -92,3 +99,75 @@ def check_ranks(state: dict[str, Any], world_size: int) -> None:
             f"the checkpoint was written by a run of {ranks} rank(s); resume it with as many "
             f"(torchrun --nproc_per_node={ranks}), not {world_size}"
         )
+
+
+class RlCheckpoints(TensorDictTrainer):
+    """The checkpoints of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`: its state, and its agents in their own format."""
+
+    def save_checkpoint(self, name: str = "last") -> Path:
+        """Write the trainer state to ``checkpoints/<name>.pt``, and the agents in their own format.
+
+        Agents that can write themselves as Hugging Face folders (a policy with
+        ``save_pretrained``: language-model agents) are also saved under
+        ``checkpoints/<name>/<agent>/`` (model, tokenizer, value head), beside
+        the full trainer state that exact resumption reads.
+        """
+        path = super().save_checkpoint(name)
+        save_pretrained = getattr(self.policy, "save_pretrained", None)
+        # Sharded agents are made whole on every rank (a collective); rank 0 writes them.
+        states = self.policy.whole_states() if self.sharded is not None else None
+        if save_pretrained is not None and self.distributed.is_writer:
+            save_pretrained(self.checkpoint_dir / name, states)
+        return path
+
+    def _frozen_keys(self) -> set[str]:
+        return frozen_keys(self.agent_modules.modules(), self.loss_module)
+
+    def _load_loss_module_state(self, state: dict[str, Any]) -> None:
+        if self.sharded is not None:  # a checkpoint holds whole tensors: each rank keeps its shards
+            state = shard_like(state, self.loss_module.state_dict())
+        load_loss_module_state(self.loss_module, state, self._frozen_keys())
+
+    def state_dict(self) -> dict[str, Any]:
+        own_collection = collection_state(self.collector, self.train_env)
+        state = {
+            # Without frozen agent weights, which the model folders hold already.
+            "loss_module": loss_module_state(self.loss_module, self._frozen_keys()),
+            "reference_policy": self.reference_policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        if self.sharded is not None:  # whole tensors (every rank gathers): the file a replicated run writes
+            state = whole(state)
+        state |= {
+            # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
+            "frozen_agents": source_record(getattr(self.policy, "frozen_sources", dict)()),
+            "opponent_pool": self.opponent_pool.state_dict() if self.opponent_pool is not None else None,
+            "scheduler": self.scheduler.state_dict(),
+            "train_state": asdict(self.state),
+            "rng": get_rng_states(),
+        }
+        if not self.distributed.enabled:
+            return {**state, **own_collection}
+        # Under torchrun each rank's collection (and its own random stream) is its own: one entry per rank.
+        return {**state, "ranks": self.distributed.gather({**own_collection, "rank_rng": self.distributed.rng_state()})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_ranks(state, self.distributed.world_size)
+        own_collection = state["ranks"][self.distributed.rank] if "ranks" in state else state
+        check_sources(state.get("frozen_agents", {}), getattr(self.policy, "frozen_sources", dict)())
+        self._load_loss_module_state(state["loss_module"])
+        self.reference_policy.load_state_dict(state["reference_policy"])
+        optimizer_state = state["optimizer"]
+        if self.sharded is not None:
+            optimizer_state = shard_optimizer_state(optimizer_state, (p for g in self.optimizer.param_groups for p in g["params"]))
+        self.optimizer.load_state_dict(optimizer_state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.state = TrainState(**state["train_state"])
+        if self.opponent_pool is not None:
+            if state.get("opponent_pool") is None:
+                raise CheckpointError("the checkpoint was written without trainer.opponent_pool: resume with the same settings")
+            self.opponent_pool.load_state_dict(state["opponent_pool"], self.state.iteration)
+        load_collection_state(self.collector, self.train_env, own_collection, self.device)
+        self.distributed.set_rng_state(own_collection.get("rank_rng"))
+        set_rng_states(state["rng"])
+        self.progress_initial = {"_run_train_loop": self.state.iteration}

@@ -44,7 +44,7 @@ from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text r
 )
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
 from nip_like.scenarios.chat import ChatGame
-from nip_like.scenarios.duplicates.scenario import DuplicatesDataConfig, DuplicatesGame
+from nip_like.scenarios.duplicates.game import DuplicatesDataConfig, DuplicatesGame
 from nip_like.text.interface import Chat, Sampling, TextModel, TextModelConfig
 from nip_like.text.tokenizer import build_chat_tokenizer
 

@@ -1,0 +1,194 @@
+"""Opponent shaping: LOLA (:class:`LOLALoss`, PPO-clipped: POLA) and SOS (:class:`SOSLoss`, PPO-clipped: PSOS).
+
+Each agent differentiates through an anticipated gradient step of the others
+(the shaping term ``chi``, and the look-ahead term ``H_o xi``); notation:
+:mod:`nip_like.objectives.learning_aware`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from nip_like.allowed import checked
+from nip_like.objectives.learning_aware.base import LearningAwareConfig, LearningAwareLoss
+from nip_like.objectives.learning_aware.second_order import Vector, _dot, _flat
+
+#: Whom an agent anticipates in LOLA and SOS: every other agent, or only the agents that follow it.
+ANTICIPATE = ("all", "followers")
+
+
+# ------------------------------------------------------------------ schemas
+@dataclass
+class LOLAConfig(LearningAwareConfig):
+    """Options of LOLA (:class:`LOLALoss`)."""
+
+    lookahead_lr: Optional[float] = checked(None, gt=0)  # the step size agents assume the others learn with (times each one's agent_lr / lr); null: each one's trainer.optimizer learning rate
+    anticipate: str = checked("all", choices=ANTICIPATE)  # all (every other agent) | followers (the protocol's later groups)
+    lookahead_term: bool = False  # also differentiate the own objective at the others' anticipated step (LookAhead, H_o xi)
+
+
+@dataclass
+class POLAConfig(LOLAConfig):
+    """Options of PPO-clipped LOLA (:class:`LOLALoss` with ``clip_epsilon``)."""
+
+    clip_epsilon: float = checked(0.2, gt=0)  # clip range of the probability ratio of each agent's own term
+
+
+@dataclass
+class SOSConfig(LearningAwareConfig):
+    """Options of stable opponent shaping (:class:`SOSLoss`)."""
+
+    lookahead_lr: Optional[float] = checked(None, gt=0)  # the step size agents assume the others learn with (times each one's agent_lr / lr); null: each one's trainer.optimizer learning rate
+    anticipate: str = checked("all", choices=ANTICIPATE)  # all (every other agent) | followers (the protocol's later groups)
+    sos_a: float = checked(0.5, gt=0, lt=1)  # a: the shaping may cancel at most this share of the look-ahead update
+    sos_b: float = checked(0.1, gt=0)  # b: below this gradient norm the shaping scales with its square
+
+
+@dataclass
+class PSOSConfig(SOSConfig):
+    """Options of PPO-clipped SOS (:class:`SOSLoss` with ``clip_epsilon``)."""
+
+    clip_epsilon: float = checked(0.2, gt=0)  # clip range of the probability ratio of each agent's own term
+
+
+# -------------------------------------------------------------------- loss
+class _OpponentShapingLoss(LearningAwareLoss):
+    """What LOLA and SOS share: anticipated agents, their learning rates, the shaping and look-ahead terms."""
+
+    def __init__(self, *args, lookahead_lr: float | None = None, anticipate: str = "all", **kwargs) -> None:
+        if anticipate not in ANTICIPATE:
+            raise ValueError(f"anticipate must be one of {list(ANTICIPATE)}, got {anticipate!r}")
+        if anticipate == "followers" and kwargs.get("leader_order") is None:
+            raise ValueError("anticipate='followers' needs a leader_order")
+        super().__init__(*args, **kwargs)
+        self.anticipate = anticipate
+        scale = 1.0 if lookahead_lr is None else float(lookahead_lr)
+        #: The step size ``alpha_j`` each agent is assumed to take.
+        self.learning_rates = {name: scale * factor for name, factor in self.lr_factors.items()}
+
+    def anticipated(self, agent: str) -> tuple[str, ...]:
+        """The agents whose next step ``agent`` anticipates: those that learn this iteration, and follow it if asked."""
+        others = self.followers(agent) if self.anticipate == "followers" else self.agent_names
+        return tuple(
+            name
+            for name in others
+            if name != agent and name in self.learning_agents and self.parameters_of[name] and self.learning_rates[name] > 0
+        )
+
+    def _shaping_terms(
+        self, joint_losses: torch.Tensor, lookahead: bool
+    ) -> tuple[dict[str, Vector], dict[str, Vector]]:
+        """Per learning agent ``i``: ``chi_i`` and, if ``lookahead``, ``(H_o xi)_i`` (both with the alphas inside)."""
+        index = {name: k for k, name in enumerate(self.agent_names)}
+        own_grads: dict[str, Vector] = {}  # grad_j L_j, with its graph
+        shaping: dict[str, Vector] = {}
+        looking: dict[str, Vector] = {}
+        for agent in self._trained():
+            targets = self.anticipated(agent)
+            shaping_value = joint_losses.new_zeros(())
+            lookahead_value = joint_losses.new_zeros(())
+            for other in targets:
+                if other not in own_grads:
+                    own_grads[other] = self._grad(joint_losses[index[other]], other, create_graph=True)
+                cross = self._grad(joint_losses[index[agent]], other, create_graph=lookahead)  # grad_j L_i
+                alpha = self.learning_rates[other]
+                shaping_value = shaping_value + alpha * _dot(own_grads[other], [c.detach() for c in cross])
+                if lookahead:
+                    lookahead_value = lookahead_value + alpha * _dot(cross, [g.detach() for g in own_grads[other]])
+            shaping[agent] = self._grad(shaping_value, agent)
+            if lookahead:
+                looking[agent] = self._grad(lookahead_value, agent)
+        return shaping, looking
+
+
+class LOLALoss(_OpponentShapingLoss):
+    """LOLA (Foerster et al., 2018) and, with ``clip_epsilon``, its PPO-clipped form POLA.
+
+    Agent ``i``'s update is ``xi_i - chi_i``, and ``xi_i - (H_o xi)_i -
+    chi_i`` with ``lookahead_term`` (see :mod:`nip_like.objectives.learning_aware`).
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`LearningAwareLoss`.
+    lookahead_lr : float, optional
+        The base step size ``alpha`` agents assume the others take (times
+        their ``lr_factors``); ``None`` is 1.
+    anticipate : str
+        ``"all"``: every other agent; ``"followers"``: the agents of later groups of ``leader_order``.
+    lookahead_term : bool
+        Add the look-ahead term ``(H_o xi)_i`` that Foerster et al. leave out.
+    """
+
+    def __init__(self, *args, lookahead_term: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lookahead_term = bool(lookahead_term)
+
+    def _corrections(self, joint_losses, own_losses):
+        shaping, looking = self._shaping_terms(joint_losses, self.lookahead_term)
+        corrections = {}
+        for agent, chi in shaping.items():
+            correction = [-c for c in chi]
+            if self.lookahead_term:
+                correction = [c - h for c, h in zip(correction, looking[agent])]
+            corrections[agent] = correction
+        extra = {}
+        if self.lookahead_term:
+            extra["lookahead_norm"] = float(_flat([h for v in looking.values() for h in v]).norm())
+        return corrections, extra
+
+
+class SOSLoss(_OpponentShapingLoss):
+    """Stable opponent shaping (Letcher et al., 2019) and, with ``clip_epsilon``, its PPO-clipped form.
+
+    With ``xi_0 = xi - H_o xi`` (the look-ahead update) and the shaping
+    ``chi``, the update is ``xi_0 - p chi``: ``p1 = 1`` if ``<-chi, xi_0> >=
+    0``, else ``min(1, -a |xi_0|^2 / <-chi, xi_0>)``; ``p2 = |xi|^2`` if
+    ``|xi| < b``, else 1; ``p = min(p1, p2)``. Norms and inner products run over
+    every learning agent's parameters at once.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`LearningAwareLoss`.
+    lookahead_lr, anticipate
+        As for :class:`LOLALoss`.
+    sos_a : float
+        ``a`` in ``(0, 1)``.
+    sos_b : float
+        ``b > 0``.
+    """
+
+    def __init__(self, *args, sos_a: float = 0.5, sos_b: float = 0.1, **kwargs) -> None:
+        if not 0 < sos_a < 1 or sos_b <= 0:
+            raise ValueError(f"sos_a must be in (0, 1) and sos_b > 0, got {sos_a} and {sos_b}")
+        super().__init__(*args, **kwargs)
+        self.sos_a = float(sos_a)
+        self.sos_b = float(sos_b)
+
+    def _corrections(self, joint_losses, own_losses):
+        shaping, looking = self._shaping_terms(joint_losses, lookahead=True)
+        agents = list(shaping)
+        if not agents:
+            return {}, {}
+        index = {name: k for k, name in enumerate(self.agent_names)}
+        xi = _flat([g for agent in agents for g in self._grad(own_losses[index[agent]], agent)])
+        chi = _flat([c for agent in agents for c in shaping[agent]])
+        xi_0 = xi - _flat([h for agent in agents for h in looking[agent]])
+        inner = float((-chi).dot(xi_0))
+        p1 = 1.0 if inner >= 0 else min(1.0, -self.sos_a * float(xi_0.dot(xi_0)) / inner)
+        xi_norm = float(xi.norm())
+        p2 = xi_norm**2 if xi_norm < self.sos_b else 1.0
+        p = min(p1, p2)
+        corrections = {
+            agent: [-h - p * c for h, c in zip(looking[agent], shaping[agent])] for agent in agents
+        }
+        extra = {
+            "sos_p": p,
+            "own_grad_norm": xi_norm,
+            "lookahead_norm": float(_flat([h for agent in agents for h in looking[agent]]).norm()),
+        }
+        return corrections, extra

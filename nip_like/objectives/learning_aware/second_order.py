@@ -1,0 +1,165 @@
+"""Second-order helpers of the learning-aware losses: vectors of parameter-shaped tensors,
+inverse-Hessian-vector products, each agent's parameters, and attention with second derivatives.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from nip_like.agents import PerAgent
+
+#: A vector in parameter space: one tensor per parameter, each shaped like it.
+Vector = list[torch.Tensor]
+
+
+def twice_differentiable():
+    """A context in which attention runs on PyTorch's math kernel, the one with second derivatives.
+
+    The fused attention kernels (flash, memory-efficient; the CPU's flash
+    kernel too) have first derivatives only. The math kernel gives the same
+    values up to rounding, so probability ratios stay 1 at the behaviour policy.
+    """
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+# ------------------------------------------------------- vector helpers
+def _dot(a: Vector, b: Vector) -> torch.Tensor:
+    products = [(x * y).sum() for x, y in zip(a, b)]
+    return torch.stack(products).sum() if products else torch.zeros(())
+
+
+def _flat(vector: Vector) -> torch.Tensor:
+    return torch.cat([v.reshape(-1) for v in vector]) if vector else torch.zeros(0)
+
+
+def _unflat(flat: torch.Tensor, like: Vector) -> Vector:
+    parts, start = [], 0
+    for tensor in like:
+        parts.append(flat[start : start + tensor.numel()].view_as(tensor))
+        start += tensor.numel()
+    return parts
+
+
+def conjugate_gradient(
+    hvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iterations: int, damping: float
+) -> tuple[torch.Tensor, float]:
+    """Solve ``(H + damping I) x = b`` by conjugate gradient, from ``x = 0``.
+
+    Stops after ``iterations`` steps, at a relative residual of ``1e-10``, or
+    where the damped Hessian shows non-positive curvature along the search
+    direction (the follower is not at a local optimum there); a first step
+    along such a direction uses the curvature's magnitude.
+
+    Parameters
+    ----------
+    hvp : callable
+        ``v -> H v`` on flat vectors.
+    b : torch.Tensor
+        Flat right-hand side.
+    iterations : int
+        At most this many steps.
+    damping : float
+        Added to the diagonal.
+
+    Returns
+    -------
+    tuple
+        ``x`` and the relative residual ``|b - (H + damping) x| / |b|``.
+    """
+    x = torch.zeros_like(b)
+    norm_b = b.norm()
+    if norm_b == 0:
+        return x, 0.0
+    residual, direction = b.clone(), b.clone()
+    squared = residual.dot(residual)
+    for step in range(iterations):
+        product = hvp(direction) + damping * direction
+        curvature = direction.dot(product)
+        if curvature <= 0:
+            if step > 0 or curvature == 0:
+                break
+            curvature = -curvature
+            product = -product
+        size = squared / curvature
+        x = x + size * direction
+        residual = residual - size * product
+        new_squared = residual.dot(residual)
+        if new_squared.sqrt() <= 1e-10 * norm_b:
+            squared = new_squared
+            break
+        direction = residual + (new_squared / squared) * direction
+        squared = new_squared
+    return x, float(squared.sqrt() / norm_b)
+
+
+def low_rank_inverse(
+    hvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, rank: int, damping: float
+) -> tuple[torch.Tensor, float]:
+    """Apply ``(|H_r| + damping I)^-1`` to ``b``, ``H_r`` a rank-``rank`` Lanczos approximation of ``H``.
+
+    Lanczos from ``b`` (with full reorthogonalisation) gives an orthonormal
+    basis ``Q`` of the Krylov space and ``H ~ Q T Q^T``; the eigenvalues of
+    ``T`` are replaced by their magnitudes (so an indefinite Hessian still
+    gives a descent direction) and damped. Since ``b`` lies in the span of
+    ``Q``, nothing of it is left out.
+
+    Returns
+    -------
+    tuple
+        ``x`` and the relative residual of ``(H + damping) x = b`` measured
+        with one more Hessian-vector product.
+    """
+    norm_b = b.norm()
+    if norm_b == 0:
+        return torch.zeros_like(b), 0.0
+    basis = [b / norm_b]
+    diagonal, off_diagonal = [], []
+    for step in range(min(rank, b.numel())):
+        w = hvp(basis[-1])
+        diagonal.append(basis[-1].dot(w))
+        stacked = torch.stack(basis)
+        w = w - stacked.T @ (stacked @ w)
+        w = w - stacked.T @ (stacked @ w)  # twice is enough (Kahan)
+        beta = w.norm()
+        if step == rank - 1 or beta <= 1e-8 * norm_b:
+            break
+        off_diagonal.append(beta)
+        basis.append(w / beta)
+    size = len(diagonal)
+    tridiagonal = torch.diag(torch.stack(diagonal))
+    if off_diagonal:
+        betas = torch.stack(off_diagonal[: size - 1])
+        tridiagonal = tridiagonal + torch.diag(betas, 1) + torch.diag(betas, -1)
+    eigenvalues, vectors = torch.linalg.eigh(tridiagonal)
+    first = vectors[0] * norm_b  # U^T (Q^T b) with Q^T b = |b| e_1
+    coefficients = vectors @ (first / (eigenvalues.abs() + damping).clamp_min(1e-12))
+    x = torch.stack(basis[:size]).T @ coefficients
+    residual = (b - hvp(x) - damping * x).norm() / norm_b
+    return x, float(residual)
+
+
+def actor_parameters(actor: nn.Module, agent_names: Iterable[str]) -> dict[str, list[nn.Parameter]]:
+    """Each agent's trainable policy parameters: those of its network in the actor's :class:`~nip_like.agents.PerAgent` modules.
+
+    Raises
+    ------
+    ValueError
+        If the actor has no per-agent networks (its parameters cannot be told apart by agent).
+    """
+    per_agent = [module for module in actor.modules() if isinstance(module, PerAgent)]
+    if not per_agent:
+        raise ValueError(f"the actor {type(actor).__name__} has no per-agent networks (nip_like.agents.PerAgent)")
+    parameters: dict[str, list[nn.Parameter]] = {}
+    for name in agent_names:
+        seen: dict[int, nn.Parameter] = {}
+        for module in per_agent:
+            for param in module.networks[name].parameters():
+                if param.requires_grad:
+                    seen.setdefault(id(param), param)
+        parameters[name] = list(seen.values())
+    return parameters
+
