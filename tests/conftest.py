@@ -21,6 +21,12 @@ from nip_like.trainers.rl import TensorDictRlTrainer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Run the slow tests first (the order is otherwise kept): pytest-xdist then ends with short tests on every
+    worker, instead of one worker finishing a long test while the others have nothing left to run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def stop_at(monkeypatch, iteration: int, error: type[BaseException]) -> None:
     """Make every RL run raise ``error`` when it starts training iteration ``iteration + 1`` (``iteration`` done).
 

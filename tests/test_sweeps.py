@@ -263,8 +263,9 @@ def test_hydra_multirun_runs_jobs_in_parallel_and_reports_a_failing_one(config_d
 def test_interrupting_a_sweep_and_running_it_again(config_dir, tmp_path):
     out = tmp_path / "sweep"
     args = ["tiny", "--config-dir", str(config_dir), "--out", str(out), "--no-progress-bar", *QUICK]
-    args += ["trainer=ppo", "seed=0,1", "trainer.num_iterations=150", "--jobs", "1"]
-    first = out / "preset=smoke,seed=0,trainer.num_iterations=150,trainer=ppo"
+    # Enough iterations (a few seconds) that the first job is caught mid-run, once it has a checkpoint.
+    args += ["trainer=ppo", "seed=0,1", "trainer.num_iterations=40", "--jobs", "1"]
+    first = out / "preset=smoke,seed=0,trainer.num_iterations=40,trainer=ppo"
     process = popen_cli(args, module="scripts.run_sweep")
     deadline = time.time() + 120
     while not (first / "checkpoints" / "last.pt").is_file() and time.time() < deadline:
