@@ -126,6 +126,8 @@ class OpenAIClient:
         raised at once, without waiting for the requests still in flight. A
         stop request raises :class:`~nip_like.interrupts.StopNow` the same way.
         """
+        if not items:
+            return []
         failed, finished = threading.Event(), threading.Event()
         results: list = [None] * len(items)
         errors: list[BaseException] = []

@@ -48,6 +48,14 @@ def test_a_silent_server_is_reported_after_one_timeout_not_after_every_retry():
     assert elapsed < 2.0, elapsed
 
 
+def test_an_empty_batch_asks_nothing():
+    with fake_server("hang") as server:
+        client = OpenAIChatModel("tiny", server.url, timeout=60)
+        assert client.reply([], Sampling(4), seed=0) == []
+        client.close()
+        assert server.kinds() == []
+
+
 def test_a_stop_request_ends_the_wait_for_a_silent_server_at_once():
     with fake_server("hang") as server, handle_interrupts():
         client = OpenAIChatModel("tiny", server.url, timeout=60)
