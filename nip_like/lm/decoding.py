@@ -17,7 +17,6 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from nip_like import interrupts
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
 
@@ -149,7 +148,6 @@ def decode(
         **last_logits,
     )
     for step in range(length):
-        interrupts.raise_if_stop_requested("the sampled messages")  # a long decode stops at a signal too
         log_probs = processed_log_probs(output.logits[:, -1], banned, settings)
         token = log_probs.argmax(-1) if greedy else draw_tokens(log_probs, generator)
         token_log_prob = log_probs.gather(-1, token.unsqueeze(-1)).squeeze(-1)
