@@ -104,7 +104,10 @@ class Interrupted(Exception):
     [
         (),
         # DPO's moving reference (an EMA step every 3 iterations) and its count live in the loss's state.
-        ("trainer=dpo", "trainer.objective.ref_sync_every=3", "trainer.objective.ref_mixup_alpha=0.5", "trainer.minibatch_size=4"),
+        pytest.param(
+            ("trainer=dpo", "trainer.objective.ref_sync_every=3", "trainer.objective.ref_mixup_alpha=0.5", "trainer.minibatch_size=4"),
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["ppo", "dpo_ema_reference"],
 )

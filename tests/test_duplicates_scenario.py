@@ -226,6 +226,7 @@ def test_every_objective_trains_lm_agents(tmp_path, trainer):
     assert math.isfinite(trainer_object.state.best_metric)
 
 
+@pytest.mark.slow
 def test_best_agents_reload_with_from_pretrained_and_reproduce_the_dev_metric(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

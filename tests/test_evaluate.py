@@ -10,7 +10,7 @@ from nip_like.errors import CheckpointError, ConfigError
 from nip_like.evaluate import default_output, evaluate_run, main
 from nip_like.experiment import SUMMARY_FILE, build_scenario, run_experiment
 from nip_like.scenarios.datasets import DatasetFileError
-from tests.conftest import make_config, smoke_config
+from tests.conftest import make_config, smoke_config, tiered
 from tests.test_duplicates_scenario import DEV_EVAL, lm_smoke_config
 
 
@@ -28,7 +28,10 @@ def graph_config(tmp_path, *overrides):
 
 @pytest.mark.parametrize(
     "kind",
-    ["hidden_bits", "graph_isomorphism", "graph_isomorphism_best", "solo_agent", "language_models"],
+    tiered(
+        ["hidden_bits", "graph_isomorphism", "graph_isomorphism_best", "solo_agent", "language_models"],
+        fast=["hidden_bits", "language_models"],
+    ),
 )
 def test_the_tested_checkpoint_reproduces_the_logged_test_metrics(tmp_path, kind):
     config = {
@@ -48,6 +51,7 @@ def test_the_tested_checkpoint_reproduces_the_logged_test_metrics(tmp_path, kind
             evaluate_run(run_dir, split="dev")
 
 
+@pytest.mark.slow
 def test_other_splits_and_data_files_are_named_in_the_metrics(tmp_path):
     run_dir = tmp_path / "run"
     config = lm_smoke_config(tmp_path, *DEV_EVAL)
@@ -63,6 +67,7 @@ def test_other_splits_and_data_files_are_named_in_the_metrics(tmp_path):
     assert {k.replace("data/", "test/"): v for k, v in data["metrics"].items()} == logged_test_metrics(run_dir)
 
 
+@pytest.mark.slow
 def test_the_command_prints_and_writes_the_metrics_and_transcripts(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_experiment(lm_smoke_config(tmp_path, *DEV_EVAL), run_dir, handle_signals=False)
@@ -74,6 +79,7 @@ def test_the_command_prints_and_writes_the_metrics_and_transcripts(tmp_path, cap
     assert out.with_suffix(".jsonl").read_text().count("\n") == 16  # trainer.eval.transcripts
 
 
+@pytest.mark.slow
 def test_bad_requests_fail_in_one_line(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = lm_smoke_config(tmp_path, "trainer.eval.every=0")  # no evaluations: no best checkpoint

@@ -44,6 +44,7 @@ def logits(model) -> torch.Tensor:
         return model(input_ids=IDS).logits
 
 
+@pytest.mark.slow
 def test_a_new_prover_trains_against_the_frozen_verifier_of_an_earlier_run(earlier_run, tmp_path):
     folder, run = earlier_run
     trainer = experiment.build_trainer(frozen(folder, tmp_path, run, "trainer.num_iterations=2"), tmp_path / "run")

@@ -336,6 +336,7 @@ def test_no_two_pairs_are_identical(small_pairs):
     assert len(set(keys)) == len(keys)
 
 
+@pytest.mark.slow
 def test_generation_is_deterministic():
     spec = GraphPairSpec(num_pairs=40, seed=5, min_nodes=5, max_nodes=7)
     first, second = generate_pairs(spec), generate_pairs(spec)
@@ -409,7 +410,7 @@ def corrupt_other_spec(path: Path) -> None:
         (checks.corrupt_truncated, "cache file .* is damaged: it holds"),
         (checks.corrupt_garbage, "cache file .* is damaged: it does not start with a nip_like header"),
         (checks.corrupt_tensor("adjacency"), "checksum"),
-        (corrupt_other_spec, "another spec .*seed=99 not 2"),
+        pytest.param(corrupt_other_spec, "another spec .*seed=99 not 2", marks=pytest.mark.slow),
     ],
 )
 def test_a_bad_cache_file_is_reported_and_rebuilt(tmp_path, monkeypatch, corrupt, reason):

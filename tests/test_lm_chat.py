@@ -318,7 +318,7 @@ def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat
     assert {"accept"} <= set(decisions)
 
 
-@pytest.mark.parametrize("family,trainer", [("qwen2", "ppo"), ("llama", "grpo")])
+@pytest.mark.parametrize("family,trainer", [("qwen2", "ppo"), pytest.param("llama", "grpo", marks=pytest.mark.slow)])
 def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model, tmp_path, family, trainer):
     overrides = ["scenario.default_agent.lora.r=4", f"trainer={trainer}"]
     if trainer == "grpo":

@@ -113,6 +113,7 @@ def _peak_bytes_while(action) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_a_memory_limit_shrinks_the_automatic_budget_and_the_run_stays_under_it(chat_model, tmp_path):
     from nip_like.experiment import build_trainer
     from nip_like.lm.memory import automatic_budget, trainable_bytes

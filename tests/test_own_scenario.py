@@ -88,6 +88,7 @@ def test_the_worked_example_draws_its_task_and_demonstrates_a_sound_verifier(tmp
     assert len(demonstrations["prover"]) == int(label.sum())
 
 
+@pytest.mark.slow
 def test_the_worked_example_trains_in_test_run_mode(tmp_path, examples_importable):
     metrics = run_experiment(swap_config(tmp_path, "run.test_run=true", "scenario.num_lists=400"), tmp_path / "run")
     assert 0.0 <= metrics["test/accuracy"] <= 1.0 and "test/agents/prover/certificates" in metrics

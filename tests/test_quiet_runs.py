@@ -77,6 +77,7 @@ def test_a_token_view_lm_run_with_a_warm_start_shows_no_warning_twice(tmp_path):
     assert_none_repeated(warnings_of(lambda: run_experiment(config, tmp_path / "run")))
 
 
+@pytest.mark.slow
 def test_a_chat_view_lora_run_shows_no_warning_twice(chat_model, tmp_path):
     config = make_config(
         "scenario=duplicates",

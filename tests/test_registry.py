@@ -155,14 +155,19 @@ def test_no_list_of_component_names_outside_the_registry():
         kind: [entry.name for entry in registry.entries() if entry.cls.__module__.startswith("nip_like.")]
         for kind, registry in REGISTRIES.items()
     }
+    # One pattern per kind, its longest names first: a name stands alone (not inside a longer word or path).
+    patterns = {
+        kind: re.compile(rf"(?<![\w./-])({'|'.join(re.escape(name) for name in sorted(names, key=len, reverse=True))})(?![\w/-])")
+        for kind, names in builtin.items()
+    }
     offending = []
     for pattern in SEARCHED:
         for path in sorted(REPO_ROOT.glob(pattern)):
             if path.name == Path(__file__).name:
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
-                for kind, names in builtin.items():
-                    found = {name for name in names if re.search(rf"(?<![\w./-]){re.escape(name)}(?![\w/-])", line)}
+                for kind, named in patterns.items():
+                    found = set(named.findall(line))
                     if len(found) >= 3:
                         offending.append(f"{path.relative_to(REPO_ROOT)}:{number} names {kind}s {sorted(found)}")
     assert not offending, "\n".join(offending)

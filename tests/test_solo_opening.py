@@ -50,6 +50,7 @@ def test_the_scripted_verifier_opens_a_pair_and_decides_on_what_it_saw(tmp_path)
     assert correct / count == pytest.approx(solo_verifier_accuracy(scenario.symbols.length, 2), abs=0.03)
 
 
+@pytest.mark.slow
 def test_a_run_with_the_opening_verifier_trains_and_bad_opens_are_one_line(tmp_path):
     trainer = build_trainer(opening_config(tmp_path, "protocol.opens=2"), tmp_path / "run")
     assert trainer.scenario.protocol.num_rounds == 3

@@ -66,6 +66,7 @@ def test_ready_sweep_expands_to_matched_jobs_with_declared_iterations():
     assert expand_sweep("ppo_vs_dpo").root == (Path.cwd() / "outputs" / "sweeps" / "ppo_vs_dpo").absolute()
 
 
+@pytest.mark.slow
 def test_command_line_sweeps_replace_the_grid_and_test_run_is_short(tmp_path):
     sweep = expand_sweep("ppo_vs_dpo", ["seed=7", "run.test_run=true"], out=tmp_path)
     # A test run gets folders of its own, apart from the full runs'.

@@ -163,6 +163,7 @@ def fake_slurm(folder: Path, job_id: str) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_slurm_executor_submits_with_the_launchers_options_and_reads_states_from_sacct(tmp_path, monkeypatch):
     job_id = str(900_000 + os.getpid() % 100_000)  # submitit's watcher is shared: an id no other test uses
     bin_dir = fake_slurm(tmp_path / "bin", job_id)

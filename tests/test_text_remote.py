@@ -64,6 +64,7 @@ def test_an_unreachable_server_is_one_line_after_the_retries():
     assert "\n" not in message and "failed after 3 tries" in message and "APIConnectionError" in message
 
 
+@pytest.mark.slow
 def test_a_refused_model_is_one_line(server, tmp_path):
     client = OpenAIChatModel(str(tmp_path / "no-such-model"), server["url"], max_retries=0)
     with pytest.raises(ModelServerError) as error:

@@ -58,7 +58,11 @@ def test_the_text_trainers_loop_is_their_own_the_rl_loops_fields_are_refused_and
     for trainer in ("expert_iteration", "malt"):
         with pytest.raises(ConfigError, match=rf"^trainer {trainer} does not read trainer.num_envs, trainer.optimizer: "):
             preflight(config(f"trainer={trainer}", "+trainer.num_envs=8", "+trainer.optimizer={lr: 0.1}"))
-    # On the command line a field the loop does not have is one line, naming it and the loop's schema.
+
+
+@pytest.mark.slow
+def test_on_the_command_line_a_field_the_text_loop_does_not_have_is_one_line():
+    # Naming the field and the loop's schema.
     result = run_cli(["preset=text_quick", "trainer.frames_per_batch=96"])
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "Key 'frames_per_batch' not in 'TextTrainerConfig'" in result.stderr

@@ -191,7 +191,10 @@ def test_loss_module_decides_the_buffer_layout(tmp_path):
     assert trainer.state.gradient_steps == 3 * 2 * (16 // 8)
 
 
-@pytest.mark.parametrize("backend, folder", [("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlruns")])
+@pytest.mark.parametrize(
+    "backend, folder",
+    [("tensorboard", "tensorboard"), pytest.param("wandb", "wandb", marks=pytest.mark.slow), pytest.param("mlflow", "mlruns", marks=pytest.mark.slow)],
+)
 def test_optional_logger_backends_write_metrics(tmp_path, monkeypatch, backend, folder):
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_experiment(smoke_config(f"logger={backend}"), tmp_path)
