@@ -45,7 +45,7 @@ def test_a_silent_server_is_reported_after_one_timeout_not_after_every_retry():
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"text-model server {server.url} (model tiny) gave no answer within its timeout of 0.3 s")
-    assert elapsed < 2.0, elapsed
+    assert elapsed < 5.0, elapsed  # a margin for a loaded machine: the requests above are the test
 
 
 def test_an_empty_batch_asks_nothing():
@@ -67,7 +67,7 @@ def test_a_stop_request_ends_the_wait_for_a_silent_server_at_once():
         timer.cancel()
         client.close()
     assert stopped.value.what == f"an answer from the text-model server at {server.url}"
-    assert elapsed < 0.3 + 5 * interrupts.POLL_SECONDS + 1.0, elapsed
+    assert elapsed < 5.0, elapsed  # the server would hold it 60 s; the margin is for a loaded machine
     # The requests still in flight are daemon threads: they do not hold the process at its exit.
     assert all(thread.daemon for thread in threading.enumerate() if thread.name.startswith("nip_like-request"))
 
