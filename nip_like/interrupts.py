@@ -13,7 +13,7 @@ signal number (130 for SIGINT, 143 for SIGTERM). A second signal raises
 Work that can wait long inside one iteration or stage (a request to a model
 server, a fine-tune job, a long generation) does not wait for the next safe
 point: it calls :func:`raise_if_stop_requested` while it waits, or waits
-through :func:`sleep` and :func:`wait_for`, which raise :class:`StopNow` within
+through :func:`sleep`, which raise :class:`StopNow` within
 :data:`POLL_SECONDS` of the first signal. The run then stops with the work
 since its last checkpoint dropped; a resume starts that iteration or stage
 again.
@@ -89,17 +89,6 @@ def sleep(seconds: float, what: str) -> None:
         if left <= 0:
             return
         time.sleep(min(left, POLL_SECONDS))
-
-
-def wait_for(thread: threading.Thread, what: str) -> None:
-    """Join ``thread`` (a daemon thread doing a blocking call), cut short by a stop request (:class:`StopNow`).
-
-    The thread is left to finish on its own; being a daemon, it does not hold
-    the process at its exit.
-    """
-    while thread.is_alive():
-        raise_if_stop_requested(what)
-        thread.join(POLL_SECONDS)
 
 
 def stop_requested() -> bool:

@@ -118,13 +118,14 @@ class OpenAIClient:
 
         self.map(lambda _, failed: self.with_retries(ask, "GET /models", failed), [None])
 
-    def map(self, request: Callable[[X, threading.Event], T], items: Sequence[X]) -> list[T]:
+    def map(self, request: Callable[[X, threading.Event], T], items: Sequence[X], what: str | None = None) -> list[T]:
         """``request(item, failed)`` for every item, ``max_concurrency`` at once in daemon threads; the results in order.
 
         The first request that fails for good sets ``failed`` (requests in
         flight stop retrying, those queued are dropped) and its error is
         raised at once, without waiting for the requests still in flight. A
-        stop request raises :class:`~nip_like.interrupts.StopNow` the same way.
+        stop request raises :class:`~nip_like.interrupts.StopNow` the same way,
+        naming ``what`` was waited for (by default an answer from this server).
         """
         if not items:
             return []
@@ -133,10 +134,10 @@ class OpenAIClient:
         errors: list[BaseException] = []
         queue = list(enumerate(items))[::-1]
         lock = threading.Lock()
-        workers = min(self.max_concurrency, len(items))
-        running = [workers]
+        running = workers = min(self.max_concurrency, len(items))
 
         def work() -> None:
+            nonlocal running
             try:
                 while not failed.is_set():
                     with lock:
@@ -150,15 +151,16 @@ class OpenAIClient:
                 failed.set()
             finally:
                 with lock:
-                    running[0] -= 1
-                    if running[0] == 0 or errors:
+                    running -= 1
+                    if running == 0 or errors:
                         finished.set()
 
         for number in range(workers):
             threading.Thread(target=work, name=f"nip_like-request-{number}", daemon=True).start()
+        what = what or f"an answer from the {self.label} at {self.base_url}"
         try:
             while not finished.wait(interrupts.POLL_SECONDS):
-                interrupts.raise_if_stop_requested(f"an answer from the {self.label} at {self.base_url}")
+                interrupts.raise_if_stop_requested(what)
         except BaseException:  # a stop request, or a second signal's KeyboardInterrupt
             failed.set()
             raise

@@ -42,7 +42,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -454,23 +453,14 @@ class InferenceServer:
             parts = urlsplit(base)
             base = f"{parts.scheme}://{parts.netloc}"
         url = f"{base}/{endpoint}"
-        outcome: dict[str, Any] = {}
-
-        def post() -> None:  # in a daemon thread: a stop request need not wait for a silent server
-            try:
-                outcome["response"] = httpx.post(url, json=body, timeout=float(self.sampler.timeout))
-            except httpx.HTTPError as error:
-                outcome["error"] = error
-
-        thread = threading.Thread(target=post, name="nip_like-post", daemon=True)
-        thread.start()
-        interrupts.wait_for(thread, f"an answer to POST {url}")
-        if "error" in outcome:
-            error = outcome["error"]
+        try:  # in the client's daemon threads: a stop request need not wait for a silent server
+            response = self.client.map(
+                lambda _, __: httpx.post(url, json=body, timeout=float(self.sampler.timeout)), [None], f"an answer to POST {url}"
+            )[0]
+        except httpx.HTTPError as error:
             if required:
                 raise ModelServerError(f"{self.where}: POST {url} failed: {type(error).__name__}: {error}") from None
             return
-        response = outcome["response"]
         if required and response.status_code >= 400:
             raise ModelServerError(
                 f"{self.where}.sync={self.sampler.sync}: POST {url} answered HTTP {response.status_code}: "

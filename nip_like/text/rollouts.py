@@ -225,11 +225,6 @@ ROLLOUTS_FORMAT = 2
 _REMEDY = "delete it and resume to sample the iteration again with the same models and seed"
 
 
-def file_digest(path: Path) -> str:
-    """The SHA-256 (hex) of the bytes of ``path``."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def save_rollouts(rollouts: TensorDict, agent_names: tuple[str, ...], num_rounds: int, path: Path) -> str:
     """Write ``rollouts`` as JSONL (one episode per line, after a header line), atomically.
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from nip_like.checkpoint import derive_seed, write_text_atomic
+from nip_like.checkpoint import derive_seed, file_sha256, write_text_atomic
 from nip_like.config import TextTrainerConfig
 from nip_like.scenarios.chat import ChatGame
 from nip_like.text.fine_tune import FineTuneSpec
@@ -50,7 +50,7 @@ from nip_like.text.interface import Sampling, TextModel
 from nip_like.text.jobs import FineTuneBackend, SubmititFineTuneBackend, check_executor
 from nip_like.text.models import build_text_model, create_model_folder
 from nip_like.text.remote import BASE_URL_ENV, check_text_model_server
-from nip_like.text.rollouts import file_digest, play_episodes, rollout_records
+from nip_like.text.rollouts import play_episodes, rollout_records
 from nip_like.text.tokenizer import build_chat_tokenizer
 from nip_like.trainers.base import IterationContext, Trainer, attach_progress_bar
 from nip_like.trainers.text import evaluation, fine_tune_jobs, sampling
@@ -177,7 +177,7 @@ class PureTextRlTrainer(Trainer):
         path = sampling.rollouts_path(self.run_dir, self.state.iteration)
         if path.is_file():  # written before a crash or stop, the state not yet saved: reused once its header checks out
             sampling.read_rollouts(path)
-            self.state.rollouts_sha256 = file_digest(path)
+            self.state.rollouts_sha256 = file_sha256(path)
         else:
             self._sample(path)
         return "log_stats"
