@@ -6,10 +6,10 @@ A schema field declares its allowed values where it is declared::
     name: str = checked("adam", choices=OPTIMIZERS)  # which optimiser
 
 :func:`checked` stores an :class:`Allowed` in the dataclass field's metadata;
-:func:`check_values` walks a config section against its schema and refuses
-the first value outside its field's range with a one-line
-:class:`~nip_like.errors.ConfigError` naming the field, the value and what is
-allowed. A test requires every numeric field of every schema to declare one,
+:func:`violations` walks a config section against its schema and names
+every value outside its field's range in one line (the field, the value and
+what is allowed); :mod:`nip_like.validation` reports them with every other
+problem of the config. A test requires every numeric field of every schema to declare one,
 and the docs' configuration reference shows them (:func:`allowed_values`).
 """
 
@@ -144,8 +144,8 @@ def _nested_schema(schema: type, name: str) -> type | None:
     return inner[0] if len(inner) == 1 and dataclasses.is_dataclass(inner[0]) else None
 
 
-def check_values(node: DictConfig | dict, schema: type, where: str) -> None:
-    """Refuse the first value of ``node`` that its field in ``schema`` does not allow (nested schemas too).
+def violations(node: DictConfig | dict, schema: type, where: str) -> Iterator[str]:
+    """Every value of ``node`` that its field in ``schema`` does not allow (nested schemas too), one line each.
 
     Parameters
     ----------
@@ -154,11 +154,11 @@ def check_values(node: DictConfig | dict, schema: type, where: str) -> None:
     schema : type
         Its dataclass schema.
     where : str
-        The section's place in the config (``"trainer"``), for the message.
+        The section's place in the config (``"trainer"``), for the lines.
 
-    Raises
+    Yields
     ------
-    ConfigError
+    str
         ``<where>.<field> must be <what is allowed>, got <value>``.
     """
     for field in dataclasses.fields(schema):
@@ -168,12 +168,25 @@ def check_values(node: DictConfig | dict, schema: type, where: str) -> None:
         name = f"{where}.{field.name}" if where else field.name
         nested = _nested_schema(schema, field.name)
         if nested is not None and isinstance(value, (DictConfig, dict)):
-            check_values(value, nested, name)
+            yield from violations(value, nested, name)
             continue
         allowed = allowed_of(field)
         if allowed is not None and allowed.violation(value):
             shown = list(value) if isinstance(value, ListConfig) else value
-            raise ConfigError(f"{name} must be {allowed.describe()}, got {shown!r}")
+            yield f"{name} must be {allowed.describe()}, got {shown!r}"
+
+
+def check_values(node: DictConfig | dict, schema: type, where: str) -> None:
+    """Refuse the values of ``node`` that their fields in ``schema`` do not allow (:func:`violations`), together.
+
+    Raises
+    ------
+    ConfigError
+        One line per value not allowed: ``<where>.<field> must be <what is allowed>, got <value>``.
+    """
+    found = list(violations(node, schema, where))
+    if found:
+        raise ConfigError("\n".join(found))
 
 
 def numeric_fields_without_range(schema: type) -> Iterator[str]:

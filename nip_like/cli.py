@@ -314,7 +314,7 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
 
 @contextmanager
 def report_errors() -> Iterator[None]:
-    """Turn a :class:`NipLikeError` or a config error into one line and exit status 2.
+    """Turn a :class:`NipLikeError` or a config error into one line (a line per problem of a config) and exit status 2.
 
     A run stopped by a signal (:class:`RunInterrupted`) prints its line, which
     says how to resume, and exits with 128 + the signal number. Under torchrun,
@@ -335,8 +335,9 @@ def report_errors() -> Iterator[None]:
     except PeerFailure as error:
         # A quiet one: the rank that failed reports (and records) its own error.
         _stop(1, None if error.quiet else f"error: {error}", shown=True)
-    except ConfigError as error:
-        _stop(EXIT_BAD_INPUT, f"error: {error}", shown=launched_rank() == 0)
+    except ConfigError as error:  # one line per problem (nip_like.validation reports a config's problems together)
+        lines = "\n".join(f"error: {line}" for line in str(error).splitlines() or [""])
+        _stop(EXIT_BAD_INPUT, lines, shown=launched_rank() == 0)
     except NipLikeError as error:
         rank = launched_rank()
         _stop(EXIT_BAD_INPUT, f"error: {f'rank {rank}: ' if rank else ''}{error}", shown=True)

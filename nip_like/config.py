@@ -17,11 +17,9 @@ the components and adjust the defaults. Fields fall in two kinds:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -29,9 +27,8 @@ from typing import Any, Callable, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from nip_like.allowed import Allowed, check_values, checked
-from nip_like.errors import ConfigError
-from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, Entry
+from nip_like.allowed import Allowed, checked
+from nip_like.registry import REGISTRIES
 from nip_like.optimizers import LR_SCHEDULES, OPTIMIZERS
 from nip_like.text.fine_tune_options import FineTuneOptions
 from nip_like.text.jobs import JobsConfig
@@ -219,81 +216,6 @@ class ExperimentConfig:
     protocol: Any = MISSING  # a protocol schema (config group "protocol")
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # metric loggers (run setting)
     run: RunSettings = field(default_factory=RunSettings)  # run settings
-
-
-def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
-    hints = typing.get_type_hints(schema)
-    unknown = []
-    for key in node.keys():
-        if key not in hints:
-            unknown.append(f"{prefix}{key}")
-        elif dataclasses.is_dataclass(hints[key]) and isinstance(node[key], DictConfig):
-            unknown += _unknown_keys(node[key], hints[key], f"{prefix}{key}.")
-    return unknown
-
-
-def check_known_keys(config: DictConfig, trainer: Entry) -> None:
-    """Fail on keys that no schema declares (Hydra's ``+key=value`` adds them silently).
-
-    Parameters
-    ----------
-    config : DictConfig
-        The whole experiment config. The scenario and protocol sections are
-        checked against the schemas their components are registered with,
-        ``trainer`` against the trainer's loop schema and ``trainer.objective``
-        against its objective schema; free-form dicts (``trainer.extra``,
-        ``trainer.agent_updates``, ...) are not checked here.
-    trainer : Entry
-        The trainer ``config`` names, resolved
-        (:func:`nip_like.experiment.resolve_trainer`).
-
-    Raises
-    ------
-    ConfigError
-        Naming the unknown keys, the loop fields the trainer does not read, or
-        a component that does not exist.
-    """
-    unknown = _unknown_keys(config, ExperimentConfig, "")
-    loop_schema = trainer.cls.loop_schema
-    unread = _unknown_keys(config.trainer, loop_schema, "trainer.")
-    own = {field.name for field in dataclasses.fields(loop_schema)}
-    other_loops = {field.name for schema in LOOP_SCHEMAS for field in dataclasses.fields(schema)} - own
-    if unread and all(key.split(".")[1] in other_loops for key in unread):
-        raise ConfigError(
-            f"trainer {config.trainer.trainer_type} does not read {', '.join(unread)}: its loop's options are "
-            f"{loop_schema.__name__}'s; leave them out (select the trainer with trainer=<name>, see docs: configuration)"
-        )
-    unknown += unread
-    sections = (
-        ("scenario", SCENARIOS.entry(str(config.scenario.get("name"))).schema, config.scenario),
-        ("protocol", PROTOCOLS.entry(str(config.protocol.get("name"))).schema, config.protocol),
-        ("trainer.objective", trainer.schema, config.trainer.get("objective")),
-    )
-    for where, schema, node in sections:
-        if schema is not None and isinstance(node, DictConfig):
-            unknown += _unknown_keys(node, schema, f"{where}.")
-    if unknown:
-        raise ConfigError(f"unknown config keys {unknown}; check the spelling (see docs: configuration)")
-
-
-def check_config_values(config: DictConfig, trainer: Entry) -> None:
-    """Check every value against what its field allows (:mod:`nip_like.allowed`), before any work.
-
-    The global sections against :class:`~nip_like.config.ExperimentConfig`,
-    the trainer's section against its loop schema (``trainer``: the resolved
-    entry), the protocol and the scenario against the schemas their
-    components are registered with (the objective: by
-    :func:`nip_like.experiment.check_objective`).
-
-    Raises
-    ------
-    ConfigError
-        Naming the first field whose value is not allowed, the value and what is.
-    """
-    check_values(config, ExperimentConfig, "")
-    check_values(config.trainer, trainer.cls.loop_schema, "trainer")
-    PROTOCOLS.typed_options(str(config.protocol.name), config.protocol, "protocol")
-    SCENARIOS.typed_options(str(config.scenario.name), config.scenario, "scenario")
 
 
 @functools.cache

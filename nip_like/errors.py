@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class NipLikeError(Exception):
     """Base class of the errors that the command line reports in one line.
@@ -13,7 +15,22 @@ class NipLikeError(Exception):
 
 
 class ConfigError(NipLikeError, ValueError):
-    """A configuration value, name or combination is not allowed."""
+    """A configuration value, name or combination is not allowed.
+
+    Its message is one line per problem: the config checks
+    (:mod:`nip_like.validation`) report every problem they find together.
+    """
+
+
+def raise_problems(problems: Iterable[str]) -> None:
+    """Raise a :class:`ConfigError` with one line per problem, if there is any (nothing otherwise).
+
+    What a component's ``validate`` hook returns, refused in one error where
+    the component checks itself (a trainer built without the experiment's checks).
+    """
+    lines = list(dict.fromkeys(problems))  # each once, in order
+    if lines:
+        raise ConfigError("\n".join(lines))
 
 
 class CheckpointError(NipLikeError):

@@ -15,16 +15,20 @@ from omegaconf import DictConfig, OmegaConf
 from nip_like import distributed, interrupts, run_lock
 from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder, resume_command
-from nip_like.config import check_config_values, check_known_keys, run_id
+from nip_like.config import run_id
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopNow, StopRequested
-from nip_like.lm.sharding import check_fsdp
 from nip_like.logging import MetricLogger
-from nip_like.protocols.base import Protocol
-from nip_like.registry import PROTOCOLS, SCENARIOS, TRAINERS, Entry, typed_entry
-from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import Trainer
-from nip_like.trainers.opponent_pool import check_opponent_pool
+from nip_like.validation import (  # noqa: F401  (build_protocol, build_scenario, check_requirements, meets, resolve_trainer: re-exported)
+    CheckedConfig,
+    build_protocol,
+    build_scenario,
+    check_requirements,
+    meets,
+    resolve_trainer,
+    validate,
+)
 
 #: Name of the resolved config a run folder keeps (read back by ``nip_like.resume``).
 CONFIG_FILE = "config.yaml"
@@ -45,174 +49,47 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     run_dir : Path
         The run folder.
     """
-    trainer = preflight(config)
+    checked = preflight(config)
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))
     seed_everything(int(config.seed))
-    scenario = build_scenario(config)
+    scenario = checked.build_scenario()
     logger_config = config.logger
     if not distributed.current().is_writer:  # under torchrun only rank 0 writes metrics
         logger_config = OmegaConf.merge(config.logger, {"backends": []})
     logger = MetricLogger(logger_config, run_dir, str(config.name))
-    return trainer.cls(config, scenario, run_dir, logger)
+    return checked.trainer.cls(config, scenario, run_dir, logger)
 
 
-def resolve_trainer(config: DictConfig) -> Entry:
-    """The trainer ``config`` names (``trainer.trainer_type``: a registered name or a dotted path), looked up once.
+def preflight(config: DictConfig) -> CheckedConfig:
+    """Every check that needs no data, no model weights and no run folder: run before the folder is made.
 
-    The steps after it receive the entry: its class (with the schema of its
-    loop, :attr:`~nip_like.trainers.base.Trainer.loop_schema`, and what it
-    requires) and the schema of its objective's options.
-
-    Raises
-    ------
-    ConfigError
-        If the name is not a trainer's, or the class is not a
-        :class:`~nip_like.trainers.base.Trainer` subclass.
-    """
-    entry = TRAINERS.entry(str(config.trainer.trainer_type))
-    if not (isinstance(entry.cls, type) and issubclass(entry.cls, Trainer)):
-        raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
-    return entry
-
-
-def preflight(config: DictConfig) -> Entry:
-    """The checks that need no data, no model weights and no run folder: run before the folder is made.
-
-    The config's names, types and ranges, the device, the trainer's objective,
-    what the trainer requires of the scenario (:func:`check_requirements`),
-    and what the scenario can check of its inputs without loading them
+    First the config, in one pass that reports every problem together
+    (:func:`nip_like.validation.validate`: names, keys, types and ranges,
+    device and distributed settings, what the trainer requires of the
+    scenario, the components' own checks). Then the inputs that can be
+    checked without loading them: the scenario's
     (:meth:`~nip_like.scenarios.base.Scenario.preflight`: model folders, their
-    tokenizers and chat templates, sizes against a model's context), then what
-    the trainer can check (:meth:`~nip_like.trainers.base.Trainer.preflight`:
-    a text model's server answers). The CLI
-    calls it before Hydra makes the run folder, so that a refused command
-    leaves nothing behind; :func:`build_trainer` calls it again.
+    tokenizers and chat templates, sizes against a model's context) and the
+    trainer's (:meth:`~nip_like.trainers.base.Trainer.preflight`: a writable
+    warm-start cache, a text model's server answers). The CLI calls it before
+    Hydra makes the run folder, so that a refused command leaves nothing
+    behind; :func:`build_trainer` calls it again.
 
     Returns
     -------
-    Entry
-        The trainer, resolved once (:func:`resolve_trainer`).
+    CheckedConfig
+        The trainer, resolved once, and the checked sections the scenario is built from.
 
     Raises
     ------
     ConfigError
-        The first thing that is wrong, in one line.
+        Every problem of the config, one line each; or the first problem of the inputs.
     """
-    trainer = resolve_trainer(config)
-    check_objective(config, trainer)
-    check_known_keys(config, trainer)
-    check_config_values(config, trainer)
-    _check_device(config.run.device)
-    pretrain = config.trainer.get("pretrain")
-    if pretrain is not None and pretrain.get("agents"):  # the fitted agents are cached there
-        check_writable_folder(Path(str(pretrain.cache_dir)).expanduser(), "trainer.pretrain.cache_dir")
-    scenario = build_scenario(config)
-    check_requirements(trainer.cls, scenario, config)
-    check_fsdp(config, trainer.cls, scenario)
-    if "opponent_pool" in config.trainer:
-        check_opponent_pool(config.trainer.opponent_pool, scenario, distributed.launched_world_size())
-    scenario.preflight()
-    trainer.cls.preflight(config, scenario)
-    return trainer
-
-
-def _capabilities(requirement: type | tuple[type, ...]) -> tuple[type, ...]:
-    return requirement if isinstance(requirement, tuple) else (requirement,)
-
-
-def meets(scenario_class: type, requires: tuple[type | tuple[type, ...], ...]) -> bool:
-    """Whether a scenario class has every capability of ``requires`` (a trainer's :attr:`~Trainer.requires`)."""
-    return all(issubclass(scenario_class, _capabilities(requirement)) for requirement in requires)
-
-
-def check_requirements(trainer_class: type[Trainer], scenario: Scenario, config: DictConfig) -> None:
-    """Refuse, in one line, a scenario without a capability the trainer requires (:meth:`Trainer.requirements`).
-
-    The capabilities are the classes of :mod:`nip_like.scenarios.base` and
-    :mod:`nip_like.scenarios.chat` that a scenario lists among its bases. The
-    message names what requires it, the capability, the scenario, and the
-    registered trainers whose requirements the scenario meets.
-
-    Raises
-    ------
-    ConfigError
-        The first requirement that the scenario does not meet.
-    """
-    for who, requires in trainer_class.requirements(config).items():
-        for requirement in requires:
-            options = _capabilities(requirement)
-            if isinstance(scenario, options):
-                continue
-            provides = " or ".join(capability.provides for capability in options)
-            names = " or ".join(capability.__name__ for capability in options)
-            playable = [
-                entry.name
-                for entry in TRAINERS.entries()
-                if issubclass(entry.cls, Trainer) and meets(type(scenario), entry.cls.requires)
-            ]
-            hint = f"; trainers for it: {', '.join(playable)}" if playable and who.startswith("trainer ") else ""
-            raise ConfigError(
-                f"{who} needs a scenario with {provides} ({names}); scenario {config.scenario.name!r} has none{hint}"
-            )
-
-
-def check_objective(config: DictConfig, entry: Entry) -> None:
-    """Check ``trainer.objective`` against the objective schema of the trainer ``config`` names (``entry``, resolved).
-
-    Raises
-    ------
-    ConfigError
-        If the options are another objective's (for a trainer named by dotted
-        path with an objective of its own, select its options with
-        ``trainer/objective=<name>``), or a key or type is wrong.
-    """
-    trainer_type = str(config.trainer.trainer_type)
-    options = config.trainer.get("objective")
-    if entry.schema is None:
-        return
-    given = OmegaConf.get_type(options) if isinstance(options, DictConfig) else None
-    if given is not None and given is not dict and not issubclass(given, entry.schema):
-        raise ConfigError(
-            f"trainer {trainer_type} takes objective options {entry.schema.__name__}, but trainer.objective holds "
-            f"{given.__name__}; select its options with trainer/objective={entry.name}"
-        )
-    typed_entry(entry.schema, options if options is not None else {}, "trainer.objective")
-
-
-def build_protocol(config: DictConfig) -> Protocol:
-    """Build the protocol ``config.protocol`` names from its options, checked against its schema.
-
-    Parameters
-    ----------
-    config : DictConfig
-        The whole experiment config.
-    """
-    name = str(config.protocol.name)
-    options = PROTOCOLS.typed_options(name, config.protocol, "protocol")
-    return PROTOCOLS.get(name)(**OmegaConf.to_container(options, resolve=True))
-
-
-def build_scenario(config: DictConfig) -> Scenario:
-    """Build the protocol and the scenario that ``config`` names (no data is loaded yet).
-
-    Parameters
-    ----------
-    config : DictConfig
-        The whole experiment config.
-    """
-    protocol = build_protocol(config)
-    name = str(config.scenario.name)
-    return SCENARIOS.get(name)(SCENARIOS.typed_options(name, config.scenario, "scenario"), protocol)
-
-
-def _check_device(device: str) -> None:
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise ConfigError(f"run.device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from error
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device is {device!r} but CUDA is not available on this machine; use run.device=cpu")
+    checked = validate(config)
+    checked.scenario.preflight()
+    checked.trainer.cls.preflight(config, checked.scenario)
+    return checked
 
 
 def git_revision() -> str | None:

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from nip_like import __main__ as entry
 from nip_like.cli import compose_config, report_errors
-from nip_like.config import check_config_values, check_known_keys
+from nip_like.validation import check_config_values, check_known_keys
 from nip_like.experiment import build_scenario, resolve_trainer, run_experiment
 from nip_like.registry import PROTOCOLS, SCENARIOS
 from nip_like.scenarios.hidden_bits.scenario import HiddenBitsConfig, HiddenBitsScenario

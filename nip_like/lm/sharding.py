@@ -33,7 +33,6 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from nip_like.errors import ConfigError
 
 
 def _dtensor_type() -> type:
@@ -172,37 +171,3 @@ def local_abs_max(param: torch.Tensor) -> torch.Tensor:
     """The largest magnitude of this rank's part of ``param`` (0 for an empty shard): reduce it over the ranks with max."""
     local = param.detach().to_local() if is_sharded(param) else param.detach()
     return local.abs().max() if local.numel() else local.new_zeros(())
-
-
-def check_fsdp(config, trainer_cls: type, scenario) -> None:
-    """Refuse ``run.fsdp=true`` where it cannot apply, in one line (before any work).
-
-    It needs ``torchrun`` with two or more ranks, a trainer whose update
-    shards (:attr:`~nip_like.trainers.rl.TensorDictRlTrainer.shards_lm_agents`)
-    and a scenario whose agents are language models.
-    """
-    if not config.run.get("fsdp"):
-        return
-    from nip_like.distributed import launched_world_size
-
-    if launched_world_size() < 2:
-        raise ConfigError(
-            "run.fsdp=true shards the agents over torchrun's ranks: start with torchrun --nproc_per_node=N (N >= 2), "
-            "or set run.fsdp=false"
-        )
-    if not getattr(trainer_cls, "shards_lm_agents", False):
-        from nip_like.registry import TRAINERS
-
-        allowed = [name for name in TRAINERS.names() if getattr(TRAINERS.entry(name).cls, "shards_lm_agents", False)]
-        raise ConfigError(
-            f"run.fsdp=true: trainer {config.trainer.trainer_type} does not shard its agents; allowed: {', '.join(allowed)}"
-        )
-    lm_agents = getattr(scenario, "lm_agent_configs", lambda: {})()
-    if not lm_agents:
-        raise ConfigError(
-            f"run.fsdp=true shards language-model agents; scenario {config.scenario.name} has none "
-            "(its agents are replicated on every rank: set run.fsdp=false)"
-        )
-    for where, agent, _ in lm_agents.values():
-        if agent.get("score_chunk_tokens") is not None:  # its output layer runs outside the model's sharded forward
-            raise ConfigError(f"{where}.score_chunk_tokens and run.fsdp=true do not go together: set one of them to null/false")

@@ -18,7 +18,7 @@ split, with its extension points (``data_spec``, ``generate``,
 ``split_fractions``).
 
 A trainer declares what it requires (:attr:`nip_like.trainers.base.Trainer.requires`),
-and :func:`nip_like.experiment.preflight` checks it once, before any work,
+and :func:`nip_like.validation.validate` checks it once, before any work,
 as BenchMARL's ``supports_*()`` do. Example::
 
     class GraphIsomorphismScenario(TensorGame, Demonstrating, Labelled): ...

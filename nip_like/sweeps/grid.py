@@ -26,9 +26,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like.config import CONFIG_DIR, check_config_values, check_known_keys, register_configs, run_id
+from nip_like.config import CONFIG_DIR, register_configs, run_id
 from nip_like.errors import ConfigError, NipLikeError, one_line
-from nip_like.experiment import resolve_trainer
+from nip_like.validation import validate_schemas
 
 #: Config group holding the sweep configs.
 SWEEP_GROUP = "sweep"
@@ -131,7 +131,7 @@ def declared_iterations(config: DictConfig, trainer_class: type) -> int:
     config : DictConfig
         The job's whole config.
     trainer_class : type
-        The trainer class it names (:func:`nip_like.experiment.resolve_trainer`).
+        The trainer class it names (:func:`nip_like.validation.resolve_trainer`).
     """
     shell = trainer_class.__new__(trainer_class)
     shell.config = config
@@ -229,9 +229,7 @@ def _make_job(overrides: list[str], hydra_overrides: list[str], root: Path) -> J
         folder_name = str(config.hydra.job.override_dirname) or "default"
         with open_dict(config):
             del config["hydra"]
-        trainer = resolve_trainer(config)
-        check_known_keys(config, trainer)
-        check_config_values(config, trainer)
+        trainer = validate_schemas(config)
         return Job(
             overrides=list(overrides),
             name=folder_name,
@@ -241,7 +239,7 @@ def _make_job(overrides: list[str], hydra_overrides: list[str], root: Path) -> J
             iterations=declared_iterations(config, trainer.cls),
         )
     except NipLikeError as error:
-        message = str(error)
+        message = "; ".join(str(error).splitlines())  # a config's problems, on the job's one line
     except (OmegaConfBaseException, HydraException) as error:
         message = f"config: {one_line(error)}"
     return Job(overrides=list(overrides), name=fallback, folder=root / fallback, error=message)

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from nip_like import distributed
 from nip_like.checkpoint import check_checkpoint_folders, load_checked, save_atomic
+from nip_like.folders import check_writable_folder
 from nip_like.config import TrainerConfig, run_id
 from nip_like.errors import ConfigError
 from nip_like.interrupts import StopRequested, stop_requested
@@ -134,7 +135,7 @@ class Trainer(ABC):
 
     #: What the trainer needs of its scenario: capabilities of :mod:`nip_like.scenarios.base`
     #: (a tuple among them: any one of those), checked before any work by
-    #: :func:`nip_like.experiment.check_requirements`.
+    #: :func:`nip_like.validation.requirement_problems`.
     requires: ClassVar[tuple[type | tuple[type, ...], ...]] = ()
     #: The schema of the trainer's section (``trainer``): the RL loop's by default; the text
     #: trainers' is :class:`~nip_like.config.TextTrainerConfig`. Fields outside it are refused.
@@ -166,6 +167,25 @@ class Trainer(ABC):
         (``trainer.pretrain.agents``).
         """
         return {f"trainer {config.trainer.trainer_type}": cls.requires}
+
+    @classmethod
+    def validate(cls, config: DictConfig, scenario: Scenario | None) -> list[str]:
+        """What is wrong with this trainer's options that a field's range cannot say, one line each (nothing by default).
+
+        The config's last check (:func:`nip_like.validation.validate`), once
+        every field has its declared type and an allowed value: relations
+        between fields, and between the options and the game. Return the
+        problems; do not raise. Keep it cheap: no data, no weights, no files.
+
+        Parameters
+        ----------
+        config : DictConfig
+            The whole experiment config, its sections checked against their schemas.
+        scenario : Scenario or None
+            The scenario, built with no data loaded; ``None`` when its own
+            section has a problem (check what does not need it).
+        """
+        return []
 
     @classmethod
     def preflight(cls, config: DictConfig, scenario: Scenario) -> None:
@@ -293,12 +313,15 @@ class TensorDictTrainer(Trainer, ABC):
 
     @classmethod
     def preflight(cls, config: DictConfig, scenario: TensorGame) -> None:
-        """Refuse LM agents whose memory clearly cannot fit the run's device (:func:`~nip_like.lm.memory.check_lm_memory`), and inference servers that do not answer with log-probabilities (:func:`~nip_like.lm.server.check_sampler`).
+        """Refuse a warm-start cache folder that cannot be written, LM agents whose memory clearly cannot fit the run's device (:func:`~nip_like.lm.memory.check_lm_memory`), and inference servers that do not answer with log-probabilities (:func:`~nip_like.lm.server.check_sampler`).
 
         The agents are the scenario's language-model agents
         (:meth:`~nip_like.scenarios.base.TensorGame.lm_agent_configs`); a scenario
         without any has nothing to check.
         """
+        pretrain = config.trainer.get("pretrain")
+        if pretrain is not None and pretrain.get("agents"):  # the fitted agents are cached there
+            check_writable_folder(Path(str(pretrain.cache_dir)).expanduser(), "trainer.pretrain.cache_dir")
         agents = scenario.lm_agent_configs()
         if not agents:
             return

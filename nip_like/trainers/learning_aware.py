@@ -45,28 +45,39 @@ class LearningAwareTrainer(TensorDictRlTrainer):
     #: The loss module class, called with the objective's options.
     loss_class: ClassVar[type[LearningAwareLoss]]
 
-    def __init__(self, config, scenario, run_dir, logger) -> None:
-        # Checked before the agents are built: the protocol must say who leads, if the objective asks.
-        self._check_leader_order(config, scenario.protocol)
-        self._check_options(config)
-        super().__init__(config, scenario, run_dir, logger)
-
     @classmethod
-    def preflight(cls, config: DictConfig, scenario) -> None:
-        """Refuse, in one line, agents that share a policy and opponent pools, whose updates this trainer cannot differentiate through."""
-        super().preflight(config, scenario)
-        sharers = sorted(name for name, owner in getattr(scenario, "policy_owners", dict)().items() if owner != name)
-        if sharers:
-            raise ConfigError(
-                f"trainer {config.trainer.trainer_type} differentiates each agent's update through the others' parameters; "
-                f"{', '.join(sharers)} play(s) another agent's model (share_policy_with), one set of parameters: use a standard "
-                f"trainer, or share_base_with (an adapter per agent)"
-            )
+    def validate(cls, config: DictConfig, scenario) -> list[str]:
+        """The RL loop's checks, and what this trainer cannot differentiate through: shared policies, opponent pools, a protocol without leaders where the objective needs them."""
+        problems = super().validate(config, scenario)
+        trainer_type = config.trainer.trainer_type
+        if scenario is not None:
+            sharers = sorted(name for name, owner in getattr(scenario, "policy_owners", dict)().items() if owner != name)
+            if sharers:
+                problems.append(
+                    f"trainer {trainer_type} differentiates each agent's update through the others' parameters; "
+                    f"{', '.join(sharers)} play(s) another agent's model (share_policy_with), one set of parameters: use a standard "
+                    f"trainer, or share_base_with (an adapter per agent)"
+                )
+            options = config.trainer.get("objective")
+            if cls._needs_leader_order(options) and scenario.protocol.leader_order is None:
+                why = "leaders differentiate through their followers" if cls.loss_class.needs_leader_order else (
+                    "trainer.objective.anticipate=followers"
+                )
+                problems.append(
+                    f"trainer {trainer_type} needs a protocol with leaders and followers ({why}); "
+                    f"protocol {scenario.protocol.name} declares none (the interactive-proof protocols with provers do, and "
+                    f"matrix_game with protocol.leader=row)"
+                )
         if config.trainer.opponent_pool.get("agent"):
-            raise ConfigError(
-                f"trainer {config.trainer.trainer_type} differentiates through the other agents' updates, which a snapshot "
+            problems.append(
+                f"trainer {trainer_type} differentiates through the other agents' updates, which a snapshot "
                 f"from trainer.opponent_pool does not make: use a standard trainer, or set trainer.opponent_pool.agent=null"
             )
+        options = config.trainer.get("objective")
+        if options is not None and options.get("ihvp_method") == "low_rank" and float(options.ihvp_damping) == 0:
+            # The low-rank inverse divides by |eigenvalue| + damping; a flat direction would divide by 0.
+            problems.append("trainer.objective.ihvp_damping must be > 0 with ihvp_method=low_rank, got 0")
+        return problems
 
     @property
     def _name(self) -> str:
@@ -75,26 +86,6 @@ class LearningAwareTrainer(TensorDictRlTrainer):
     @classmethod
     def _needs_leader_order(cls, options: Any) -> bool:
         return cls.loss_class.needs_leader_order or (options is not None and options.get("anticipate") == "followers")
-
-    def _check_leader_order(self, config: DictConfig, protocol) -> None:
-        options = config.trainer.get("objective")
-        if not self._needs_leader_order(options):
-            return
-        if protocol.leader_order is None:
-            why = "leaders differentiate through their followers" if self.loss_class.needs_leader_order else (
-                "trainer.objective.anticipate=followers"
-            )
-            raise ConfigError(
-                f"trainer {config.trainer.trainer_type} needs a protocol with leaders and followers ({why}); "
-                f"protocol {protocol.name} declares none (the interactive-proof protocols with provers do, and "
-                f"matrix_game with protocol.leader=row)"
-            )
-
-    def _check_options(self, config: DictConfig) -> None:
-        options = config.trainer.get("objective")
-        if options is not None and options.get("ihvp_method") == "low_rank" and float(options.ihvp_damping) == 0:
-            # The low-rank inverse divides by |eigenvalue| + damping; a flat direction would divide by 0.
-            raise ConfigError("trainer.objective.ihvp_damping must be > 0 with ihvp_method=low_rank, got 0")
 
     def _get_loss_module_and_gae(self):
         options = self.objective_options

@@ -241,8 +241,8 @@ class OpponentPool:
             self.episodes_file.write_text("".join(f"{line}\n" for line in kept))
 
 
-def check_opponent_pool(options: Any, scenario: Any, world_size: int) -> None:
-    """Refuse, in one line, an opponent pool that cannot apply (before any work; nothing without ``agent``).
+def opponent_pool_problems(options: Any, scenario: Any, world_size: int) -> list[str]:
+    """What keeps an opponent pool from applying to this game, in one line (none without ``agent``, or when it applies).
 
     Parameters
     ----------
@@ -254,32 +254,36 @@ def check_opponent_pool(options: Any, scenario: Any, world_size: int) -> None:
         The torchrun ranks of the run (1 in one process).
     """
     if not options.get("agent"):
-        return
+        return []
     names = tuple(scenario.agent_names)
     if len(names) < 2:
-        raise ConfigError("trainer.opponent_pool needs a game of two or more agents: the pooled agent's opponents learn against it")
+        return ["trainer.opponent_pool needs a game of two or more agents: the pooled agent's opponents learn against it"]
     if options.agent not in names:
-        raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is not an agent of this game; allowed: {list(names)}")
+        return [f"trainer.opponent_pool.agent={options.agent} is not an agent of this game; allowed: {list(names)}"]
     others = [name for name in names if name != options.agent]
     if options.get("learner") is not None and options.learner not in others:
-        raise ConfigError(f"trainer.opponent_pool.learner={options.learner} must be another agent of the game: one of {others}")
+        return [f"trainer.opponent_pool.learner={options.learner} must be another agent of the game: one of {others}"]
     lm_agents = getattr(scenario, "lm_agent_configs", dict)()
     if options.agent not in lm_agents:
-        raise ConfigError("trainer.opponent_pool plays snapshots of language-model agents; this game's agents are not (set agent: null)")
+        return ["trainer.opponent_pool plays snapshots of language-model agents; this game's agents are not (set agent: null)"]
     if world_size > 1:
-        raise ConfigError("trainer.opponent_pool runs in one process: each torchrun rank would draw its own opponents (set agent: null)")
+        return ["trainer.opponent_pool runs in one process: each torchrun rank would draw its own opponents (set agent: null)"]
     where, agent, _ = lm_agents[options.agent]
     if agent.sampler.kind == "server":
-        raise ConfigError(
+        return [
             f"trainer.opponent_pool.agent={options.agent} samples from an inference server, which holds the live weights, "
             f"not a snapshot's: set {where}.sampler.kind=local"
-        )
+        ]
     if agent.frozen_from:
-        raise ConfigError(f"trainer.opponent_pool.agent={options.agent} is a frozen co-player (frozen_from): its snapshots would all be alike")
+        return [f"trainer.opponent_pool.agent={options.agent} is a frozen co-player (frozen_from): its snapshots would all be alike"]
+    return []
 
 
 def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
-    """The trainer's :class:`OpponentPool` (None without ``trainer.opponent_pool.agent``), checked in one line.
+    """The trainer's :class:`OpponentPool` (None without ``trainer.opponent_pool.agent``).
+
+    The options were checked against the game (:func:`opponent_pool_problems`)
+    when the trainer was validated; what is left needs the agents built.
 
     Parameters
     ----------
@@ -290,7 +294,6 @@ def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
     """
     if not options.agent:
         return None
-    check_opponent_pool(options, trainer.scenario, trainer.distributed.world_size)
     policy = trainer.policy.policy(options.agent)
     if not any(param.requires_grad for param in policy.model.parameters()):
         raise ConfigError(f"trainer.opponent_pool.agent={options.agent}: the agent's model trains nothing, so its snapshots would all be alike")

@@ -33,19 +33,19 @@ from torch import nn
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.objectives import LossModule
 
-from nip_like import keys
+from nip_like import distributed, keys
 from nip_like.checkpoint import load_checked
-from nip_like.errors import ConfigError, ModelServerError
+from nip_like.errors import ModelServerError, raise_problems
 from nip_like.folders import resume_command
 from nip_like.logging import MetricLogger
 from nip_like.objectives.reference import ReferencePolicy
 from nip_like.precision import float32_region
-from nip_like.scenarios.base import Demonstrating, Labelled, TensorGame
+from nip_like.scenarios.base import Demonstrating, Labelled, Scenario, TensorGame
 from nip_like.trainers import collection, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.evaluation import RlEvaluation
-from nip_like.trainers.opponent_pool import build_opponent_pool
+from nip_like.trainers.opponent_pool import build_opponent_pool, opponent_pool_problems
 from nip_like.trainers.rl_build import RlBuildSteps
 from nip_like.trainers.rl_state import RlCheckpoints, TrainState
 
@@ -164,19 +164,40 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         return OmegaConf.to_container(options, resolve=True) if options is not None else {}
 
     # ----------------------------------------------------------- configuration
-    def _validate(self) -> None:
-        # Single fields are checked against their declared ranges when the experiment is built
-        # (nip_like.allowed); what is left are the relations between fields.
-        tc = self.trainer_config
+    @classmethod
+    def validate(cls, config: DictConfig, scenario: Scenario | None) -> list[str]:
+        """The relations between the RL loop's fields (each field's range is its schema's), and the opponent pool against the game."""
+        tc = config.trainer
+        world_size = distributed.launched_world_size()
+        problems = []
         if tc.num_envs % tc.group_size:
-            raise ConfigError(
-                f"trainer.num_envs ({tc.num_envs}) must be a multiple of trainer.group_size ({tc.group_size})"
-            )
-        if (tc.num_envs // self.distributed.world_size) % tc.group_size:
-            raise ConfigError(
-                f"trainer.num_envs ({tc.num_envs}) over {self.distributed.world_size} ranks must leave each rank a "
+            problems.append(f"trainer.num_envs ({tc.num_envs}) must be a multiple of trainer.group_size ({tc.group_size})")
+        elif (tc.num_envs // world_size) % tc.group_size:
+            problems.append(
+                f"trainer.num_envs ({tc.num_envs}) over {world_size} ranks must leave each rank a "
                 f"multiple of trainer.group_size ({tc.group_size})"
             )
+        if tc.frames_per_batch % tc.num_envs:
+            problems.append(
+                f"trainer.frames_per_batch ({tc.frames_per_batch}) must be a multiple of trainer.num_envs ({tc.num_envs})"
+            )
+        if tc.minibatch_size > tc.frames_per_batch:
+            problems.append(
+                f"trainer.minibatch_size ({tc.minibatch_size}) is larger than the batch "
+                f"(trainer.frames_per_batch = {tc.frames_per_batch})"
+            )
+        if not tc.eval.metric.startswith("eval/"):
+            problems.append(f"trainer.eval.metric must name an evaluation metric (eval/...), got {tc.eval.metric!r}")
+        if tc.eval.test_checkpoint == "best" and tc.eval.every == 0:
+            problems.append("trainer.eval.test_checkpoint=best needs evaluation: set trainer.eval.every > 0")
+        if scenario is not None and tc.opponent_pool.get("agent"):
+            problems += opponent_pool_problems(tc.opponent_pool, scenario, world_size)
+        return problems
+
+    def _validate(self) -> None:
+        # A trainer built without the experiment's checks (nip_like.validation) checks itself.
+        raise_problems(type(self).validate(self.config, self.scenario))
+        tc = self.trainer_config
         # Minibatches per optimiser step; null: one per rank (the ranks share each step's minibatches, whole).
         self.accumulation = update.accumulation_steps(tc.optimizer.grad_accumulation_steps, self.distributed.world_size)
         if tc.optimizer.grad_accumulation_steps is None and self.distributed.enabled and self.distributed.is_writer:
@@ -186,20 +207,6 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
                 self.accumulation,
                 self.accumulation,
             )
-        if tc.frames_per_batch % tc.num_envs:
-            raise ConfigError(
-                f"trainer.frames_per_batch ({tc.frames_per_batch}) must be a multiple of "
-                f"trainer.num_envs ({tc.num_envs})"
-            )
-        if tc.minibatch_size > tc.frames_per_batch:
-            raise ConfigError(
-                f"trainer.minibatch_size ({tc.minibatch_size}) is larger than the batch "
-                f"(trainer.frames_per_batch = {tc.frames_per_batch})"
-            )
-        if not tc.eval.metric.startswith("eval/"):
-            raise ConfigError(f"trainer.eval.metric must name an evaluation metric (eval/...), got {tc.eval.metric!r}")
-        if tc.eval.test_checkpoint == "best" and tc.eval.every == 0:
-            raise ConfigError("trainer.eval.test_checkpoint=best needs evaluation: set trainer.eval.every > 0")
 
     @property
     def num_iterations(self) -> int:
