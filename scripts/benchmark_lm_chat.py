@@ -94,7 +94,7 @@ from nip_like.lm.local_models import build_chat_model_folder  # noqa: E402
 from nip_like.lm.lora import LoraOptions  # noqa: E402
 from nip_like.lm.models import LMAgentConfig, build_lm_policy  # noqa: E402
 from nip_like.lm.policy import LMPolicy  # noqa: E402
-from nip_like.scenarios.duplicates.chat_view import SYSTEM_PROMPTS, ChatSpeaker, list_line  # noqa: E402
+from nip_like.scenarios.duplicates.chat_text import SYSTEM_PROMPTS, ChatSpeaker, list_line  # noqa: E402
 
 #: Model shapes ``--build`` writes (Qwen2 architecture, tied embeddings): the benchmark's and a tiny one for tests.
 SHAPES: dict[str, dict[str, int]] = {
@@ -173,7 +173,7 @@ def chat_prompts(tokenizer, args: argparse.Namespace, device: torch.device) -> b
     """``B`` prover prompts of the chat view in groups of ``G`` equal ones, left-padded.
 
     Each group's prompt is what the chat view shows the prover at its first
-    turn (:class:`~nip_like.scenarios.duplicates.chat_view.ChatSpeaker`): the
+    turn (:class:`~nip_like.scenarios.duplicates.chat_text.ChatSpeaker`): the
     tokenizer's chat template over the prover's system prompt and the
     ``list:`` line of a random list of ``--list-length`` cells in
     ``0 .. --num-values - 1``, written with their indices.

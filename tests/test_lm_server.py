@@ -19,7 +19,7 @@ from nip_like import experiment, keys
 from nip_like.checkpoint import load_checked
 from nip_like.errors import CheckpointError, ConfigError, ModelServerError
 from nip_like.logging import read_csv_metric
-from nip_like.lm.server import _read_choice
+from nip_like.lm.completions import read_choice as _read_choice
 from tests.completions_server import command, completions_server, free_port, transformers_serve
 from tests.conftest import popen_cli, run_cli
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture

@@ -37,7 +37,6 @@ the run's last checkpoint is named, and resuming completes the run.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -56,17 +55,21 @@ from nip_like.checkpoint import derive_seed
 from nip_like.dependency_warnings import dependency_warnings_once
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.lm.checkpoints import quiet_progress
+from nip_like.lm.completions import (
+    BAN,
+    CompletionPrompt,
+    NoLogProbs,
+    complete,
+    completion_settings,
+    completions_client,
+    read_choice,
+)
 from nip_like.lm.lora import has_lora, merged_model
-
 from nip_like.lm.policy import LMPolicy, sampled_messages
-from nip_like.openai_client import MalformedAnswer, OpenAIClient, check_base_url
+from nip_like.openai_client import check_base_url
 
 #: The ways a server gets an agent's new weights.
 SYNC_MODES = ("lora", "disk", "restart", "none")
-#: A token named by its id (vLLM's ``return_tokens_as_token_ids``).
-_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
-#: The OpenAI logit bias that bans a token.
-_BAN = -100
 
 
 @dataclass
@@ -161,7 +164,7 @@ def probe_server(where: str, sampler: Any, agent: Any) -> None:
     if sampler.sync == "restart":
         return
     path = f"{where}.sampler"
-    client = _client(sampler)
+    client = completions_client(sampler)
     try:
         try:
             client.check_server()
@@ -170,12 +173,12 @@ def probe_server(where: str, sampler: Any, agent: Any) -> None:
         # One token with its log-probability: a server that refuses the request or answers without it cannot serve.
         model = str(sampler.model or agent.pretrained_path or "")
         try:
-            probe = _Prompt([0], 1, seed=0)
-            choice = client.map(lambda prompt, failed: _complete(client, model, prompt, _settings(1.0, 0, 1.0), (), {}, failed), [probe])[0]
-            _read_choice(choice, None)
+            probe = CompletionPrompt([0], 1, seed=0)
+            choice = client.map(lambda prompt, failed: complete(client, model, prompt, completion_settings(1.0, 0, 1.0), (), {}, failed), [probe])[0]
+            read_choice(choice, None)
         except ModelServerError as error:
             raise ModelServerError(f"{path}: a completion of one token with its log-probability failed: {error}; {_NEEDS}") from None
-        except _NoLogProbs:
+        except NoLogProbs:
             raise ModelServerError(f"{path}: the server at {sampler.base_url} returned no per-token log-probabilities; {_NEEDS}") from None
     finally:
         client.close()
@@ -214,88 +217,6 @@ def check_server_sharing(servers: dict[str, tuple[str, SamplerConfig]]) -> None:
             )
 
 
-class _NoLogProbs(Exception):
-    """A completion without per-token log-probabilities."""
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    ids: list[int]
-    max_tokens: int
-    seed: int
-
-
-def _settings(temperature: float, top_k: int, top_p: float) -> dict[str, Any]:
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-
-
-def _client(sampler: SamplerConfig):
-    return OpenAIClient(
-        model=str(sampler.model or ""),
-        base_url=str(sampler.base_url),
-        api_key=os.environ.get(str(sampler.api_key_env)),
-        max_concurrency=int(sampler.max_concurrency),
-        max_retries=int(sampler.max_retries),
-        retry_backoff=float(sampler.retry_backoff),
-        timeout=float(sampler.timeout),
-        label="inference server",
-    )
-
-
-def _complete(client, model: str, prompt: _Prompt, settings: dict[str, Any], stop: Sequence[str], bias: dict[str, int], failed=None):
-    """One ``/v1/completions`` request for one prompt, with the client's retries; its first choice."""
-    extra = {
-        "return_tokens_as_token_ids": True,  # vLLM: tokens named token_id:<id>
-        "skip_special_tokens": False,
-        "include_stop_str_in_output": True,
-        "top_k": settings["top_k"] if settings["top_k"] else -1,
-    }
-
-    def ask():
-        try:
-            response = client.client.completions.create(
-                model=model,
-                prompt=[prompt.ids],
-                max_tokens=prompt.max_tokens,
-                temperature=settings["temperature"],
-                top_p=settings["top_p"],
-                logprobs=1,
-                seed=prompt.seed,
-                stop=list(stop) or None,
-                logit_bias=bias or None,
-                extra_body=extra,
-            )
-        except ValueError as error:
-            raise MalformedAnswer(f"malformed JSON answer: {' '.join(str(error).split())}") from None
-        try:
-            return response.choices[0]
-        except (AttributeError, IndexError, TypeError) as error:
-            raise MalformedAnswer(f"an answer without choices[0] ({type(error).__name__})") from None
-
-    return client.with_retries(ask, f"completions of model {model}", failed)
-
-
-def _read_choice(choice, tokenizer) -> tuple[list[int], list[float], str, bool, bool]:
-    """A choice's token ids, their log-probabilities, its finish reason, whether it was re-tokenized and whether that differed."""
-    logprobs = getattr(choice, "logprobs", None)
-    names = getattr(logprobs, "tokens", None) if logprobs is not None else None
-    values = getattr(logprobs, "token_logprobs", None) if logprobs is not None else None
-    if names is None or values is None or len(names) != len(values) or any(value is None for value in values):
-        raise _NoLogProbs()
-    reason = str(getattr(choice, "finish_reason", None) or "length")
-    matches = [_TOKEN_ID.match(str(name)) for name in names]
-    if all(matches):
-        return [int(match.group(1)) for match in matches], [float(value) for value in values], reason, False, False
-    if tokenizer is None:
-        return [], [float(value) for value in values], reason, True, False
-    ids = tokenizer(str(choice.text or ""), add_special_tokens=False)["input_ids"]
-    pieces = [tokenizer.decode([token]) for token in ids]
-    mismatch = pieces != [str(name) for name in names]
-    # Re-tokenized text keeps the server's log-probabilities only where the tokens agree.
-    server = [float(value) for value in values] if not mismatch else [float("nan")] * len(ids)
-    return list(ids), server, reason, True, mismatch
-
-
 class InferenceServer:
     """One agent's inference server: samples its messages, gets its new weights (see the module docstring).
 
@@ -320,7 +241,7 @@ class InferenceServer:
         self.pretrained_path = pretrained_path
         self.folder = Path(folder)
         self.base_url = str(sampler.base_url)
-        self.client = _client(sampler)
+        self.client = completions_client(sampler)
         self.model_name = str(sampler.model or pretrained_path or "")
         #: Whether the agent's weights changed since the server last got them (True at the start: a warm start or a resume changed them).
         self.stale = sampler.sync != "none"
@@ -338,22 +259,22 @@ class InferenceServer:
             self.push(policy)
         settings = policy.settings
         temperature = 0.0 if greedy else settings.temperature
-        bias = {str(token): _BAN for token in policy.banned.nonzero().squeeze(-1).tolist()}
+        bias = {str(token): BAN for token in policy.banned.nonzero().squeeze(-1).tolist()}
         length = policy.max_new_tokens
         # The requests' seeds come from torch's generator, which a checkpoint holds: a resumed run asks for the same.
         seed = derive_seed(int(torch.randint(0, 2**31 - 1, ()).item()), f"sampler:{self.name}")
         prompts = [
-            _Prompt(row[mask].tolist(), length, derive_seed(seed, f"row:{index}"))
+            CompletionPrompt(row[mask].tolist(), length, derive_seed(seed, f"row:{index}"))
             for index, (row, mask) in enumerate(zip(prompt_ids.cpu(), prompt_mask.cpu()))
         ]
-        replies = self._complete_all(policy, prompts, _settings(temperature, settings.top_k, settings.top_p), bias)
+        replies = self._complete_all(policy, prompts, completion_settings(temperature, settings.top_k, settings.top_p), bias)
         return self._score(policy, prompt_ids, prompt_mask, replies)
 
-    def _complete_all(self, policy: LMPolicy, prompts: list[_Prompt], settings: dict[str, Any], bias: dict[str, int]) -> list[ServerSample]:
+    def _complete_all(self, policy: LMPolicy, prompts: list[CompletionPrompt], settings: dict[str, Any], bias: dict[str, int]) -> list[ServerSample]:
         model = self._request_model()
         try:
             choices = self.client.map(
-                lambda prompt, failed: _complete(self.client, model, prompt, settings, policy.stop_strings, bias, failed),
+                lambda prompt, failed: complete(self.client, model, prompt, settings, policy.stop_strings, bias, failed),
                 prompts,
             )
         except ModelServerError as error:
@@ -361,8 +282,8 @@ class InferenceServer:
         replies = []
         for choice in choices:
             try:
-                ids, log_probs, reason, retokenized, mismatch = _read_choice(choice, policy.tokenizer)
-            except _NoLogProbs:
+                ids, log_probs, reason, retokenized, mismatch = read_choice(choice, policy.tokenizer)
+            except NoLogProbs:
                 raise ModelServerError(f"{self.where}: the server at {self.base_url} returned no per-token log-probabilities; {_NEEDS}") from None
             finished = reason == "stop"
             if finished and (not ids or ids[-1] != policy.eos_token_id) and not policy.ends_with_stop(ids):

@@ -33,7 +33,7 @@ import torch
 from nip_like.errors import ConfigError
 from nip_like.lm.models import architecture_context, load_tokenizer, model_context
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.duplicates.chat_view import (  # noqa: F401 - the text rules, shared with the chat view
+from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, shared with the chat view
     HIDDEN_TEXT,
     SYSTEM_PROMPTS,
     list_line,

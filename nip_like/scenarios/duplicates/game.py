@@ -23,7 +23,7 @@ from nip_like.folders import check_writable_folder
 from nip_like.lm.tokenizer import build_tokenizer
 from nip_like.scenarios.base import GeneratedData, ScenarioConfig
 from nip_like.scenarios.decisions import check_proof_scenario
-from nip_like.scenarios.duplicates.chat_view import LIST_FORMATS, SYSTEM_PROMPTS
+from nip_like.scenarios.duplicates.chat_text import LIST_FORMATS, SYSTEM_PROMPTS
 from nip_like.scenarios.duplicates.data import DuplicateLists, DuplicateSpec, cache_path, generate_lists
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, VERIFIER_VIEWS, DuplicatesEnv, DuplicateSymbols
 

@@ -27,7 +27,7 @@ from nip_like.lm.models import LMAgentConfig, architecture_context, load_tokeniz
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.shared_models import build_policies, check_shared_models, policy_owners, warm_start_owners, with_shared_base
 from nip_like.registry import typed_entry
-from nip_like.scenarios.duplicates.chat_view import ChatSpeaker
+from nip_like.scenarios.duplicates.chat_text import ChatSpeaker
 from nip_like.scenarios.duplicates.game import DuplicatesGame
 
 __all__ = ["DuplicatesLMAgents"]
