@@ -1,0 +1,888 @@
+"""Run a Python program's tests in a separate, limited process: a guard against buggy and runaway programs.
+
+:func:`run_program` runs every test of one program in one fresh child
+interpreter and returns a :class:`ProgramRun`: one :class:`TestOutcome` per
+test, each passed or failed with a one-line reason. A program that loops,
+crashes, prints megabytes, allocates gigabytes, exits, forks, opens a socket
+or touches files outside its folder fails its tests; the caller never hangs
+and never crashes. :func:`run_programs` runs many programs, optionally on
+several threads (each program still gets a process of its own).
+
+The child
+---------
+``sys.executable -s -S -P -c <bootstrap>``: no user site, no ``site`` module
+(so only the standard library is importable), no script folder on
+``sys.path``, and an environment built from scratch (no inherited variables,
+no proxies, ``PYTHONHASHSEED=0`` so that programs that iterate over sets of
+strings give the same answer every run: ``-I`` would ignore that variable,
+and the fresh environment gives what ``-I`` gives otherwise). It runs in a new
+session (its own process group, killed whole at the end), with standard
+input at ``/dev/null``, its working folder a fresh temporary folder that is
+removed afterwards, and ``HOME`` and ``TMPDIR`` pointing there.
+
+The bootstrap (:data:`BOOTSTRAP`) loads the compiled harness
+(:func:`harness_source`) and the job from a file in that folder; the harness
+(:func:`_child_main`) deletes the file, then, before any line of the program
+runs:
+
+* sets resource limits on itself (``RLIMIT_AS`` memory, ``RLIMIT_CPU``,
+  ``RLIMIT_FSIZE`` with ``SIGXFSZ`` ignored so that a big write fails
+  instead of killing, ``RLIMIT_NOFILE``, ``RLIMIT_CORE`` 0, and
+  ``RLIMIT_NPROC`` 0, which stops ``fork`` and threads for a user other
+  than root; root is exempt from it). They are set there rather than in a
+  ``preexec_fn``, which is unsafe in a multi-threaded parent such as a
+  torch process;
+* removes ``fork``, ``forkpty``, ``system``, the ``exec*``, ``spawn*`` and
+  ``posix_spawn*`` functions, ``kill``, ``killpg`` and ``_exit`` from
+  ``os`` and ``posix`` (and ``pidfd_send_signal`` from ``_signal``), and
+  refuses to import ``socket``, ``ssl``, ``subprocess``,
+  ``multiprocessing``, ``concurrent``, ``ctypes``, ``pty``, ``asyncio`` and
+  the network clients (:data:`BLOCKED_MODULES`);
+* replaces ``open`` and the path functions of ``os`` (``stat``,
+  ``listdir``, ``scandir``, ``remove``, ``rename``, ``mkdir``, ``chdir``,
+  ...) by versions that refuse, with ``PermissionError``, any path whose
+  real path is outside the working folder.
+
+Then it runs the tests one by one, each under a per-test CPU-time alarm
+(:attr:`SandboxLimits.test_time_limit`), with ``sys.stdin``, ``sys.stdout``
+and ``sys.stderr`` replaced by in-memory streams (the output capped at
+:attr:`SandboxLimits.output_kib`), and writes one line per test on a pipe of
+its own: the test's index, a status, the SHA-256 of the canonical answer
+(:func:`value_digest`, :func:`text_digest`) and a short preview. The
+expected answers never enter the child; the parent compares digests.
+
+The parent reads that pipe and the child's own standard output and error
+(where a raw ``os.write(1, ...)`` lands) in chunks, keeping a 2 KiB tail
+only; more than :attr:`SandboxLimits.output_kib` there, or past the
+wall-clock :attr:`SandboxLimits.time_limit`, it kills the child's process
+group and fails every test not yet reported, with the reason.
+
+What it is not
+--------------
+A guard against accidents, not a security boundary. The same user runs the
+program, without namespaces, seccomp or a chroot: a program written to get
+out can (re-load ``_socket`` through ``importlib`` machinery, reach the
+original ``open`` through ``_io``, find the harness's saved functions with
+``gc``, use ``dir_fd`` arguments, forge its result lines, ...). Run code
+from untrusted authors in a container or VM as well. Reading a path is
+refused like writing it, but only through the replaced functions; ``/proc``
+and the standard library remain readable through the import system. The
+number of files a program writes in its folder is not limited (each is at
+most :attr:`SandboxLimits.file_size_kib`), so a program can fill a disk
+until its time is up.
+"""
+
+from __future__ import annotations
+
+import inspect
+import marshal
+import math
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from nip_like.errors import ConfigError, NipLikeError
+
+#: Top-level modules a program may not import (the harness imports none of them).
+BLOCKED_MODULES = (
+    "socket",
+    "_socket",
+    "ssl",
+    "_ssl",
+    "subprocess",
+    "_posixsubprocess",
+    "multiprocessing",
+    "_multiprocessing",
+    "concurrent",
+    "ctypes",
+    "_ctypes",
+    "pty",
+    "asyncio",
+    "_asyncio",
+    "socketserver",
+    "http",
+    "urllib",
+    "ftplib",
+    "smtplib",
+    "poplib",
+    "imaplib",
+    "telnetlib",
+    "xmlrpc",
+    "webbrowser",
+)
+
+#: Functions of ``os`` and ``posix`` that the harness removes before a program runs.
+REMOVED_FUNCTIONS = (
+    "fork",
+    "forkpty",
+    "vfork",
+    "system",
+    "popen",
+    "execl",
+    "execle",
+    "execlp",
+    "execlpe",
+    "execv",
+    "execve",
+    "execvp",
+    "execvpe",
+    "fexecve",
+    "spawnl",
+    "spawnle",
+    "spawnlp",
+    "spawnlpe",
+    "spawnv",
+    "spawnve",
+    "spawnvp",
+    "spawnvpe",
+    "posix_spawn",
+    "posix_spawnp",
+    "kill",
+    "killpg",
+    "_exit",
+    "register_at_fork",
+)
+
+#: Functions of ``os`` whose path arguments must lie inside the working folder.
+GUARDED_PATH_FUNCTIONS = (
+    "open",
+    "stat",
+    "lstat",
+    "access",
+    "listdir",
+    "scandir",
+    "remove",
+    "unlink",
+    "rename",
+    "replace",
+    "mkdir",
+    "rmdir",
+    "chdir",
+    "chmod",
+    "chown",
+    "lchown",
+    "truncate",
+    "utime",
+    "link",
+    "symlink",
+    "readlink",
+    "mkfifo",
+    "mknod",
+    "statvfs",
+    "chroot",
+    "getxattr",
+    "setxattr",
+    "listxattr",
+    "removexattr",
+)
+
+#: How many characters of an answer or an error the child sends back.
+PREVIEW_CHARS = 120
+
+
+class SandboxError(NipLikeError):
+    """The sandbox itself could not run (the interpreter did not start); a program's failures are never this."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one program's child process may use.
+
+    Parameters
+    ----------
+    time_limit : float
+        Wall-clock seconds for the whole child, interpreter start and every
+        test included; the child's process group is killed then. Its CPU time
+        is limited to ``ceil(time_limit) + 1`` seconds as well.
+    test_time_limit : float
+        CPU seconds for one test (the harness's ``ITIMER_PROF`` alarm); a test
+        past it fails and the next one starts. CPU time, not wall-clock time,
+        so that a busy machine does not fail a fast program; a test that
+        blocks without computing, or a program that catches the alarm's
+        exception, is stopped by ``time_limit``.
+    memory_mib : int
+        The child's address space, in MiB (``RLIMIT_AS``); an allocation past
+        it raises ``MemoryError`` in the program.
+    output_kib : int
+        Most KiB a test may print (more fails that test), and most KiB the
+        child may write to its real standard output and error together (more
+        kills it).
+    file_size_kib : int
+        Largest file the child may write, in KiB (``RLIMIT_FSIZE``).
+    open_files : int
+        Most open file descriptors (``RLIMIT_NOFILE``).
+
+    Raises
+    ------
+    ConfigError
+        If a value is out of range, naming the field.
+    """
+
+    time_limit: float = 10.0
+    test_time_limit: float = 2.0
+    memory_mib: int = 256
+    output_kib: int = 64
+    file_size_kib: int = 1024
+    open_files: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("time_limit", "test_time_limit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"SandboxLimits.{name} must be a positive number of seconds, got {value!r}")
+        for name, lowest in (("memory_mib", 64), ("output_kib", 1), ("file_size_kib", 0), ("open_files", 16)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                raise ConfigError(f"SandboxLimits.{name} must be an integer >= {lowest}, got {value!r}")
+
+    def rlimits(self) -> list[tuple[str, int]]:
+        """Return the ``resource`` limits the harness sets on itself, as ``(RLIMIT_name, value)`` pairs."""
+        return [
+            ("RLIMIT_AS", self.memory_mib << 20),
+            ("RLIMIT_CPU", math.ceil(self.time_limit) + 1),
+            ("RLIMIT_FSIZE", self.file_size_kib << 10),
+            ("RLIMIT_NOFILE", self.open_files),
+            ("RLIMIT_CORE", 0),
+            ("RLIMIT_NPROC", 0),
+        ]
+
+
+@dataclass(frozen=True)
+class TestSuite:
+    """The hidden tests of a problem, in one of two styles.
+
+    Parameters
+    ----------
+    inputs : sequence
+        One entry per test. Call style: the list of positional arguments
+        (JSON values; anything that is not a list is one argument). Standard
+        input style: the text the program reads.
+    outputs : sequence
+        The expected answers, one per test. Call style: the returned value
+        (compared by :func:`canonical_value`). Standard input style: the text
+        printed (a list of lines is joined with newlines), compared by
+        :func:`normalise_text`.
+    fn_name : str or None
+        Call style: the function to call, a top-level function of the
+        program or a method of its class ``Solution``; ``None`` for the
+        standard input style, where the whole program runs once per test.
+    lenient_lists : bool
+        Also accept, for an expected answer that is a non-empty list, its
+        first element (the rule of the APPS test harness, whose call-style
+        answers are often wrapped in a list).
+
+    Raises
+    ------
+    ValueError
+        If ``inputs`` and ``outputs`` differ in length, or an input of the
+        standard input style is not a string.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    inputs: tuple[Any, ...]
+    outputs: tuple[Any, ...]
+    fn_name: str | None = None
+    lenient_lists: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        if len(self.inputs) != len(self.outputs):
+            raise ValueError(f"a test suite needs one output per input, got {len(self.inputs)} and {len(self.outputs)}")
+        if self.fn_name is None and not all(isinstance(text, str) for text in self.inputs):
+            raise ValueError("the inputs of a standard-input test suite must be strings")
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def expected_digests(self) -> list[frozenset[str]]:
+        """Return, per test, the digests of the answers that pass it."""
+        digests = []
+        for output in self.outputs:
+            if self.fn_name is None:
+                text = output if isinstance(output, str) else "\n".join(str(line) for line in output)
+                digests.append(frozenset({text_digest(text)}))
+                continue
+            accepted = {value_digest(output)}
+            if self.lenient_lists and isinstance(output, list) and output:
+                accepted.add(value_digest(output[0]))
+            digests.append(frozenset(accepted))
+        return digests
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """Whether one test passed, and if not, why (one line).
+
+    Parameters
+    ----------
+    passed : bool
+        The program gave the expected answer within the limits.
+    reason : str
+        Empty for a passed test; else for example ``"wrong answer: got 3"``,
+        ``"error: ZeroDivisionError: integer division or modulo by zero"``,
+        ``"time limit exceeded (the test used more than 0.1 s of CPU)"``.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    passed: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """The outcome of every test of one program.
+
+    Parameters
+    ----------
+    outcomes : tuple of TestOutcome
+        One per test, in the suite's order.
+    seconds : float
+        Wall-clock time of the child, start to end.
+    """
+
+    outcomes: tuple[TestOutcome, ...]
+    seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        """Whether every test passed (a program without tests does not pass)."""
+        return bool(self.outcomes) and all(outcome.passed for outcome in self.outcomes)
+
+    @property
+    def num_passed(self) -> int:
+        """How many tests passed."""
+        return sum(outcome.passed for outcome in self.outcomes)
+
+    @property
+    def reason(self) -> str:
+        """The first failed test's reason, prefixed with its index; empty if all passed."""
+        for index, outcome in enumerate(self.outcomes):
+            if not outcome.passed:
+                return f"test {index}: {outcome.reason}"
+        return "" if self.outcomes else "no tests"
+
+
+# ---------------------------------------------------------------- answers (these run in the child too)
+# The functions from here to _child_main are copied into the child's harness by their source
+# (harness_source): they use builtins only, and their annotations name builtins only.
+
+
+def canonical_value(value: object, depth: int = 0) -> object:
+    """Return the form in which a call-style answer is compared.
+
+    Tuples become lists, ``bool`` becomes ``int`` and a float with an integral
+    value becomes that ``int`` (so ``True == 1`` and ``2.0 == 2``, as in
+    Python); a dict becomes a sorted list of ``[key, value]`` pairs; lists,
+    strings, ints, other floats and ``None`` stay. Anything else (a set, an
+    object) is refused.
+
+    Raises
+    ------
+    TypeError
+        For a value of another type, or nested more than 100 deep.
+    """
+    if depth > 100:
+        raise TypeError("the answer is nested more than 100 deep")
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if value == value and abs(value) != float("inf") and value.is_integer():
+            return int(value)
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [canonical_value(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        pairs = [[canonical_value(key, depth + 1), canonical_value(item, depth + 1)] for key, item in value.items()]
+        return ["dict", sorted(pairs, key=repr)]
+    raise TypeError(f"the answer is a {type(value).__name__}, which is not compared (use lists, numbers, strings)")
+
+
+def value_digest(value: object) -> str:
+    """Return the SHA-256 (hex) of ``repr(canonical_value(value))``: equal answers, equal digests."""
+    return sha256(repr(canonical_value(value)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def normalise_text(text: str) -> str:
+    """Return printed text as it is compared: each line stripped, leading and trailing blank lines dropped."""
+    return "\n".join(line.strip() for line in text.strip().splitlines())
+
+
+def text_digest(text: str) -> str:
+    """Return the SHA-256 (hex) of :func:`normalise_text` of ``text``."""
+    return sha256(normalise_text(text).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _child_main(job: dict) -> None:
+    """The harness: the child's whole program (see the module's docstring). Runs only in the child, on ``job``."""
+    import _signal as signal  # not ``signal``: it imports enum, which doubles the child's start-up time
+    import builtins
+    import io
+    import os
+    import posix
+    import resource
+    import sys
+
+    os.remove("job.marshal")
+    write, exit_now, result_fd = os.write, os._exit, job["result_fd"]
+    for name, value in job["rlimits"]:
+        try:
+            resource.setrlimit(getattr(resource, name), (value, value))
+        except (ValueError, OSError, AttributeError):
+            pass
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    def leave(code=None):
+        raise SystemExit(code)
+
+    builtins.exit = builtins.quit = leave  # what ``site`` (not loaded) would give
+
+    class TimeLimit(BaseException):
+        """The per-test CPU-time alarm went off."""
+
+    class OutputLimit(BaseException):
+        """A test printed more than the limit."""
+
+    def on_alarm(signum, frame):
+        raise TimeLimit()
+
+    signal.signal(signal.SIGPROF, on_alarm)
+    set_timer, cpu_timer, test_time = signal.setitimer, signal.ITIMER_PROF, job["test_time"]
+    output_limit = job["output_limit"]
+
+    class CappedBuffer(io.BytesIO):
+        """A byte buffer that raises :class:`OutputLimit` past ``output_limit`` bytes."""
+
+        def write(self, data):
+            if self.tell() + len(data) > output_limit:
+                raise OutputLimit()
+            return super().write(data)
+
+    # ---- guards: imports, processes, signals, paths
+    blocked = frozenset(job["blocked"])
+
+    class Blocker:
+        """A meta-path finder that refuses the blocked modules."""
+
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.partition(".")[0] in blocked:
+                raise ImportError(f"the sandbox does not allow importing {name}")
+            return None
+
+    for name in list(sys.modules):
+        if name.partition(".")[0] in blocked:
+            del sys.modules[name]
+    sys.meta_path.insert(0, Blocker)
+    for module in (os, posix):
+        for name in job["removed"]:
+            if hasattr(module, name):
+                delattr(module, name)
+    if hasattr(signal, "pidfd_send_signal"):
+        del signal.pidfd_send_signal
+
+    root = os.path.realpath(os.getcwd())
+    checking = [False]
+
+    def inside(path):
+        if isinstance(path, int) or checking[0]:
+            return True
+        checking[0] = True
+        try:
+            real = os.path.realpath(os.fsdecode(os.fspath(path)))
+        finally:
+            checking[0] = False
+        return real == root or real.startswith(root + os.sep)
+
+    def guarded(function, name):
+        def guard(*args, **kwargs):
+            paths = list(args[:2] if name in ("rename", "replace", "link", "symlink") else args[:1])
+            paths += [kwargs[key] for key in ("path", "file", "src", "dst") if key in kwargs]
+            for path in paths:
+                if path is not None and not inside(path):
+                    raise PermissionError(f"the sandbox does not allow access to {path!r}, outside its folder")
+            return function(*args, **kwargs)
+
+        return guard
+
+    builtins.open = io.open = guarded(io.open, "open")
+    for name in job["guarded"]:
+        if hasattr(os, name):
+            setattr(os, name, guarded(getattr(os, name), name))
+
+    # ---- the tests
+    def describe(error):
+        try:
+            text = str(error)
+        except BaseException:
+            text = ""
+        return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+    def report(index, status, digest, detail):
+        line = " ".join(str(detail).split())[: job["preview"]]
+        write(result_fd, f"{index}\t{status}\t{digest}\t{line}\n".encode("utf-8", "replace"))
+
+    def attempt(call):
+        """Run ``call()`` under the alarm, with fresh standard streams; return (status, digest, detail)."""
+        try:
+            try:
+                set_timer(cpu_timer, test_time)
+                return call()
+            finally:
+                set_timer(cpu_timer, 0)
+        except TimeLimit:
+            return ("timeout", "", "")
+        except OutputLimit:
+            return ("output", "", "")
+        except BaseException as error:
+            return ("error", "", describe(error))
+
+    def streams(text):
+        sys.stdin = io.TextIOWrapper(io.BytesIO(text.encode("utf-8", "surrogatepass")), encoding="utf-8")
+        captured = io.TextIOWrapper(CappedBuffer(), encoding="utf-8", errors="replace", write_through=True)
+        sys.stdout = sys.stderr = captured
+        return captured
+
+    source, fn_name, inputs = job["source"], job["fn_name"], job["inputs"]
+    try:
+        code = compile(source, "<program>", "exec")
+        load_error = ""
+    except BaseException as error:
+        code, load_error = None, describe(error)
+
+    if fn_name is None:
+        for index, text in enumerate(inputs):
+            if code is None:
+                report(index, "error", "", load_error)
+                continue
+            captured = streams(text)
+
+            def run_main(captured=captured):
+                try:
+                    exec(code, {"__name__": "__main__", "__builtins__": builtins})
+                except SystemExit as stop:
+                    if stop.code not in (None, 0):
+                        raise
+                captured.flush()
+                printed = captured.buffer.getvalue().decode("utf-8", "replace")
+                return ("ok", text_digest(printed), repr(printed[: job["preview"]]))
+
+            report(index, *attempt(run_main))
+        exit_now(0)
+
+    namespace = {"__name__": "__program__", "__builtins__": builtins}
+    function = None
+    if code is not None:
+        streams("")
+
+        def load():
+            exec(code, namespace)
+            found = namespace.get(fn_name)
+            if found is None and isinstance(namespace.get("Solution"), type):
+                found = getattr(namespace["Solution"](), fn_name, None)
+            if not callable(found):
+                return ("error", "", f"the program defines no function {fn_name}")
+            namespace["__function__"] = found
+            return ("ok", "", "")
+
+        status, _, load_error = attempt(load)
+        if status == "ok":
+            function = namespace.pop("__function__")
+        elif status == "timeout":
+            load_error = "time limit exceeded while loading the program"
+        elif status == "output":
+            load_error = "output limit exceeded while loading the program"
+    for index, arguments in enumerate(inputs):
+        if function is None:
+            report(index, "error", "", f"the program failed to load: {load_error}")
+            continue
+        streams("")
+
+        def call(arguments=arguments):
+            value = function(*arguments) if isinstance(arguments, list) else function(arguments)
+            return ("ok", value_digest(value), repr(canonical_value(value))[: job["preview"]])
+
+        report(index, *attempt(call))
+    exit_now(0)
+
+
+_HARNESS_PRELUDE = """\
+try:
+    from _sha256 import sha256
+except ImportError:
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
+"""
+
+#: What the interpreter is told to run: load the job file (the harness's compiled code and the job) and run it.
+BOOTSTRAP = 'import marshal; code, job = marshal.loads(open("job.marshal", "rb").read()); exec(code)'
+
+_harness: str | None = None
+_harness_code: Any = None
+
+
+def harness_source() -> str:
+    """Return the harness's source: the answer functions above, then :func:`_child_main` called on ``job``."""
+    global _harness
+    if _harness is None:
+        parts = [inspect.getsource(function) for function in (canonical_value, value_digest, normalise_text, text_digest)]
+        _harness = "\n\n".join([_HARNESS_PRELUDE, *parts, inspect.getsource(_child_main), "_child_main(job)\n"])
+    return _harness
+
+
+def harness_code() -> Any:
+    """Return :func:`harness_source` compiled once (the child is this interpreter, so it loads the code object)."""
+    global _harness_code
+    if _harness_code is None:
+        _harness_code = compile(harness_source(), "<sandbox harness>", "exec")
+    return _harness_code
+
+
+def child_environment(folder: str) -> dict[str, str]:
+    """Return the child's whole environment: nothing is inherited (no proxies, no ``PYTHONPATH``)."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": folder,
+        "TMPDIR": folder,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONSAFEPATH": "1",
+        "no_proxy": "*",
+        "NO_PROXY": "*",
+    }
+
+
+# ---------------------------------------------------------------- the parent side
+
+
+@dataclass
+class _Reading:
+    """What the parent read from one child."""
+
+    reports: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    tail: bytes = b""
+    output_exceeded: bool = False
+    timed_out: bool = False
+    stopped: bool = False
+
+
+def _read_child(
+    process: subprocess.Popen, result_fd: int, deadline: float, limits: SandboxLimits, size: int, stop_on: Any
+) -> _Reading:
+    """Read the child's result lines and output in chunks until both end, the deadline passes or a limit is hit."""
+    reading = _Reading()
+    output_limit = limits.output_kib << 10
+    results_limit = output_limit + 400 * size
+    output_bytes = results_bytes = 0
+    partial = b""
+    assert process.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout.fileno(), selectors.EVENT_READ, "output")
+        selector.register(result_fd, selectors.EVENT_READ, "results")
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                reading.timed_out = True
+                return reading
+            for key, _ in selector.select(remaining):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                if key.data == "output":
+                    output_bytes += len(chunk)
+                    reading.tail = (reading.tail + chunk)[-2048:]
+                    if output_bytes > output_limit:
+                        reading.output_exceeded = True
+                        return reading
+                    continue
+                results_bytes += len(chunk)
+                if results_bytes > results_limit:
+                    reading.output_exceeded = True
+                    return reading
+                *lines, partial = (partial + chunk).split(b"\n")
+                for line in lines:
+                    fields = line.decode("utf-8", "replace").split("\t", 3)
+                    if len(fields) != 4 or not fields[0].isdigit() or int(fields[0]) >= size:
+                        continue
+                    index = int(fields[0])
+                    reading.reports.setdefault(index, (fields[1], fields[2], fields[3]))
+                    if stop_on(index, reading.reports[index]):
+                        reading.stopped = True
+                        return reading
+    return reading
+
+
+def _missing_reason(reading: _Reading, returncode: int, limits: SandboxLimits) -> str:
+    """Why a test has no result line."""
+    if reading.output_exceeded:
+        return f"output limit exceeded (more than {limits.output_kib} KiB printed)"
+    if reading.timed_out:
+        return f"time limit exceeded (the program ran past {limits.time_limit:g} s)"
+    if reading.stopped:
+        return "not run (stopped at the first failure)"
+    last = " ".join(reading.tail.decode("utf-8", "replace").strip().splitlines()[-1:])[:PREVIEW_CHARS]
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        extra = {"SIGXCPU": " (CPU time limit)", "SIGSEGV": " (a crash, e.g. a stack overflow)"}.get(name, "")
+        return f"the process was killed by {name}{extra}"
+    if returncode > 0:
+        return f"the process ended with status {returncode}" + (f": {last}" if last else "")
+    return "the program ended the process before this test"
+
+
+def _outcome(report: tuple[str, str, str], accepted: frozenset[str], limits: SandboxLimits) -> TestOutcome:
+    """Turn one result line into a :class:`TestOutcome`."""
+    status, digest, detail = report
+    if status == "ok":
+        return TestOutcome(True) if digest in accepted else TestOutcome(False, f"wrong answer: got {detail}")
+    if status == "timeout":
+        return TestOutcome(False, f"time limit exceeded (the test used more than {limits.test_time_limit:g} s of CPU)")
+    if status == "output":
+        return TestOutcome(False, f"output limit exceeded (more than {limits.output_kib} KiB printed)")
+    return TestOutcome(False, f"error: {detail}" if detail else "error")
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill the child's whole process group; the unreaped child keeps the group's id ours until then."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_program(
+    source: str,
+    suite: TestSuite,
+    limits: SandboxLimits | None = None,
+    *,
+    stop_at_first_failure: bool = False,
+) -> ProgramRun:
+    """Run every test of ``suite`` on the program ``source`` in one sandboxed child process.
+
+    Parameters
+    ----------
+    source : str
+        The program's Python source.
+    suite : TestSuite
+        The tests and their expected answers (which never enter the child).
+    limits : SandboxLimits, optional
+        The child's limits; :class:`SandboxLimits` defaults if omitted.
+    stop_at_first_failure : bool
+        Kill the child as soon as one test fails; the tests after it fail as
+        ``"not run (stopped at the first failure)"``. Enough to label a
+        program, and much faster for programs that loop.
+
+    Returns
+    -------
+    ProgramRun
+        One outcome per test. Never raises for anything the program does.
+
+    Raises
+    ------
+    SandboxError
+        If the child interpreter cannot be started at all.
+    """
+    limits = limits or SandboxLimits()
+    accepted = suite.expected_digests()
+    started = time.monotonic()
+
+    def stop_on(index: int, report: tuple[str, str, str]) -> bool:
+        return stop_at_first_failure and not _outcome(report, accepted[index], limits).passed
+
+    with tempfile.TemporaryDirectory(prefix="nip_like_sandbox_", ignore_cleanup_errors=True) as folder:
+        read_fd, write_fd = os.pipe()
+        job = {
+            "source": source,
+            "fn_name": suite.fn_name,
+            "inputs": list(suite.inputs),
+            "result_fd": write_fd,
+            "rlimits": limits.rlimits(),
+            "test_time": float(limits.test_time_limit),
+            "output_limit": limits.output_kib << 10,
+            "preview": PREVIEW_CHARS,
+            "blocked": list(BLOCKED_MODULES),
+            "removed": list(REMOVED_FUNCTIONS),
+            "guarded": list(GUARDED_PATH_FUNCTIONS),
+        }
+        try:
+            Path(folder, "job.marshal").write_bytes(marshal.dumps((harness_code(), job)))
+            process = subprocess.Popen(
+                [sys.executable, "-s", "-S", "-P", "-c", BOOTSTRAP],
+                cwd=folder,
+                env=child_environment(folder),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as error:
+            os.close(read_fd)
+            raise SandboxError(f"could not start the sandbox's Python interpreter ({error})") from error
+        finally:
+            os.close(write_fd)
+        try:
+            reading = _read_child(process, read_fd, started + limits.time_limit, limits, len(suite), stop_on)
+        finally:
+            _kill_group(process)
+            process.wait()
+            os.close(read_fd)
+            assert process.stdout is not None
+            process.stdout.close()
+    missing = _missing_reason(reading, process.returncode, limits)
+    outcomes = tuple(
+        _outcome(reading.reports[index], accepted[index], limits)
+        if index in reading.reports
+        else TestOutcome(False, missing)
+        for index in range(len(suite))
+    )
+    return ProgramRun(outcomes=outcomes, seconds=time.monotonic() - started)
+
+
+def run_programs(
+    jobs: Sequence[tuple[str, TestSuite]],
+    limits: SandboxLimits | None = None,
+    *,
+    stop_at_first_failure: bool = False,
+    workers: int = 1,
+) -> list[ProgramRun]:
+    """Run :func:`run_program` on each ``(source, suite)`` of ``jobs``; the results in the same order.
+
+    ``workers`` threads start children at once (each program keeps its own
+    process); the results do not depend on it.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
+
+    def run(job: tuple[str, TestSuite]) -> ProgramRun:
+        return run_program(job[0], job[1], limits, stop_at_first_failure=stop_at_first_failure)
+
+    if workers == 1:
+        return [run(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run, jobs))
