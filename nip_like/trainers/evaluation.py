@@ -172,12 +172,24 @@ class RlEvaluation(TensorDictTrainer):
         :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` ends with it;
         ``python -m nip_like.evaluate`` calls it on a saved state.
         """
+        all_episodes = self.play_test_episodes()
+        self._write_transcripts(all_episodes, "test")
+        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
+        return with_optimality(metrics, self.scenario.optimal_rewards() or {})
+
+    def play_test_episodes(self) -> TensorDictBase:
+        """The test's episodes, played in the test context: the ``"next"`` entries of each one's final step.
+
+        The same episodes as :meth:`test` plays (same split, seed and number),
+        for an analysis that needs more than their metrics
+        (``python -m nip_like.analyse message-regression``).
+        """
         with ExitStack() as stack:
             self._build_test_context(stack)
-            return self._run_test_loop()
+            return self._play_test_loop()
 
     @attach_progress_bar(lambda self: self.num_test_iterations)
-    def _run_test_loop(self, iteration_context: IterationContext) -> dict[str, float]:
+    def _play_test_loop(self, iteration_context: IterationContext) -> TensorDictBase:
         iteration_context.set_description("Testing")
         dist = self.distributed
         batch_episodes = dist.share(8 if self.test_run else self.trainer_config.test_batch_episodes, "trainer.test_batch_episodes")
@@ -191,8 +203,4 @@ class RlEvaluation(TensorDictTrainer):
             episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
             iteration_context.step()
         all_episodes = torch.cat(episodes)
-        if not self.test_run:
-            all_episodes = all_episodes[: self.test_episodes]
-        self._write_transcripts(all_episodes, "test")
-        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
-        return with_optimality(metrics, self.scenario.optimal_rewards() or {})
+        return all_episodes if self.test_run else all_episodes[: self.test_episodes]

@@ -20,7 +20,7 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.lm.models import LMAgentConfig
 from nip_like.registry import register_scenario
-from nip_like.scenarios.base import Demonstrating, TensorGame
+from nip_like.scenarios.base import Demonstrating, MessageFeatures, Messaging, TensorGame
 from nip_like.scenarios.decisions import decision_metrics
 from nip_like.scenarios.duplicates.chat_view import DuplicatesChatViewEnv
 from nip_like.scenarios.duplicates.data import DuplicateLists
@@ -66,7 +66,7 @@ class DuplicatesConfig(DuplicatesDataConfig):
 
 
 @register_scenario("duplicates", DuplicatesConfig)
-class DuplicatesScenario(DuplicatesLMAgents, TensorGame, Demonstrating):
+class DuplicatesScenario(DuplicatesLMAgents, TensorGame, Demonstrating, Messaging):
     """Decide whether a list holds a duplicate pair, seeing only the cells that messages name.
 
     The agents are causal language models (one per agent, built from
@@ -191,6 +191,30 @@ class DuplicatesScenario(DuplicatesLMAgents, TensorGame, Demonstrating):
                 }
             )
         return records
+
+    # ---------------------------------------------------------------- messages
+    def message_features(self, episodes: TensorDictBase, policy: Any) -> list[MessageFeatures]:
+        """Each prover's messages of every round as the tokens it sampled, with its model's input embedding.
+
+        The token view's messages are in the game's vocabulary; the chat
+        view's replies in the prover's own (``E, R * T`` tokens, a mask of
+        the real ones).
+        """
+        state = episodes.get("state")
+        features = []
+        for agent, name in enumerate(self.agent_names):
+            if agent == self.protocol.verifier_index:
+                continue
+            if self.chat_view:
+                tokens = state["replies"][:, :, agent]
+                width = torch.arange(tokens.shape[-1], device=tokens.device)
+                mask = width < state["reply_length"][:, :, agent].unsqueeze(-1)
+            else:
+                tokens = state["messages"][:, :, agent]
+                mask = tokens != self.tokenizer.pad_token_id
+            embedding = policy.policy(name).model.get_input_embeddings()
+            features.append(MessageFeatures(name, "tokens", tokens.flatten(1), mask.flatten(1), embedding))
+        return features
 
     # ------------------------------------------------------ demonstrations
     def verifier_accepts(self, values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:

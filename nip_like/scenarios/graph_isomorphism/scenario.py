@@ -16,7 +16,16 @@ from nip_like.folders import check_writable_folder
 from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.distributions import masked_log_softmax
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Demonstrating, GeneratedData, Labelled, ScenarioConfig, TensorGame
+from nip_like.scenarios.base import (
+    Demonstrating,
+    GeneratedData,
+    Labelled,
+    MessageFeatures,
+    Messaging,
+    ScenarioConfig,
+    TensorGame,
+    one_hot_messages,
+)
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, cache_path, generate_pairs
@@ -48,7 +57,7 @@ class GraphIsomorphismConfig(ScenarioConfig):
 
 
 @register_scenario("graph_isomorphism", GraphIsomorphismConfig)
-class GraphIsomorphismScenario(GeneratedData, TensorGame, Demonstrating, Labelled):
+class GraphIsomorphismScenario(GeneratedData, TensorGame, Demonstrating, Labelled, Messaging):
     """Decide whether two graphs are isomorphic, helped (or misled) by provers.
 
     The dataset is generated once per generation config and cached
@@ -159,6 +168,12 @@ class GraphIsomorphismScenario(GeneratedData, TensorGame, Demonstrating, Labelle
             sizes,
             verifier=self.protocol.verifier_index,
         )
+
+    # ---------------------------------------------------------------- messages
+    def message_features(self, episodes: TensorDictBase, policy: Any) -> list[MessageFeatures]:
+        """Each prover's nodes, one-hot per step (``T * 2n``: a node of either graph)."""
+        names = self.protocol.transcript_agent_names
+        return one_hot_messages(episodes["state", "sent"], names, self.protocol.prover_indices, 2 * int(self.config.max_nodes))
 
     # -------------------------------------------------------- supervised data
     def supervised_data(self, split: str) -> TensorDict:
