@@ -137,6 +137,7 @@ class TrainerConfig:
     minibatch_size: int = checked(256, ge=1)  # items per minibatch (transitions, pairs or groups, as the loss lays them out)
     num_test_episodes: int = checked(1024, ge=1)  # episodes in the final test loop
     test_batch_episodes: int = checked(256, ge=1)  # episodes per test-loop iteration
+    test_rollouts: int = checked(1, ge=1)  # episodes of each test datapoint, side by side: test/always_wrong is the share of datapoints the verifier decides wrong in every one (num_test_episodes and test_batch_episodes must be multiples)
     divergence_bound: Optional[float] = checked(1e6, gt=0)  # stop when the loss or a parameter exceeds this in magnitude; null disables (non-finite losses always stop)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimiser settings
     agent_updates: dict[str, Any] = field(default_factory=dict)  # per-agent AgentUpdateConfig entries: +trainer.agent_updates.prover={start:10}
@@ -271,10 +272,11 @@ def without_locations(value: Any) -> Any:
 
 #: Options added after runs were keyed, at the value that behaves as before they existed: left out of run ids and
 #: warm-start keys at that value, so that adding them changed no key (an LM agent's ``sampler`` of kind ``local``,
-#: ``trainer.pretrain.agent_restarts`` empty). Set otherwise, they are hyper-parameters like any other.
+#: ``trainer.pretrain.agent_restarts`` empty, ``trainer.test_rollouts`` 1). Set otherwise, they are hyper-parameters like any other.
 NEUTRAL_ENTRIES: dict[str, Callable[[Any], bool]] = {
     "sampler": lambda item: isinstance(item, dict) and item.get("kind") == "local",
     "agent_restarts": lambda item: item == {},
+    "test_rollouts": lambda item: item == 1,
 }
 
 

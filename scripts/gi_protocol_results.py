@@ -6,7 +6,10 @@ run at once, each on one thread. A run whose ``summary.json`` exists is not
 run again, so an interrupted call can simply be repeated. The table (Markdown,
 printed and written to ``<out>/results.md``, with ``results.json``) gives per
 protocol the mean, standard deviation, minimum and maximum of the final
-held-out test accuracy over seeds, the mean share of faithful answers of the
+held-out test accuracy over seeds, the mean share of test datapoints the
+verifier decided wrong in every episode (``test/always_wrong``, the NIP
+paper's second measure: pass ``trainer.test_rollouts=N`` to play each test
+datapoint N times), the mean share of faithful answers of the
 prover that argues for acceptance (``prover`` or ``prover0``; see the
 scenario's ``faithful_answers`` metric) and the mean episode length, the
 frames and the mean wall time of a run, beside the final accuracies the NIP
@@ -184,15 +187,15 @@ def table(results: dict[str, list[dict]], target: float | None = None, paper: bo
     """
     extra = f" time to {target} val |" if target is not None else ""
     rows = [
-        "| protocol | test accuracy, mean ± sd | min | max | faithful answers | episode length | seeds "
+        "| protocol | test accuracy, mean ± sd | min | max | always wrong | faithful answers | episode length | seeds "
         f"| frames per run | wall time per run |{extra} NIP paper |",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if target is not None else "") + "---|",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if target is not None else "") + "---|",
     ]
     faithful = tuple(f"test/agents/{name}/faithful_answers" for name in ACCEPT_PROVERS)
     for protocol, runs in results.items():
         done = [run for run in runs if "error" not in run]
         if not done:
-            rows.append(f"| {protocol} | failed | | | | | 0 | | |{' |' if target is not None else ''} {PAPER.get(protocol, '') if paper else ''} |")
+            rows.append(f"| {protocol} | failed | | | | | | 0 | | |{' |' if target is not None else ''} {PAPER.get(protocol, '') if paper else ''} |")
             continue
         accuracy = [run["test_metrics"]["test/accuracy"] for run in done]
         spread = statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0
@@ -200,7 +203,7 @@ def table(results: dict[str, list[dict]], target: float | None = None, paper: bo
         reach = f" {_time_to_target(done, target)} |" if target is not None else ""
         rows.append(
             f"| {protocol} | {statistics.mean(accuracy):.3f} ± {spread:.3f} | {min(accuracy):.3f} | "
-            f"{max(accuracy):.3f} | {_mean_metric(done, faithful)} | "
+            f"{max(accuracy):.3f} | {_mean_metric(done, ('test/always_wrong',))} | {_mean_metric(done, faithful)} | "
             f"{_mean_metric(done, ('test/episode_length',))} | {len(done)} | {done[0]['frames']:,} | "
             f"{seconds / 60:.1f} min |{reach} {PAPER.get(protocol, '') if paper else ''} |"
         )

@@ -62,6 +62,16 @@ def decided_correctly(probe, num_episodes: int = 64) -> tuple[torch.Tensor, torc
     return accepted, accepted == torch.tensor(isomorphic), decisions["state", "round"] + 1
 
 
+def test_test_rollouts_play_each_datapoint_side_by_side(tmp_path, cache_dir):
+    trainer = build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.test_rollouts=4"), tmp_path)
+    episodes = trainer.play_test_episodes()
+    assert episodes.batch_size == (64,)
+    pairs = episodes["state", "pair_index"].view(16, 4)
+    assert (pairs == pairs[:, :1]).all()  # four episodes of each drawn pair, side by side
+    metrics = trainer.test()
+    assert metrics["test/episodes_per_datapoint"] >= 4 and 0 <= metrics["test/always_wrong"] <= 1
+
+
 @pytest.mark.parametrize("protocol", tiered(PROTOCOLS, fast=PROTOCOLS[:3]))  # the first three registered in the fast tier
 def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol, run_probe):
     # Protocols whose schema limits the rounds get four (the others have fixed turns or their own count).
@@ -138,6 +148,8 @@ def test_episode_metrics_closed_form(tmp_path, cache_dir):
     assert metrics["accuracy"] == pytest.approx(3 / 5)
     assert metrics["accuracy_per_datapoint"] == pytest.approx((0.5 + 1 + 1 + 0) / 4)
     assert metrics["accuracy_worst_datapoint"] == 0.0
+    assert metrics["always_wrong"] == pytest.approx(1 / 4)  # pair 3, wrong in its one episode; pair 0 was right once
+    assert metrics["episodes_per_datapoint"] == pytest.approx(5 / 4)
     assert metrics["precision"] == pytest.approx(2 / 3)  # accepted 3, 2 of them isomorphic
     assert metrics["recall"] == pytest.approx(2 / 3)  # 3 isomorphic, 2 accepted
     assert metrics["episode_length"] == pytest.approx(11 / 5)
@@ -331,7 +343,7 @@ def test_protocol_results_table_from_run_summaries():
     script = load_results_script()
 
     def run(accuracy, faithful=None, length=3.0):
-        metrics = {"test/accuracy": accuracy, "test/episode_length": length}
+        metrics = {"test/accuracy": accuracy, "test/episode_length": length, "test/always_wrong": 1 - accuracy}
         if faithful is not None:
             metrics["test/agents/prover0/faithful_answers"] = faithful
         return {"test_metrics": metrics, "train_seconds": 120.0, "frames": 1024}
@@ -342,9 +354,9 @@ def test_protocol_results_table_from_run_summaries():
         "adp": [{"error": "boom"}],
     }
     rows = script.table(results).splitlines()
-    assert rows[2] == "| mnip | 0.850 ± 0.071 | 0.800 | 0.900 | 0.60 | 4.00 | 2 | 1,024 | 2.0 min | 0.67 |"
-    assert rows[3] == "| solo_verifier | 0.600 ± 0.000 | 0.600 | 0.600 |  | 1.00 | 1 | 1,024 | 2.0 min |  |"
-    assert rows[4] == "| adp | failed | | | | | 0 | | | 0.61 |"
+    assert rows[2] == "| mnip | 0.850 ± 0.071 | 0.800 | 0.900 | 0.15 | 0.60 | 4.00 | 2 | 1,024 | 2.0 min | 0.67 |"
+    assert rows[3] == "| solo_verifier | 0.600 ± 0.000 | 0.600 | 0.600 | 0.40 |  | 1.00 | 1 | 1,024 | 2.0 min |  |"
+    assert rows[4] == "| adp | failed | | | | | | 0 | | | 0.61 |"
 
 
 def test_protocol_results_time_to_target_and_claims(tmp_path):

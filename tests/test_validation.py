@@ -112,3 +112,10 @@ def test_a_sweep_job_keeps_its_problems_on_one_line(tmp_path):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         job = _make_job([*QUICK, "trainer.num_epochs=0", "seed=-1"], [], tmp_path)
     assert job.error == "seed must be >= 0, got -1; trainer.num_epochs must be >= 1, got 0"
+
+
+def test_test_rollouts_must_divide_the_test_batches():
+    assert problems_of("trainer.test_rollouts=3") == [
+        "trainer.num_test_episodes (64) must be a multiple of trainer.test_rollouts (3)",
+        "trainer.test_batch_episodes (32) must be a multiple of trainer.test_rollouts (3)",
+    ]

@@ -52,7 +52,12 @@ def precision_recall(accept: torch.Tensor, label: torch.Tensor) -> dict[str, flo
 
 
 def decision_metrics(decision: torch.Tensor, label: torch.Tensor, datapoint: torch.Tensor) -> dict[str, float]:
-    """Accuracy (per episode, per datapoint, worst datapoint), precision and recall of final decisions.
+    """Accuracy (per episode, per datapoint, worst datapoint), the share of datapoints always decided wrong, precision and recall.
+
+    ``always_wrong`` is the NIP paper's second measure: the share of
+    datapoints on which every episode's decision was wrong. It means most
+    when each datapoint is played several times (the RL test's
+    ``trainer.test_rollouts``); ``episodes_per_datapoint`` says how many.
 
     Parameters
     ----------
@@ -73,5 +78,7 @@ def decision_metrics(decision: torch.Tensor, label: torch.Tensor, datapoint: tor
         "accuracy": correct.mean().item(),
         "accuracy_per_datapoint": per_datapoint.mean().item(),
         "accuracy_worst_datapoint": per_datapoint.min().item(),
+        "always_wrong": (per_datapoint == 0).float().mean().item(),
+        "episodes_per_datapoint": float(len(which)) / len(per_datapoint),
         **precision_recall(accept, label),
     }

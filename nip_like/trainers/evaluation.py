@@ -167,7 +167,8 @@ class RlEvaluation(TensorDictTrainer):
     def test(self) -> dict[str, float]:
         """Test the current agents on :attr:`test_split` in the test context; the ``test/...`` metrics.
 
-        Plays :attr:`test_episodes` episodes (one batch in test-run mode) and
+        Plays :attr:`test_episodes` episodes (one batch in test-run mode),
+        each datapoint ``trainer.test_rollouts`` times side by side, and
         writes their transcripts to ``transcripts/test.jsonl``.
         :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` ends with it;
         ``python -m nip_like.evaluate`` calls it on a saved state.
@@ -192,8 +193,12 @@ class RlEvaluation(TensorDictTrainer):
     def _play_test_loop(self, iteration_context: IterationContext) -> TensorDictBase:
         iteration_context.set_description("Testing")
         dist = self.distributed
-        batch_episodes = dist.share(8 if self.test_run else self.trainer_config.test_batch_episodes, "trainer.test_batch_episodes")
-        env = self.scenario.make_env(batch_episodes, self.test_split, dist.seed(int(self.config.seed), "test_env"), self.device)
+        rollouts = int(self.trainer_config.get("test_rollouts", 1))  # each datapoint played this many times, side by side
+        batch = rollouts * max(1, 8 // rollouts) if self.test_run else self.trainer_config.test_batch_episodes
+        batch_episodes = dist.share(batch, "trainer.test_batch_episodes")
+        env = self.scenario.make_env(
+            batch_episodes, self.test_split, dist.seed(int(self.config.seed), "test_env"), self.device, group_size=rollouts
+        )
         episodes = []
         for _ in range(self.num_test_iterations):
             if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again

@@ -186,6 +186,14 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
                 f"trainer.minibatch_size ({tc.minibatch_size}) is larger than the batch "
                 f"(trainer.frames_per_batch = {tc.frames_per_batch})"
             )
+        for name in ("num_test_episodes", "test_batch_episodes"):
+            if tc[name] % tc.test_rollouts:
+                problems.append(f"trainer.{name} ({tc[name]}) must be a multiple of trainer.test_rollouts ({tc.test_rollouts})")
+        if world_size > 1 and not tc.test_batch_episodes % tc.test_rollouts and (tc.test_batch_episodes // world_size) % tc.test_rollouts:
+            problems.append(
+                f"trainer.test_batch_episodes ({tc.test_batch_episodes}) over {world_size} ranks must leave each rank a "
+                f"multiple of trainer.test_rollouts ({tc.test_rollouts})"
+            )
         if not tc.eval.metric.startswith("eval/"):
             problems.append(f"trainer.eval.metric must name an evaluation metric (eval/...), got {tc.eval.metric!r}")
         if tc.eval.test_checkpoint == "best" and tc.eval.every == 0:
