@@ -119,3 +119,18 @@ def test_test_rollouts_must_divide_the_test_batches():
         "trainer.num_test_episodes (64) must be a multiple of trainer.test_rollouts (3)",
         "trainer.test_batch_episodes (32) must be a multiple of trainer.test_rollouts (3)",
     ]
+
+
+def test_a_run_folder_from_before_an_option_existed_is_still_checked_and_evaluated(tmp_path):
+    from nip_like.evaluate import evaluate_run
+    from nip_like.experiment import run_experiment
+    from tests.conftest import smoke_config
+
+    run_dir = tmp_path / "run"
+    tested = run_experiment(smoke_config(), run_dir, handle_signals=False)
+    config = run_dir / "config.yaml"
+    lines = config.read_text().splitlines()
+    old = [line for line in lines if not line.strip().startswith("test_rollouts:")]
+    assert len(old) == len(lines) - 1
+    config.write_text("\n".join(old) + "\n")  # as a run of the version before trainer.test_rollouts wrote it
+    assert evaluate_run(run_dir)["metrics"] == tested

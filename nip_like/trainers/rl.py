@@ -186,13 +186,14 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
                 f"trainer.minibatch_size ({tc.minibatch_size}) is larger than the batch "
                 f"(trainer.frames_per_batch = {tc.frames_per_batch})"
             )
+        rollouts = int(tc.get("test_rollouts", 1))  # a run folder from before the option has none: 1
         for name in ("num_test_episodes", "test_batch_episodes"):
-            if tc[name] % tc.test_rollouts:
-                problems.append(f"trainer.{name} ({tc[name]}) must be a multiple of trainer.test_rollouts ({tc.test_rollouts})")
-        if world_size > 1 and not tc.test_batch_episodes % tc.test_rollouts and (tc.test_batch_episodes // world_size) % tc.test_rollouts:
+            if tc[name] % rollouts:
+                problems.append(f"trainer.{name} ({tc[name]}) must be a multiple of trainer.test_rollouts ({rollouts})")
+        if world_size > 1 and not tc.test_batch_episodes % rollouts and (tc.test_batch_episodes // world_size) % rollouts:
             problems.append(
                 f"trainer.test_batch_episodes ({tc.test_batch_episodes}) over {world_size} ranks must leave each rank a "
-                f"multiple of trainer.test_rollouts ({tc.test_rollouts})"
+                f"multiple of trainer.test_rollouts ({rollouts})"
             )
         if not tc.eval.metric.startswith("eval/"):
             problems.append(f"trainer.eval.metric must name an evaluation metric (eval/...), got {tc.eval.metric!r}")
