@@ -101,3 +101,15 @@ def test_the_command_regresses_a_graph_isomorphism_run(tmp_path, capsys):
         analyse.main(["message-regression", str(hidden)])
     assert exit_.value.code == 2
     assert "does not lay out its messages" in capsys.readouterr().err
+
+
+def test_image_classification_messages_are_read_by_a_cnn(tmp_path):
+    from nip_like.analysis.message_regression import RegressionOptions as Options
+    from tests.test_image_classification import ic_config
+
+    run_dir = tmp_path / "run"
+    run_experiment(ic_config(tmp_path / "cache", "trainer.num_test_episodes=32"), run_dir, handle_signals=False)
+    result = analyse.message_regression(run_dir, episodes=32, options=Options(epochs=3, hidden_size=8))
+    [score] = result["scores"]
+    assert score["who"] == "prover" and score["kind"] == "image" and score["regressor"] == "cnn"
+    assert score["inputs"] % (8 * 8) == 0 and score["held_out"] == 7  # one channel per step over the 8x8 pixel grid

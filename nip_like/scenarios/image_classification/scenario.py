@@ -17,7 +17,16 @@ from nip_like.folders import check_writable_folder
 from nip_like.protocols.multi_channel import MultiChannelTestProtocol, message_visibility
 from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import Demonstrating, GeneratedData, Labelled, ScenarioConfig, TensorGame
+from nip_like.scenarios.base import (
+    Demonstrating,
+    GeneratedData,
+    Labelled,
+    MessageFeatures,
+    Messaging,
+    ScenarioConfig,
+    TensorGame,
+    one_hot_messages,
+)
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.scenario import zero_knowledge_metrics
 from nip_like.scenarios.image_classification.agents import ImageAgentConfig, build_image_agents
@@ -67,7 +76,7 @@ class ImageClassificationConfig(ScenarioConfig):
 
 
 @register_scenario("image_classification", ImageClassificationConfig)
-class ImageClassificationScenario(GeneratedData, TensorGame, Demonstrating, Labelled):
+class ImageClassificationScenario(GeneratedData, TensorGame, Demonstrating, Labelled, Messaging):
     """Decide whether an image is of the positive class, seeing only the patches that messages reveal.
 
     The dataset is made once per spec from a source of labelled images and
@@ -198,6 +207,16 @@ class ImageClassificationScenario(GeneratedData, TensorGame, Demonstrating, Labe
             steps + 1,
             self.agent_sizes(),
         )
+
+    # ---------------------------------------------------------------- messages
+    def message_features(self, episodes: TensorDictBase, policy: Any) -> list[MessageFeatures]:
+        """Each prover's patches laid out on the patch grid, one channel per step (``T, G_h, G_w``): an image a CNN reads."""
+        grid = grid_shape(*self.image_shape[-2:], int(self.config.patch_size))
+        sent = episodes["state", "sent"]
+        names = self.protocol.transcript_agent_names
+        flat = one_hot_messages(sent, names, self.protocol.prover_indices, grid[0] * grid[1])
+        steps = sent.shape[1]
+        return [MessageFeatures(item.who, "image", item.values.reshape(-1, steps, *grid)) for item in flat]
 
     # -------------------------------------------------------- supervised data
     def supervised_data(self, split: str) -> TensorDict:
