@@ -14,7 +14,7 @@ cells in ``0 .. 63`` written with their indices (``list: 0=12 1=? ...``): about
 200 tokens with the default system prompts. Replies have ``T = 128`` tokens at
 most (with random weights nearly every reply uses all of them).
 
-Four parts, each a ratio measured side by side in one run (``--parts``):
+Four parts, each measured side by side in one run (``--parts``):
 
 1. ``rollout``: the whole rollout of the chat view, i.e. TorchRL's collector
    stepping the duplicates environment, rendering every agent's prompt through
@@ -48,6 +48,19 @@ Four parts, each a ratio measured side by side in one run (``--parts``):
    between steps (weights and optimiser state) and the bytes saved for the
    backward pass per token are reported beside it.
 
+4. ``decoding``: ``LMPolicy.sample`` on each decoding path
+   (:mod:`nip_like.lm.static_decoding`: eager, static and, on CUDA or with
+   ``--decoding-modes``, compiled) against ``generate``, on one batch of
+   chat prompts, sampling with the folder's weights or a bfloat16 copy
+   (``--sampling-dtype``; ``generate`` gets the same): tokens per second,
+   the time of a step (a forward pass after the prompt's), the bytes a step
+   reads (the weights, each once; with the KV cache, plus the slots attended
+   to) and their share of the memory-bandwidth limit, a device-to-device
+   copy measured in the same run (``--copy-mib``), the speed-up over
+   ``generate`` and whether greedy messages equal the eager path's
+   (:func:`measure_decoding`; targets on CUDA for the compiled path: at
+   least 0.25 of the limit and 5 times ``generate``).
+
 Every part runs on the CPU (the default) or on CUDA (``--device cuda``): the
 models, prompts and batches are put on the device, and the peaks are then
 ``torch.cuda.max_memory_allocated``'s.
@@ -62,6 +75,7 @@ Run it from the repository root (TRL is the ``bench`` extra)::
     python scripts/benchmark_lm_chat.py --model-folder models/my-qwen --lora-r 8
     python scripts/benchmark_lm_chat.py --smoke                         # a tiny model, seconds
     python scripts/benchmark_lm_chat.py --device cuda --model-folder models/qwen2-398m --parts updates memory
+    python scripts/benchmark_lm_chat.py --device cuda --model-folder models/qwen2-398m --parts decoding --sampling-dtype bfloat16
 """
 
 from __future__ import annotations
@@ -93,7 +107,9 @@ import benchmark_lm_rollout as rollout_bench  # noqa: E402
 from nip_like.lm.local_models import build_chat_model_folder  # noqa: E402
 from nip_like.lm.lora import LoraOptions  # noqa: E402
 from nip_like.lm.models import LMAgentConfig, build_lm_policy  # noqa: E402
+from nip_like.lm.padding import position_ids  # noqa: E402
 from nip_like.lm.policy import LMPolicy  # noqa: E402
+from nip_like.lm.static_decoding import SAMPLING_DTYPES, Decoder, sampling_model  # noqa: E402
 from nip_like.scenarios.duplicates.chat_text import SYSTEM_PROMPTS, ChatSpeaker, list_line  # noqa: E402
 
 #: Model shapes ``--build`` writes (Qwen2 architecture, tied embeddings): the benchmark's and a tiny one for tests.
@@ -105,8 +121,12 @@ SHAPES: dict[str, dict[str, int]] = {
 TARGET_ROLLOUT_RATIO = 1.05
 #: Largest acceptable ratio of peak update memory, LoRA over full fine-tuning.
 TARGET_LORA_MEMORY_RATIO = 0.5
+#: Smallest acceptable share of the memory-bandwidth limit of the compiled decoding step (on CUDA; issue 40).
+TARGET_BANDWIDTH_SHARE = 0.25
+#: Smallest acceptable speed-up of the compiled decoding over ``generate`` (tokens per second; on CUDA; issue 40).
+TARGET_DECODING_SPEEDUP = 5.0
 #: The parts of the benchmark, in the order they run.
-PARTS = ("rollout", "updates", "memory")
+PARTS = ("rollout", "updates", "memory", "decoding")
 #: The game of the whole rollout: the prover speaks, the verifier answers, one episode per environment.
 GAME_OVERRIDES = (
     "scenario=duplicates",
@@ -132,6 +152,7 @@ SMOKE = {
     "update_steps": 1,
     "warmup": 1,
     "threads": 1,
+    "copy_mib": 16,
 }
 MIB = 2**20
 
@@ -155,6 +176,8 @@ def load_policy(
     budget: int | None = None,
     gradient_checkpointing: bool = False,
     score_chunk_tokens: int | None = None,
+    decoding: str = "auto",
+    sampling_dtype: str = "model",
 ) -> LMPolicy:
     """The policy of the model folder through the user path (``pretrained_path``), as an agent config builds it."""
     config = LMAgentConfig(
@@ -165,6 +188,8 @@ def load_policy(
         max_tokens_per_micro_batch=budget,
         gradient_checkpointing=gradient_checkpointing,
         score_chunk_tokens=score_chunk_tokens,
+        decoding=decoding,
+        sampling_dtype=sampling_dtype,
     )
     return build_lm_policy(config)
 
@@ -419,6 +444,176 @@ def activation_table(results: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
+# ------------------------------------------------------------------ part 4: decoding
+def copy_bandwidth(device: torch.device, size: int, repeats: int = 10) -> dict[str, Any]:
+    """The device's memory bandwidth as a device-to-device copy reaches it: ``2 x size`` bytes moved over the median time.
+
+    A copy reads ``size`` bytes and writes as many; what a decoding step
+    needs is mostly reads, and a copy is the fastest a kernel can stream
+    memory in practice, so it is the limit the steps are compared with.
+    """
+    source = torch.ones(size // 4, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    for _ in range(3):
+        target.copy_(source)
+    seconds = [bench.timed_call(lambda: target.copy_(source), device)[0] for _ in range(repeats)]
+    median = statistics.median(seconds)
+    return {"bytes": source.numel() * 4, "median_seconds": median, "bytes_per_second": 2 * source.numel() * 4 / median}
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters, each storage once (tied embeddings count once): what a forward pass reads."""
+    storages: dict[tuple, int] = {}
+    for parameter in model.parameters():
+        storage = parameter.untyped_storage()
+        storages[(parameter.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def kv_bytes_per_slot(model: torch.nn.Module, element_bytes: int) -> int:
+    """Bytes of one token's keys and values over all layers (what attention reads per slot and row)."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * element_bytes
+
+
+def decoding_modes(args: argparse.Namespace, device: torch.device) -> list[str]:
+    """``--decoding-modes``, or eager, static and compiled on CUDA, eager and static on the CPU."""
+    if args.decoding_modes:
+        return list(args.decoding_modes)
+    return ["eager", "static", "compiled"] if device.type == "cuda" else ["eager", "static"]
+
+
+def measure_decoding(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """``LMPolicy.sample`` on each decoding path against ``generate``: tokens/s, step time, share of the bandwidth limit.
+
+    One policy (``--sampling-dtype``: its own weights, or its bfloat16 copy,
+    which ``generate`` then uses as well), one batch of chat prompts; per
+    side ``--warmup`` untimed calls (the compiled path compiles in the first,
+    whose time is reported) then ``--sample-repeats`` timed ones, sampling
+    with a seeded generator. A side's *step* is one forward pass after the
+    prompt's: the median call time less the prompt's pass (timed on its own,
+    eager) over the passes after it. Bytes read per step: the weights, each
+    once; with the KV cache, plus the slots attended to (the static cache's
+    capacity on the static paths, the mean context on the others). The
+    share of the limit is those bytes per second over the device-to-device
+    copy bandwidth measured in the same run. Greedy messages of each path
+    are compared with eager's.
+    """
+    policy = load_policy(folder, args.new_tokens, decoding="eager", sampling_dtype=args.sampling_dtype).to(device)
+    policy.eval()
+    prompts = chat_prompts(policy.tokenizer, args, device)
+    model = sampling_model(policy.model, args.sampling_dtype)
+    weights = weight_bytes(model)
+    element = next(model.parameters()).element_size()
+    per_slot = kv_bytes_per_slot(model, element)
+    batch_size = prompts.ids.shape[0]
+    width = int(prompts.mask.any(0).sum())  # the trimmed prompt: padding columns of every row go
+    limit = copy_bandwidth(device, args.copy_mib * MIB)
+
+    last_logits = {"logits_to_keep": 1} if policy._keeps_logits else {}
+
+    @torch.no_grad()
+    def prefill() -> None:
+        model(input_ids=prompts.ids, attention_mask=prompts.mask.long(), position_ids=position_ids(prompts.mask),
+              use_cache=True, **last_logits)
+
+    prefill()
+    prefill_seconds = statistics.median(bench.timed_call(prefill, device)[0] for _ in range(3))
+    options = bench.generate_options(policy)
+
+    def sample(mode: str) -> Callable[[], tuple[torch.Tensor, int, int]]:
+        def call() -> tuple[torch.Tensor, int, int]:
+            policy.decoder = decoders[mode]
+            messages = policy.sample(prompts.ids, prompts.mask, bench.seeded_generator(args.seed, device))
+            return messages["tokens"], decoders[mode].last_passes, decoders[mode].last_capacity
+        return call
+
+    @torch.no_grad()
+    def generate() -> tuple[torch.Tensor, int, int]:
+        torch.manual_seed(args.seed)
+        output = model.generate(input_ids=prompts.ids, attention_mask=prompts.mask.long(), **options)
+        new = output[:, prompts.ids.shape[1]:]
+        return new, new.shape[1], 0
+
+    modes = decoding_modes(args, device)
+    decoders = {mode: Decoder(mode, args.sampling_dtype) for mode in modes}
+    sides: dict[str, Callable[[], tuple[torch.Tensor, int, int]]] = {mode: sample(mode) for mode in modes}
+    sides["generate"] = generate
+    runs: dict[str, dict[str, Any]] = {name: {"seconds": [], "tokens": [], "passes": [], "slots": []} for name in sides}
+    for name, call in sides.items():
+        for index in range(args.warmup):
+            seconds = bench.timed_call(call, device)[0]
+            if index == 0:
+                runs[name]["first_call_seconds"] = seconds
+    for repeat in range(args.sample_repeats):
+        for name in (list(sides) if repeat % 2 == 0 else list(reversed(sides))):
+            seconds, _, (tokens, passes, slots) = bench.timed_call(sides[name], device)
+            runs[name]["seconds"].append(seconds)
+            runs[name]["tokens"].append(int(bench.message_lengths(tokens, policy.eos_token_id).sum()))
+            runs[name]["passes"].append(passes)
+            runs[name]["slots"].append(slots)
+    for mode in modes:
+        runs[mode]["path"] = decoders[mode].last_path
+    result: dict[str, Any] = {"modes": modes, "sampling_dtype": args.sampling_dtype, "weight_bytes": weights,
+                              "kv_bytes_per_slot": per_slot, "batch_size": batch_size, "prompt_width": width,
+                              "prefill_seconds": prefill_seconds, "copy": limit, "sides": runs}
+    for name, run in runs.items():
+        per_token = statistics.median(s / n for s, n in zip(run["seconds"], run["tokens"]))
+        median = statistics.median(run["seconds"])
+        passes = statistics.median(run["passes"])
+        step = max(median - prefill_seconds, 1e-9) / max(passes - 1, 1)
+        slots = statistics.median(run["slots"]) or width + passes / 2  # the eager caches grow: their mean context
+        step_bytes = weights + batch_size * slots * per_slot
+        run.update(
+            median_seconds=median,
+            tokens_per_second=1 / per_token,
+            step_seconds=step,
+            step_bytes=step_bytes,
+            bandwidth_share=step_bytes / step / limit["bytes_per_second"],
+            weights_bandwidth_share=weights / step / limit["bytes_per_second"],
+        )
+    for name, run in runs.items():
+        run["speedup_over_generate"] = run["tokens_per_second"] / runs["generate"]["tokens_per_second"]
+    greedy = {}
+    for mode in modes:
+        policy.decoder = decoders[mode]
+        greedy[mode] = policy.sample(prompts.ids, prompts.mask, greedy=True)["tokens"]
+    result["same_greedy_messages"] = {mode: bool(torch.equal(greedy[mode], greedy["eager"])) for mode in modes if mode != "eager"}
+    result["greedy_rows_equal"] = {mode: float((greedy[mode] == greedy["eager"]).all(-1).float().mean())
+                                   for mode in modes if mode != "eager"}
+    fastest = "compiled" if "compiled" in modes else modes[-1]
+    result["fastest_mode"] = fastest
+    result["targets_apply"] = device.type == "cuda" and fastest == "compiled"
+    result["meets_targets"] = (runs[fastest]["weights_bandwidth_share"] >= TARGET_BANDWIDTH_SHARE
+                               and runs[fastest]["speedup_over_generate"] >= TARGET_DECODING_SPEEDUP)
+    print_decoding(result, args)
+    return result
+
+
+def print_decoding(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """The decoding table."""
+    copy = result["copy"]
+    print(f"\nDecoding (B={result['batch_size']}, prompt {result['prompt_width']} tokens, T={args.new_tokens}, "
+          f"weights {result['weight_bytes'] / MIB:,.1f} MiB ({result['sampling_dtype']}), KV "
+          f"{result['kv_bytes_per_slot'] / 1024:,.1f} KiB a slot; copy bandwidth "
+          f"{copy['bytes_per_second'] / 1e9:,.1f} GB/s; prompt pass {result['prefill_seconds'] * 1e3:.2f} ms; "
+          f"median of {args.sample_repeats} calls after {args.warmup} warm-up)")
+    print(f"{'side':<10} {'path':<9} {'tokens/s':>10} {'step ms':>8} {'GB/step':>8} {'share':>6} {'weights':>7} "
+          f"{'x gen':>6} {'1st call s':>10}")
+    for name, run in result["sides"].items():
+        first = run.get("first_call_seconds")
+        print(f"{name:<10} {run.get('path', '-'):<9} {run['tokens_per_second']:>10,.0f} {run['step_seconds'] * 1e3:>8.3f} "
+              f"{run['step_bytes'] / 1e9:>8.3f} {run['bandwidth_share']:>6.3f} {run['weights_bandwidth_share']:>7.3f} "
+              f"{run['speedup_over_generate']:>6.2f} {first if first is not None else float('nan'):>10.2f}")
+    equal = ", ".join(f"{mode} {value}" for mode, value in result["same_greedy_messages"].items())
+    verdict = ("met" if result["meets_targets"] else "MISSED") if result["targets_apply"] else "apply to compiled on CUDA only"
+    print(f"greedy messages equal to eager's: {equal}; targets (weights share >= {TARGET_BANDWIDTH_SHARE}, "
+          f">= {TARGET_DECODING_SPEEDUP:g}x generate): {verdict}")
+
+
 # ------------------------------------------------------------------ the summary
 def summary(results: dict[str, Any]) -> dict[str, Any]:
     """The ratios the benchmark reports, with their targets."""
@@ -453,6 +648,19 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     if "memory" in results:
         for name, value in results["memory"]["growth"].items():
             figures[f"memory_growth_{name}"] = {"value": value}
+    if "decoding" in results:
+        decoding = results["decoding"]
+        fastest = decoding["sides"][decoding["fastest_mode"]]
+        for name, value, target in (
+            ("decoding_weights_bandwidth_share", fastest["weights_bandwidth_share"], TARGET_BANDWIDTH_SHARE),
+            ("decoding_speedup_over_generate", fastest["speedup_over_generate"], TARGET_DECODING_SPEEDUP),
+        ):
+            figure: dict[str, Any] = {"value": value, "mode": decoding["fastest_mode"]}
+            if decoding["targets_apply"]:
+                figure.update(target=f">= {target:g}", met=value >= target)
+            figures[name] = figure
+        for mode, share in decoding["greedy_rows_equal"].items():
+            figures[f"decoding_greedy_rows_equal_{mode}"] = {"value": share}
     return figures
 
 
@@ -498,11 +706,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="max_tokens_per_micro_batch of nip_like's updates in the updates part (none)")
     parser.add_argument("--score-chunk-tokens", type=int, default=None,
                         help="the updates' policies score replies this many positions at a time (both sides; default: all at once)")
+    parser.add_argument("--decoding-modes", nargs="+", choices=("eager", "static", "compiled"), default=None,
+                        help="decoding paths of the decoding part (default: eager static compiled on CUDA, eager static on the CPU)")
+    parser.add_argument("--sampling-dtype", choices=SAMPLING_DTYPES, default="model",
+                        help="weights the decoding part samples with, generate too (model: the folder's; bfloat16: a copy)")
+    parser.add_argument("--copy-mib", type=int, default=256,
+                        help="MiB copied to measure the device-to-device bandwidth in the decoding part (256)")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repeat (for tests)")
     parser.add_argument("--output", "--json", type=Path, default=None, help="also write the results as JSON here")
     args = bench.parse_with_smoke(
         parser, argv, SMOKE, ("batch_size", "new_tokens", "list_length", "lora_r", "rollout_repeats", "sample_repeats",
-                              "update_steps", "warmup", "threads", "max_tokens_per_micro_batch"),
+                              "update_steps", "warmup", "threads", "max_tokens_per_micro_batch", "copy_mib"),
     )
     if args.group_size < 2 or args.batch_size % args.group_size:
         parser.error("--group-size must be at least 2 and divide --batch-size")
@@ -546,6 +760,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["updates"]["activation_bytes_per_token"] = activation_table(results)
     if "memory" in args.parts:
         timed_part("memory", results, lambda: measure_memory(folder, args, device))
+    if "decoding" in args.parts:
+        timed_part("decoding", results, lambda: measure_decoding(folder, args, device))
     results["summary"] = summary(results)
     print_summary(results["summary"])
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

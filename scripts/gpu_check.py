@@ -1,10 +1,11 @@
-"""A device check anyone with a GPU can run: the CUDA tests, the LM chat benchmark and a chat-view run, one table.
+"""A device check anyone with a GPU can run: the CUDA tests, LM decoding and benchmark, chat-view runs, one table.
 
 From the repository root, with the project importable (installed, or on ``PYTHONPATH``)::
 
     python scripts/gpu_check.py                                   # on a GPU: 398M Qwen2 shape, all steps
     python scripts/gpu_check.py --out outputs/gpu_check --skip tests
     python scripts/gpu_check.py --device cpu --shape small --skip tests   # a dry run of the whole script on CPU
+    python scripts/gpu_check.py --skip tests,benchmark,run        # issue 40's decoding target only (model, decoding)
 
 Each step runs as a subprocess with its own timeout; its output is saved under ``--out``
 (``<step>.log``), and a failing step does not stop the others:
@@ -14,9 +15,17 @@ Each step runs as a subprocess with its own timeout; its output is saved under `
 2. ``model``: a chat-model folder of the ``--shape`` (``scripts/build_lm_folder.py``; random
    weights). ``398m`` is the Qwen2 shape hidden 896, 24 blocks, 14 heads, MLP 4864, 8k vocabulary
    (398M parameters); ``small`` a tiny one. It is kept in ``--work`` and reused by a later check.
-3. ``benchmark``: ``scripts/benchmark_lm_chat.py --model-folder <model>`` with few repeats (see
+3. ``decoding``: ``scripts/benchmark_lm_chat.py --parts decoding`` (see :data:`DECODING_ARGS`):
+   ``LMPolicy.sample`` with eager, static and compiled decoding against ``generate``, bfloat16 sampling
+   weights at 398m; tokens per second, the step time, the share of the memory-bandwidth limit (bytes
+   of weights read per step over the step time, against a device-to-device copy measured in the same
+   run) and the speed-up over ``generate``, with issue 40's targets for the compiled path on CUDA
+   (:data:`DECODING_TARGETS`: at least 25% of the limit and 5 times ``generate``); the first call of
+   each path (where the compiled step compiles) is timed apart. A missed target is reported in the
+   row, not as a failed step. Its timeout is ``--decoding-timeout`` (420 s), not ``--timeout``.
+4. ``benchmark``: ``scripts/benchmark_lm_chat.py --model-folder <model>`` with few repeats (see
    :data:`BENCHMARK_ARGS`); tokens per second, peak memory and ratios from its ``--output`` JSON.
-4. ``run_float32`` and ``run_bfloat16``: the README's chat-view command at that model,
+5. ``run_float32`` and ``run_bfloat16``: the README's chat-view command at that model,
    ``trainer.num_iterations=2``, in float32 and with ``run.autocast_dtype=bfloat16``; the time of
    each iteration (``timers/iteration``, ``timers/collect``, ``timers/update`` and ``SPS`` of the
    run's metrics CSVs) and the final test accuracy (``summary.json``). The run settings are the
@@ -24,6 +33,9 @@ Each step runs as a subprocess with its own timeout; its output is saved under `
    no periodic evaluation, to fit the check's time), which the table states. A run that fails with
    CUDA out of memory is run once more with a token budget
    (``scenario.default_agent.max_tokens_per_micro_batch``, ``--oom-budget``), as a row of its own.
+   On CUDA the agents decode with the compiled step by default (``decoding: auto``), so the first
+   collections include its compilation (once per shape); ``--run-set
+   scenario.default_agent.decoding=eager`` runs them as before it.
 
 Peak memory: on CUDA, the most device memory in use on the card while the step ran (``nvidia-smi
 --query-gpu=memory.used`` every 0.5 s; whole card, every process); the benchmark also reports
@@ -70,10 +82,23 @@ SHAPES: dict[str, dict[str, int]] = {
 #: timed update steps per side (not three), replies of 64 and 256 tokens in the memory part
 #: instead of 64 to 512, no TRL (the GPU image has none); B=8, T=128 and LoRA rank 16 as by default.
 BENCHMARK_ARGS: dict[str, list[str]] = {
-    "small": ["--smoke", "--skip-trl"],
+    "small": ["--smoke", "--skip-trl", "--parts", "rollout", "updates", "memory"],
     "398m": ["--rollout-repeats", "2", "--sample-repeats", "1", "--update-steps", "2",
-             "--reply-lengths", "64", "256", "--skip-trl"],
+             "--reply-lengths", "64", "256", "--skip-trl", "--parts", "rollout", "updates", "memory"],
 }
+#: Options of the decoding step (``scripts/benchmark_lm_chat.py --parts decoding``) per shape, besides
+#: ``--model-folder``, ``--device`` and ``--output``. At 398m the shape of issue 40's target: B=8 chat
+#: prompts of about 200 tokens, replies of 128 tokens, bfloat16 sampling weights (``generate`` gets the same
+#: copy), three timed calls per side after one warm-up call (where the compiled step compiles), a 1 GiB copy
+#: for the bandwidth limit; on CUDA the paths are eager, static and compiled.
+DECODING_ARGS: dict[str, list[str]] = {
+    "small": ["--smoke", "--skip-trl", "--parts", "decoding"],
+    "398m": ["--parts", "decoding", "-B", "8", "-T", "128", "--sampling-dtype", "bfloat16", "--sample-repeats", "3",
+             "--copy-mib", "1024", "--skip-trl"],
+}
+#: Issue 40's targets for the compiled decoding on CUDA: the share of the bandwidth limit that the weights read
+#: per step reach, and the speed-up over ``generate`` in tokens per second.
+DECODING_TARGETS = {"weights_bandwidth_share": 0.25, "speedup_over_generate": 5.0}
 #: The README's chat-view command (``--device``, the model folder and the run folder are added).
 RUN_COMMAND: list[str] = [
     "preset=none", "scenario=duplicates", "protocol=nip", "scenario.view=chat",
@@ -94,7 +119,7 @@ RUN_OVERRIDES: dict[str, list[str]] = {
 #: The autocast settings of the two runs: (step name, override or None).
 RUN_DTYPES: list[tuple[str, Optional[str]]] = [("run_float32", None), ("run_bfloat16", "run.autocast_dtype=bfloat16")]
 #: The steps ``--skip`` names.
-STEP_GROUPS = ("tests", "benchmark", "run")
+STEP_GROUPS = ("tests", "decoding", "benchmark", "run")
 #: Environment of every step (values already set are kept): nothing is downloaded.
 STEP_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 #: Text in a step's output that marks an out-of-memory error of the device.
@@ -395,6 +420,89 @@ def benchmark_figures(results: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+def decoding_figures(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the decoding part of ``scripts/benchmark_lm_chat.py``'s ``--output`` JSON.
+
+    Returns
+    -------
+    dict
+        ``sides`` (per path and ``generate``: ``path``, ``tokens_per_second``, ``step_ms``,
+        ``weights_share``, ``share`` (weights and KV cache), ``speedup``, ``first_call_seconds``),
+        ``copy_gb_per_second``, ``fastest`` (the mode the targets are about), ``targets_apply`` (compiled
+        on CUDA), ``met`` (per target, None where it does not apply), ``same_greedy_messages``,
+        ``sampling_dtype``, ``batch_size`` and ``prompt_width``. Missing keys give None.
+    """
+    decoding = results.get("decoding") or {}
+    sides = {}
+    for name, run in (decoding.get("sides") or {}).items():
+        step = run.get("step_seconds")
+        sides[name] = {
+            "path": run.get("path"),
+            "tokens_per_second": run.get("tokens_per_second"),
+            "step_ms": step * 1e3 if step is not None else None,
+            "weights_share": run.get("weights_bandwidth_share"),
+            "share": run.get("bandwidth_share"),
+            "speedup": run.get("speedup_over_generate"),
+            "first_call_seconds": run.get("first_call_seconds"),
+        }
+    fastest = decoding.get("fastest_mode")
+    copy = dig(decoding, "copy", "bytes_per_second")
+    applies = bool(decoding.get("targets_apply"))
+    met: dict[str, Optional[bool]] = {}
+    for key, side_key in (("weights_bandwidth_share", "weights_share"), ("speedup_over_generate", "speedup")):
+        value = dig(sides, fastest, side_key) if fastest else None
+        met[key] = None if not applies or value is None else value >= DECODING_TARGETS[key]
+    return {
+        "sides": sides,
+        "copy_gb_per_second": copy / 1e9 if copy is not None else None,
+        "fastest": fastest,
+        "targets_apply": applies,
+        "met": met,
+        "same_greedy_messages": decoding.get("same_greedy_messages"),
+        "sampling_dtype": decoding.get("sampling_dtype"),
+        "batch_size": decoding.get("batch_size"),
+        "prompt_width": decoding.get("prompt_width"),
+    }
+
+
+def decoding_row(figures: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """The decoding step's result reason, tokens/s column and notes, from :func:`decoding_figures`."""
+    sides, fastest = figures["sides"], figures["fastest"]
+    tokens = ", ".join(f"{name} {format_number(side['tokens_per_second'])}" for name, side in sides.items()
+                       if side["tokens_per_second"] is not None) or "-"
+    best = sides.get(fastest, {}) if fastest else {}
+    share, speedup = best.get("weights_share"), best.get("speedup")
+    measured = (f"{fastest}: {share:.1%} of the bandwidth limit, {speedup:.2f}x generate"
+                if share is not None and speedup is not None else "no figures")
+    if not figures["targets_apply"]:
+        reason = f"{measured} (the targets are for compiled decoding on CUDA)"
+    else:
+        missed = [f"{key.replace('_', ' ')} >= {DECODING_TARGETS[key]:g}" for key, met in figures["met"].items()
+                  if met is False]
+        reason = f"{measured}; " + ("targets met" if not missed else "target MISSED: " + ", ".join(missed))
+    notes = []
+    steps = ", ".join(f"{name} {side['step_ms']:.2f} ms" for name, side in sides.items() if side["step_ms"] is not None)
+    if steps:
+        notes.append("step " + steps)
+    shares = ", ".join(f"{name} {side['weights_share']:.1%}/{side['share']:.1%}" for name, side in sides.items()
+                       if side["weights_share"] is not None and side["share"] is not None)
+    if shares:
+        notes.append("share of the limit (weights/with KV cache) " + shares)
+    if figures["copy_gb_per_second"] is not None:
+        notes.append(f"copy bandwidth {figures['copy_gb_per_second']:,.0f} GB/s")
+    first = ", ".join(f"{name} {side['first_call_seconds']:.1f} s" for name, side in sides.items()
+                      if side["first_call_seconds"] is not None)
+    if first:
+        notes.append("first call " + first)
+    if figures["same_greedy_messages"] is not None:
+        notes.append("greedy messages equal to eager's: " + ", ".join(
+            f"{mode} {same}" for mode, same in figures["same_greedy_messages"].items()))
+    if figures["sampling_dtype"]:
+        notes.append(f"B={figures['batch_size']}, prompts of {figures['prompt_width']} tokens, sampling weights "
+                     f"{figures['sampling_dtype']}")
+    return reason, tokens, notes
+
+
 def format_bytes(value: Optional[float]) -> str:
     """``value`` bytes as GiB (or MiB below 1 GiB); ``-`` for None."""
     if value is None:
@@ -611,15 +719,17 @@ class Check:
         """Seconds left before ``--deadline``."""
         return self.deadline - time.perf_counter()
 
-    def step_timeout(self) -> Optional[float]:
-        """The timeout of the next step: ``--timeout`` or what is left of the deadline; None if too little is left."""
+    def step_timeout(self, limit: Optional[float] = None) -> Optional[float]:
+        """The timeout of the next step: ``limit`` (default ``--timeout``) or what is left of the deadline; None if
+        too little is left."""
         left = self.time_left() - 5
-        return None if left < 20 else min(float(self.args.timeout), left)
+        return None if left < 20 else min(float(limit or self.args.timeout), left)
 
-    def run(self, step: str, command: list[str]) -> tuple[Optional[Outcome], Path, float]:
-        """Run one step's command; ``(None, log, 0)`` if the deadline leaves no time for it."""
+    def run(self, step: str, command: list[str], limit: Optional[float] = None) -> tuple[Optional[Outcome], Path, float]:
+        """Run one step's command (at most ``limit`` seconds, default ``--timeout``); ``(None, log, 0)`` if the
+        deadline leaves no time for it."""
         log = self.out / f"{step}.log"
-        timeout = self.step_timeout()
+        timeout = self.step_timeout(limit)
         if timeout is None:
             return None, log, 0.0
         progress(f"{step}: {' '.join(command[1:4])} ... (timeout {timeout:.0f} s, log {log})")
@@ -704,6 +814,29 @@ def check_model(check: Check) -> tuple[StepResult, Optional[Path]]:
     return StepResult("model", "pass", "built", outcome.seconds, peak_memory=peak_text(outcome), log=str(log),
                       notes=[described, f"{format_bytes(size)} of weights", str(folder)],
                       figures={"folder": str(folder), "reused": False}), folder
+
+
+def check_decoding(check: Check, folder: Optional[Path]) -> StepResult:
+    """Step ``decoding``: ``scripts/benchmark_lm_chat.py --parts decoding`` on the model folder (issue 40's target)."""
+    if folder is None:
+        return StepResult("decoding", "fail", "no model folder (see the model row)")
+    output = check.out / "decoding.json"
+    output.unlink(missing_ok=True)
+    options = DECODING_ARGS[check.args.shape]
+    command = [sys.executable, "scripts/benchmark_lm_chat.py", "--model-folder", str(folder),
+               "--device", check.args.device, "--output", str(output), *options]
+    outcome, log, timeout = check.run("decoding", command, check.args.decoding_timeout)
+    if outcome is None:
+        return no_time("decoding")
+    settings = "options " + " ".join(options)
+    if outcome.returncode != 0 or not output.is_file():
+        result = failed_result("decoding", outcome, timeout, log)
+        result.notes.append(settings)
+        return result
+    figures = decoding_figures(json.loads(output.read_text()))
+    reason, tokens, notes = decoding_row(figures)
+    return StepResult("decoding", "pass", reason, outcome.seconds, tokens, peak_text(outcome), "-", [*notes, settings],
+                      figures, str(log))
 
 
 def check_benchmark(check: Check, folder: Optional[Path]) -> StepResult:
@@ -870,6 +1003,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="model shape: 398m (hidden 896, 24 blocks; the default) or small (a tiny model, for CPU)")
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds each step may run (240)")
+    parser.add_argument("--decoding-timeout", type=float, default=420.0,
+                        help="seconds the decoding step may run (420: it compiles the 398M step once)")
     parser.add_argument("--test-workers", type=int, default=4, help="pytest-xdist workers of the CUDA tests (4; 0: one process)")
     parser.add_argument("--deadline", type=float, default=540.0,
                         help="seconds the whole check may run; later steps are skipped (540)")
@@ -883,8 +1018,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--skip: unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEP_GROUPS)}")
     args.skip = skipped
-    if args.timeout <= 0 or args.deadline <= 0:
-        parser.error("--timeout and --deadline must be positive")
+    if args.timeout <= 0 or args.deadline <= 0 or args.decoding_timeout <= 0:
+        parser.error("--timeout, --decoding-timeout and --deadline must be positive")
     if not (args.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", args.device)):
         parser.error("--device must be cpu, cuda or cuda:N")
     return args
@@ -929,11 +1064,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(StepResult("tests", "skipped", "--skip tests"))
     else:
         results.append(check_tests(check))
-    needs_model = not ("benchmark" in args.skip and "run" in args.skip)
+    needs_model = not all(step in args.skip for step in ("decoding", "benchmark", "run"))
     folder = None
     if needs_model:
         model_result, folder = check_model(check)
         results.append(model_result)
+    if "decoding" in args.skip:
+        results.append(StepResult("decoding", "skipped", "--skip decoding"))
+    else:
+        results.append(check_decoding(check, folder))
     if "benchmark" in args.skip:
         results.append(StepResult("benchmark", "skipped", "--skip benchmark"))
     else:

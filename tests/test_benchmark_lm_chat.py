@@ -104,6 +104,28 @@ def test_smoke_run_reports_every_ratio(benchmark, tmp_path, capsys, monkeypatch)
     assert "Summary" in printed and "rollout_ratio" in printed and "Activation bytes per token" in printed
 
 
+def test_decoding_part_compares_the_paths_with_generate_against_the_copy_bandwidth(benchmark, tmp_path, capsys):
+    results = benchmark.main(["--smoke", "--parts", "decoding", "--cache-dir", str(tmp_path / "cache"), "--skip-trl"])
+    decoding = results["decoding"]
+    assert decoding["modes"] == ["eager", "static"] and set(decoding["sides"]) == {"eager", "static", "generate"}
+    assert [decoding["sides"][mode]["path"] for mode in decoding["modes"]] == ["eager", "static"]
+    assert decoding["same_greedy_messages"] == {"static": True} and decoding["greedy_rows_equal"] == {"static": 1.0}
+    assert decoding["copy"]["bytes_per_second"] > 0 and decoding["weight_bytes"] > 0
+    for name, side in decoding["sides"].items():
+        assert side["tokens_per_second"] > 0 and side["step_seconds"] > 0 and len(side["seconds"]) == 1, name
+        assert 0 < side["weights_bandwidth_share"] < side["bandwidth_share"], name  # the KV cache adds bytes
+        assert side["step_bytes"] > decoding["weight_bytes"]
+    static = decoding["sides"]["static"]
+    assert static["slots"] == [decoding["prompt_width"] + 8]  # prompt plus T slots, uncompiled: not rounded up
+    assert decoding["sides"]["generate"]["speedup_over_generate"] == 1.0
+    # On the CPU the targets (compiled decoding on CUDA) do not apply; the figures are reported all the same.
+    assert not decoding["targets_apply"] and decoding["fastest_mode"] == "static"
+    summary = results["summary"]
+    assert "met" not in summary["decoding_weights_bandwidth_share"] and summary["decoding_greedy_rows_equal_static"]["value"] == 1
+    printed = capsys.readouterr().out
+    assert "Decoding (B=4" in printed and "copy bandwidth" in printed
+
+
 def test_chat_prompts_come_in_groups_of_equal_left_padded_prompts(benchmark, chat_model):  # noqa: F811
     args = benchmark.parse_args(["--smoke", "-B", "6", "-G", "3"])
     policy = benchmark.load_policy(chat_model("qwen2"), 8)

@@ -130,6 +130,38 @@ def test_benchmark_figures(gpu_check):
     assert partial["rollout_tokens_per_second"] is None and partial["update"] == {} and partial["parameters"] == 5
 
 
+def test_decoding_figures_and_row(gpu_check):
+    def side(tokens, step, weights_share, share, speedup, first, path=None):
+        return {"path": path, "tokens_per_second": tokens, "step_seconds": step, "weights_bandwidth_share": weights_share,
+                "bandwidth_share": share, "speedup_over_generate": speedup, "first_call_seconds": first}
+
+    results = {"decoding": {
+        "sides": {"eager": side(410.0, 0.0195, 0.02, 0.03, 1.02, 3.1, "eager"),
+                  "compiled": side(6500.0, 0.0011, 0.31, 0.40, 16.2, 71.5, "compiled"),
+                  "generate": side(400.0, 0.0199, 0.02, 0.03, 1.0, 2.9)},
+        "fastest_mode": "compiled", "targets_apply": True, "copy": {"bytes_per_second": 2.6e12},
+        "same_greedy_messages": {"compiled": True}, "sampling_dtype": "bfloat16", "batch_size": 8, "prompt_width": 204,
+    }}
+    figures = gpu_check.decoding_figures(results)
+    assert figures["sides"]["compiled"]["step_ms"] == pytest.approx(1.1) and figures["copy_gb_per_second"] == 2600
+    assert figures["met"] == {"weights_bandwidth_share": True, "speedup_over_generate": True}
+    reason, tokens, notes = gpu_check.decoding_row(figures)
+    assert reason == "compiled: 31.0% of the bandwidth limit, 16.20x generate; targets met"
+    assert tokens == "eager 410, compiled 6,500, generate 400"
+    assert "first call eager 3.1 s, compiled 71.5 s, generate 2.9 s" in notes
+    assert "greedy messages equal to eager's: compiled True" in notes
+
+    results["decoding"]["sides"]["compiled"]["weights_bandwidth_share"] = 0.12
+    reason, _, _ = gpu_check.decoding_row(gpu_check.decoding_figures(results))
+    assert reason.endswith("target MISSED: weights bandwidth share >= 0.25")
+    results["decoding"]["targets_apply"] = False  # the CPU: nothing to meet
+    figures = gpu_check.decoding_figures(results)
+    assert figures["met"] == {"weights_bandwidth_share": None, "speedup_over_generate": None}
+    assert gpu_check.decoding_row(figures)[0].endswith("(the targets are for compiled decoding on CUDA)")
+    # The part left out: no figures, not an error.
+    assert gpu_check.decoding_figures({})["sides"] == {} and gpu_check.decoding_row(gpu_check.decoding_figures({}))[1] == "-"
+
+
 def test_table_and_formats(gpu_check):
     result = gpu_check.StepResult("run_float32", "fail", "exit 1: a|b", 12.0, notes=["n1", "n2"])
     table = gpu_check.markdown_table(gpu_check.TABLE_HEADER, gpu_check.table_rows([result]))
@@ -146,6 +178,7 @@ def test_table_and_formats(gpu_check):
 def test_command_line(gpu_check):
     args = gpu_check.parse_args(["--skip", "tests,run", "--device", "cpu", "--shape", "small"])
     assert args.skip == ["tests", "run"] and args.device == "cpu" and args.shape == "small"
+    assert gpu_check.parse_args(["--skip", "tests,benchmark,run"]).skip == ["tests", "benchmark", "run"]  # decoding only
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--skip", "everything"])
     with pytest.raises(SystemExit):
@@ -156,8 +189,10 @@ def test_command_line(gpu_check):
 def test_the_options_it_passes_exist(gpu_check, shape, tmp_path):
     """The benchmark's parser takes the check's flags, and the runs' overrides compose."""
     with script_module("benchmark_lm_chat") as benchmark:
-        benchmark.parse_args(["--model-folder", str(tmp_path), "--device", "cpu", "--output", str(tmp_path / "b.json"),
-                              *gpu_check.BENCHMARK_ARGS[shape]])
+        for options in (gpu_check.BENCHMARK_ARGS[shape], gpu_check.DECODING_ARGS[shape]):
+            args = benchmark.parse_args(["--model-folder", str(tmp_path), "--device", "cpu", "--output",
+                                         str(tmp_path / "b.json"), *options])
+            assert ("decoding" in args.parts) == (options is gpu_check.DECODING_ARGS[shape])
     for _, autocast in gpu_check.RUN_DTYPES:
         overrides = [*gpu_check.RUN_COMMAND, *gpu_check.RUN_OVERRIDES[shape], *([autocast] if autocast else [])]
         config = make_config(*overrides)

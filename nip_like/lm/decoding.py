@@ -7,6 +7,11 @@ most likely one), until every row has ended with ``<eos>`` or a stop string
 or has ``max_new_tokens`` tokens. The messages come out dense and padded
 (:func:`sampled_messages`). The KV cache's name in the model's ``forward``
 changed in transformers 5.24 (:func:`cache_argument`).
+
+This is the *eager* path: the model's own cache grows by one slot per token
+and each token is a few hundred kernel launches. The static KV cache and the
+compiled step that ``LMPolicy.sample`` takes on CUDA, with the same inputs
+and outputs, are in :mod:`nip_like.lm.static_decoding`.
 """
 
 from __future__ import annotations

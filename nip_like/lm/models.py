@@ -26,6 +26,7 @@ from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.sampling import MIN_TEMPERATURE
 from nip_like.lm.server import SamplerConfig
+from nip_like.lm.static_decoding import DECODING_MODES, SAMPLING_DTYPES
 from nip_like.lm.value import LMValueHead
 
 
@@ -57,6 +58,8 @@ class LMAgentConfig:
     score_chunk_tokens: Optional[int] = checked(None, ge=1)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = all logits at once
     dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # where messages are sampled: kind local (this model) or server (an OpenAI-compatible completions server; see nip_like.lm.server)
+    decoding: str = checked("auto", choices=DECODING_MODES)  # how local sampling decodes: auto = compiled on CUDA, eager elsewhere; eager (growing KV cache), static (preallocated KV cache, fixed shapes), compiled (static, the step through torch.compile mode=reduce-overhead: CUDA graphs); a fallback is logged once
+    sampling_dtype: str = checked("model", choices=SAMPLING_DTYPES)  # weights local sampling reads: model = the model's own; bfloat16 = a bf16 copy refreshed after each update (half the bytes a token reads; stored log-probs are the bf16 model's); scoring unchanged
 
 
 #: Files that hold a model's weights in a save_pretrained folder (one of them, or a sharded index).
@@ -360,6 +363,8 @@ def build_lm_policy(
         max_tokens_per_micro_batch=agent_option(config, "max_tokens_per_micro_batch", None) or None,  # automatic: set by the trainer
         score_chunk_tokens=agent_option(config, "score_chunk_tokens", None),
         deferred_lora=lora if lora_enabled(lora) and agent_option(lora, "warm_start", "lora") == "full" else None,
+        decoding=agent_option(config, "decoding", "auto"),
+        sampling_dtype=agent_option(config, "sampling_dtype", "model"),
     )
     if frozen:  # a co-player from a finished run: nothing of it trains
         policy.requires_grad_(False)

@@ -28,11 +28,12 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nip_like.errors import ConfigError
-from nip_like.lm.decoding import cache_argument, decode, forward_parameters, sampled_messages
+from nip_like.lm.decoding import cache_argument, forward_parameters, sampled_messages
 from nip_like.lm.micro_batches import micro_batches, scores_by_micro_batch
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding, trim_padding_columns
 from nip_like.lm.sampling import SamplingSettings
 from nip_like.lm.scoring import check_chunking, score_rows
+from nip_like.lm.static_decoding import DECODING_MODES, SAMPLING_DTYPES, Decoder
 from nip_like.lm.value import LMValueHead
 
 #: The policy, the helpers defined here, and the names that moved to the modules above (still importable from here).
@@ -114,6 +115,13 @@ class LMPolicy(nn.Module):
     deferred_lora : LoraOptions, optional
         LoRA adapters to add after the warm start (:meth:`after_warm_start`)
         instead of now.
+    decoding : str
+        How :meth:`sample` decodes: ``auto`` (compiled on CUDA, eager
+        elsewhere), ``eager``, ``static`` or ``compiled`` (see
+        :mod:`nip_like.lm.static_decoding`).
+    sampling_dtype : str
+        ``model``: sample with the model's own parameters; ``bfloat16``: with
+        a bfloat16 copy of them (scoring unchanged).
 
     Notes
     -----
@@ -140,6 +148,8 @@ class LMPolicy(nn.Module):
         max_tokens_per_micro_batch: Optional[int] = None,
         score_chunk_tokens: Optional[int] = None,
         deferred_lora: Optional[object] = None,
+        decoding: str = "auto",
+        sampling_dtype: str = "model",
     ) -> None:
         super().__init__()
         if max_new_tokens < 1:
@@ -165,6 +175,12 @@ class LMPolicy(nn.Module):
         if score_chunk_tokens is not None and score_chunk_tokens < 1:
             raise ConfigError(f"score_chunk_tokens must be at least 1, got {score_chunk_tokens}")
         self.score_chunk_tokens = score_chunk_tokens
+        if decoding not in DECODING_MODES:
+            raise ConfigError(f"decoding must be one of {', '.join(DECODING_MODES)}, got {decoding!r}")
+        if sampling_dtype not in SAMPLING_DTYPES:
+            raise ConfigError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}, got {sampling_dtype!r}")
+        #: How :meth:`sample` decodes (:class:`~nip_like.lm.static_decoding.Decoder`: its path, caches and log lines).
+        self.decoder = Decoder(decoding, sampling_dtype)
         self._cache_argument = cache_argument(model)
         self._deferred_lora = deferred_lora
         self._keeps_logits = "logits_to_keep" in forward_parameters(model)
@@ -203,7 +219,7 @@ class LMPolicy(nn.Module):
         generator: Optional[torch.Generator] = None,
         greedy: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """Sample one message per prompt, with the KV cache.
+        """Sample one message per prompt, with the KV cache (on the path :attr:`decoder` picks).
 
         Parameters
         ----------
@@ -241,7 +257,7 @@ class LMPolicy(nn.Module):
               or a stop string (False: cut at ``max_new_tokens``).
         """
         with in_mode(self.model, training=False):
-            return decode(
+            return self.decoder.decode(
                 self.model,
                 prompt_ids,
                 prompt_mask,
