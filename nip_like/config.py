@@ -272,11 +272,14 @@ def without_locations(value: Any) -> Any:
 
 #: Options added after runs were keyed, at the value that behaves as before they existed: left out of run ids and
 #: warm-start keys at that value, so that adding them changed no key (an LM agent's ``sampler`` of kind ``local``,
-#: ``trainer.pretrain.agent_restarts`` empty, ``trainer.test_rollouts`` 1). Set otherwise, they are hyper-parameters like any other.
+#: ``trainer.pretrain.agent_restarts`` empty, ``trainer.test_rollouts`` 1, an LM agent's ``decoding`` auto and
+#: ``sampling_dtype`` model). Set otherwise, they are hyper-parameters like any other.
 NEUTRAL_ENTRIES: dict[str, Callable[[Any], bool]] = {
     "sampler": lambda item: isinstance(item, dict) and item.get("kind") == "local",
     "agent_restarts": lambda item: item == {},
     "test_rollouts": lambda item: item == 1,
+    "decoding": lambda item: item == "auto",
+    "sampling_dtype": lambda item: item == "model",
 }
 
 

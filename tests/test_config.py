@@ -46,6 +46,9 @@ def test_options_added_later_change_no_key_at_their_neutral_value_and_do_when_se
     lm = make_config("preset=lm_quick")
     keyed = str(hyper_parameters(lm)) + str(pretrain_key(lm, "prover"))
     assert "sampler" not in keyed and "agent_restarts" not in keyed  # as before the options existed
+    assert "decoding" not in keyed and "sampling_dtype" not in keyed and "test_rollouts" not in keyed
+    for option in ("scenario.default_agent.decoding=static", "scenario.default_agent.sampling_dtype=bfloat16", "trainer.test_rollouts=2"):
+        assert run_id(make_config("preset=lm_quick", option)) != run_id(lm), option
     served = make_config("preset=lm_quick", "scenario.default_agent.sampler.kind=server")
     assert run_id(served) != run_id(lm) and pretrain_key(served, "prover") == pretrain_key(lm, "prover")
     restarted = make_config("preset=lm_quick", "+trainer.pretrain.agent_restarts={verifier: 2}")
