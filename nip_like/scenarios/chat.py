@@ -57,6 +57,16 @@ class ChatGame(Scenario):
         """The scripted player of ``group`` (its model config's ``backend: scripted``)."""
 
     # -------------------------------------------------------------- chat
+    def make_text_env(self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1):
+        """The environment text agents play through (:func:`~nip_like.text.rollouts.play_episodes`).
+
+        By default the scenario's own :meth:`~nip_like.scenarios.base.Scenario.make_env`;
+        a scenario whose ``make_env`` is its language-model agents' view
+        (prompts in their tokens) returns the game that takes the moves of
+        :meth:`encode_actions` instead.
+        """
+        return self.make_env(num_envs, split, seed, device, group_size=group_size)
+
     @property
     @abstractmethod
     def tokenizer(self):

@@ -10,9 +10,9 @@ environment steps. The result is a TensorDict of batch ``(E,)`` (episodes):
 ==============================  ===========  ==========================================
 key                             shape        meaning
 ==============================  ===========  ==========================================
-``"list_index"``                ``E``        the list's index in the split
-``"values"``                    ``E, L``     the list
-``"label"``                     ``E``        it holds a duplicate pair
+``"list_index"``                ``E``        the datapoint's index in the split (the list's, the program's)
+``"values"``                    ``E, L``     the list (a game whose state has ``values``: duplicates)
+``"label"``                     ``E``        accepting is right (the list holds a pair; the program is correct)
 ``"decision"``                  ``E``        ``1`` accept, ``0`` reject, ``-1`` undecided
 ``"return"``                    ``E, N``     each agent's summed reward
 ``("turns", "acted")``          ``E, R, N``  the agent had a turn in that round
@@ -93,7 +93,7 @@ def play_episodes(
     rounds, agents = protocol.num_rounds, len(names)
     leaves = branching**rounds
     num_episodes *= leaves
-    env = scenario.make_env(num_episodes, split, derive_seed(seed, "lists"), "cpu", group_size=leaves)
+    env = scenario.make_text_env(num_episodes, split, derive_seed(seed, "lists"), "cpu", group_size=leaves)
     acted = torch.zeros(num_episodes, rounds, agents, dtype=torch.bool)
     rewards = torch.zeros(num_episodes, rounds, agents)
     chats = [[[""] * agents for _ in range(rounds)] for _ in range(num_episodes)]
@@ -164,7 +164,7 @@ def play_episodes(
     return TensorDict(
         {
             "list_index": final_state["list_index"],
-            "values": final_state["values"],
+            **({"values": final_state["values"]} if "values" in final_state.keys() else {}),
             "label": final_state["label"],
             "decision": final_state["decision"],
             "return": rewards.sum(1),
@@ -182,7 +182,8 @@ def rollout_records(rollouts: TensorDict, agent_names: tuple[str, ...]) -> list[
     # Everything as Python lists once: indexing tensors element by element is slow on big rollouts.
     chats, replies, moves = (turns.get(key).tolist() for key in ("chat", "reply", "move"))
     acted, rewards = turns["acted"].tolist(), turns["reward"].tolist()
-    returns, values = rollouts["return"].tolist(), rollouts["values"].tolist()
+    returns = rollouts["return"].tolist()
+    values = rollouts["values"].tolist() if "values" in rollouts.keys() else None
     decisions, labels, indices = (rollouts[key].tolist() for key in ("decision", "label", "list_index"))
     records = []
     for episode, episode_acted in enumerate(acted):
@@ -204,7 +205,7 @@ def rollout_records(rollouts: TensorDict, agent_names: tuple[str, ...]) -> list[
         records.append(
             {
                 "list_index": int(indices[episode]),
-                "values": values[episode],
+                **({"values": values[episode]} if values is not None else {}),
                 "label": label,
                 "turns": dialogue,
                 "decision": {1: "accept", 0: "reject"}.get(decision, "none"),
@@ -324,7 +325,7 @@ def _rollouts_of(header: dict, records: list[dict]) -> TensorDict:
     return TensorDict(
         {
             "list_index": torch.tensor([record["list_index"] for record in records]),
-            "values": torch.tensor([record["values"] for record in records]),
+            **({"values": torch.tensor([record["values"] for record in records])} if not records or "values" in records[0] else {}),
             "label": torch.tensor([record["label"] for record in records]),
             "decision": torch.tensor([decisions[record["decision"]] for record in records]),
             "return": torch.tensor([[record["returns"][name] for name in names] for record in records]),

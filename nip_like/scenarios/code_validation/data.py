@@ -16,25 +16,40 @@ machinery of :func:`~nip_like.scenarios.datasets.load_or_build`);
 :func:`split_by_problem` cuts it so that all programs of one problem land in
 one split. :func:`load_buggy_apps` reads a JSONL file in the Buggy-APPS field
 layout (``question``, ``solutions``, ``buggy_solutions``, ``input_output``)
-and labels its programs the same way; :func:`write_buggy_apps` writes a
-dataset in that layout. ``docs/code_validation_data.rst`` is the guide. This
+and labels its programs the same way, cached like the generated data;
+:func:`write_buggy_apps` writes a dataset in that layout.
+
+The dataset's classes are in :mod:`~nip_like.scenarios.code_validation.dataset`
+and the layout's reader and writer in
+:mod:`~nip_like.scenarios.code_validation.buggy_apps`; their names stay
+importable from here. ``docs/code_validation_data.rst`` is the guide. This
 module registers nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from nip_like.checkpoint import load_checked, save_atomic, write_text_atomic
-from nip_like.errors import CheckpointError, ConfigError
+from nip_like.errors import ConfigError
+from nip_like.scenarios.code_validation.buggy_apps import (  # noqa: F401 - the Buggy-APPS layout, re-exported where it was
+    BUGGY_APPS_FIELDS,
+    BuggyAppsSpec,
+    file_sha256,
+    label_buggy_apps,
+    read_buggy_apps,
+    write_buggy_apps,
+)
+from nip_like.scenarios.code_validation.dataset import (  # noqa: F401 - the dataset's classes, re-exported where they were
+    GENERATOR_VERSION,
+    CodeProblem,
+    CodeProgram,
+    CodeValidationData,
+)
 from nip_like.scenarios.code_validation.mutations import draw_mutants, rewrite
 from nip_like.scenarios.code_validation.problems import (
     all_problems,
@@ -43,12 +58,8 @@ from nip_like.scenarios.code_validation.problems import (
     draw_tests,
     reference_outputs,
 )
-from nip_like.scenarios.code_validation.sandbox import SandboxLimits, TestSuite, run_programs
-from nip_like.scenarios.datasets import DatasetFileError, DatasetSpec, apportion, is_real, load_or_build
-
-#: Version of the generation procedure. It enters :meth:`CodeValidationSpec.key`,
-#: so a change to the family, the mutations or the labelling never reuses an old cache file.
-GENERATOR_VERSION = 1
+from nip_like.scenarios.code_validation.sandbox import SandboxLimits, run_programs
+from nip_like.scenarios.datasets import DatasetSpec, apportion, is_real, load_or_build
 
 #: How a program that is not a mutant is named in :attr:`CodeProgram.origin`.
 REFERENCE = "reference"
@@ -117,179 +128,6 @@ class CodeValidationSpec(DatasetSpec):
     def limits(self) -> SandboxLimits:
         """Return the sandbox limits every program runs under."""
         return SandboxLimits(time_limit=self.time_limit, test_time_limit=self.test_time_limit, memory_mib=self.memory_mib)
-
-
-@dataclass(frozen=True)
-class CodeProblem:
-    """A problem: its statement and hidden tests.
-
-    Parameters
-    ----------
-    problem_id : str
-        Unique in a dataset (``"count_above/3"`` for the generated family).
-    statement : str
-        The natural-language statement, with the signature for call-style problems.
-    fn_name : str or None
-        The function a solution defines; ``None`` for a program that reads
-        standard input and prints its answer.
-    inputs : tuple
-        One JSON value per hidden test (see :class:`~nip_like.scenarios.code_validation.sandbox.TestSuite`).
-    outputs : tuple
-        The expected answers, one per test.
-    lenient_lists : bool
-        Accept the first element of a list answer too (the APPS rule).
-    """
-
-    problem_id: str
-    statement: str
-    fn_name: str | None
-    inputs: tuple[Any, ...]
-    outputs: tuple[Any, ...]
-    lenient_lists: bool = False
-
-    def suite(self) -> TestSuite:
-        """Return the hidden tests as a :class:`~nip_like.scenarios.code_validation.sandbox.TestSuite`."""
-        return TestSuite(self.inputs, self.outputs, self.fn_name, self.lenient_lists)
-
-
-@dataclass(frozen=True)
-class CodeProgram:
-    """One example: a program for a problem and its label.
-
-    Parameters
-    ----------
-    problem_id : str
-        The problem it was written for.
-    source : str
-        The program.
-    label : bool
-        Whether it passed every hidden test of its problem (from running them).
-    origin : str
-        How it was made: :data:`REFERENCE` for a rewritten reference, a
-        mutation's name for a mutant, ``"solution"`` or ``"buggy_solution"``
-        for a program read from a Buggy-APPS file. Not a label.
-    reason : str
-        Why it failed (the first failed test), empty if it passed or was not run.
-    """
-
-    problem_id: str
-    source: str
-    label: bool
-    origin: str
-    reason: str = ""
-
-
-@dataclass(eq=False)
-class CodeValidationData:
-    """A dataset of programs with labels, and the problems they were written for.
-
-    Parameters
-    ----------
-    problems : dict of str to CodeProblem
-        Every problem a program refers to, by id (maybe more).
-    programs : tuple of CodeProgram
-        The examples.
-
-    Raises
-    ------
-    ValueError
-        If a problem is filed under another id or a program refers to an
-        unknown problem, naming the first.
-    """
-
-    problems: dict[str, CodeProblem]
-    programs: tuple[CodeProgram, ...]
-
-    FILE_KIND: ClassVar[str] = "nip_like.code_validation"
-    DESCRIPTION: ClassVar[str] = "code-validation"
-
-    def __post_init__(self) -> None:
-        self.programs = tuple(self.programs)
-        for key, problem in self.problems.items():
-            if not isinstance(problem, CodeProblem) or problem.problem_id != key:
-                raise ValueError(f"CodeValidationData.problems[{key!r}] is not the CodeProblem of that id")
-        for index, program in enumerate(self.programs):
-            if not isinstance(program, CodeProgram) or program.problem_id not in self.problems:
-                raise ValueError(f"CodeValidationData.programs[{index}] does not belong to a problem of the dataset")
-
-    def __len__(self) -> int:
-        return len(self.programs)
-
-    @property
-    def label(self) -> torch.Tensor:
-        """``(N,)`` bool: the programs' labels."""
-        return torch.tensor([program.label for program in self.programs], dtype=torch.bool)
-
-    def subset(self, index: Sequence[int] | torch.Tensor) -> CodeValidationData:
-        """Return the programs at the positions ``index`` with the problems they refer to."""
-        positions = torch.as_tensor(index, dtype=torch.long).reshape(-1).tolist()
-        programs = tuple(self.programs[position] for position in positions)
-        used = {program.problem_id for program in programs}
-        return CodeValidationData({key: value for key, value in self.problems.items() if key in used}, programs)
-
-    def to_state(self) -> dict[str, Any]:
-        """Return the dataset as plain JSON values (what is saved and checksummed)."""
-        problems = [
-            {**{f.name: getattr(problem, f.name) for f in fields(problem)}, "inputs": list(problem.inputs),
-             "outputs": list(problem.outputs)}
-            for problem in self.problems.values()
-        ]
-        programs = [{f.name: getattr(program, f.name) for f in fields(program)} for program in self.programs]
-        return {"problems": problems, "programs": programs}
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> CodeValidationData:
-        """Rebuild a dataset from :meth:`to_state`; ``KeyError``, ``TypeError`` or ``ValueError`` if malformed."""
-        problems = {}
-        for entry in state["problems"]:
-            problem = CodeProblem(**{**entry, "inputs": tuple(entry["inputs"]), "outputs": tuple(entry["outputs"])})
-            problems[problem.problem_id] = problem
-        programs = tuple(CodeProgram(**entry) for entry in state["programs"])
-        if not all(isinstance(program.label, bool) and isinstance(program.source, str) for program in programs):
-            raise TypeError("a program's label is not a bool or its source not a string")
-        return cls(problems, programs)
-
-    def checksum(self) -> str:
-        """Return the SHA-256 of the dataset's JSON form (keys sorted)."""
-        text = json.dumps(self.to_state(), sort_keys=True, ensure_ascii=True)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def save(self, path: Path, metadata: Mapping[str, Any] | None = None) -> None:
-        """Write the dataset, its checksum and ``metadata`` atomically to ``path`` (``save_atomic``)."""
-        state = {"kind": self.FILE_KIND, "metadata": dict(metadata or {}), "checksum": self.checksum(),
-                 "data": self.to_state()}
-        save_atomic(state, Path(path))
-
-    @classmethod
-    def load(cls, path: Path) -> CodeValidationData:
-        """Read a dataset written by :meth:`save`; :class:`~nip_like.scenarios.datasets.DatasetFileError` if damaged."""
-        return cls.read(Path(path))[0]
-
-    @classmethod
-    def read(cls, path: Path, what: str | None = None) -> tuple[CodeValidationData, dict[str, Any]]:
-        """Return the dataset and the metadata of a file written by :meth:`save`.
-
-        ``what`` names the file in the messages (``"cache file"`` for the cache).
-
-        Raises
-        ------
-        DatasetFileError
-            If the file is missing, unreadable, damaged, not a file of this
-            dataset, malformed, or fails its checksum; in one line.
-        """
-        try:
-            state = load_checked(Path(path), what=what or f"{cls.DESCRIPTION} file")
-        except CheckpointError as error:
-            raise DatasetFileError(str(error)) from error
-        if state.get("kind") != cls.FILE_KIND:
-            raise DatasetFileError(f"{path} is not a {cls.DESCRIPTION} file")
-        try:
-            dataset = cls.from_state(state["data"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise DatasetFileError(f"{path} has malformed data ({error})") from error
-        if dataset.checksum() != state.get("checksum"):
-            raise DatasetFileError(f"{path} fails its checksum: its data changed after it was written")
-        return dataset, state.get("metadata", {})
 
 
 # ---------------------------------------------------------------- generation
@@ -451,201 +289,7 @@ def load_or_generate(spec: CodeValidationSpec, cache_dir: Path, workers: int = 1
     return load_or_build(CodeValidationData, cache_path(spec, cache_dir), spec, build)  # type: ignore[type-var]
 
 
-# ---------------------------------------------------------------- the Buggy-APPS layout
-
-#: The fields every line of a Buggy-APPS file has.
-BUGGY_APPS_FIELDS = ("question", "solutions", "buggy_solutions", "input_output")
-
-
-@dataclass(frozen=True)
-class BuggyAppsSpec(DatasetSpec):
-    """What a labelled Buggy-APPS file depends on: the file's contents and how it is labelled.
-
-    Parameters
-    ----------
-    file_sha256 : str
-        SHA-256 of the JSONL file.
-    label_by : str
-        ``"tests"``: run every program against its problem's tests (the
-        default, as for the generated data); ``"field"``: trust the file
-        (``solutions`` are 1, ``buggy_solutions`` 0) and run nothing.
-    max_tests_per_problem : int
-        Run only the first this many tests of a problem; 0 runs all.
-    test_time_limit, time_limit : float
-        The sandbox's per-test CPU seconds and per-program wall-clock seconds.
-    memory_mib : int
-        The sandbox's address-space limit, in MiB.
-    """
-
-    file_sha256: str = ""
-    label_by: str = "tests"
-    max_tests_per_problem: int = 0
-    test_time_limit: float = 2.0
-    time_limit: float = 30.0
-    memory_mib: int = 512
-
-    generator_version: ClassVar[int] = GENERATOR_VERSION
-
-    def __post_init__(self) -> None:
-        self._check_integers({"max_tests_per_problem": 0, "memory_mib": 64})
-        if self.label_by not in ("tests", "field"):
-            self._fail("label_by", '"tests" or "field"', self.label_by)
-        for name in ("test_time_limit", "time_limit"):
-            value = getattr(self, name)
-            if not is_real(value) or value <= 0:
-                self._fail(name, "a positive number of seconds", value)
-            object.__setattr__(self, name, float(value))
-
-    def limits(self) -> SandboxLimits:
-        """Return the sandbox limits every program runs under."""
-        return SandboxLimits(time_limit=self.time_limit, test_time_limit=self.test_time_limit, memory_mib=self.memory_mib)
-
-
-def _field_list(record: Mapping[str, Any], name: str, where: str) -> list[str]:
-    """A list of program sources: a JSON list of strings, or a string holding one (the APPS files' way)."""
-    value = record[name]
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else []
-        except json.JSONDecodeError as error:
-            raise DatasetFileError(f"{where}: field {name!r} is a string but not a JSON list ({error.msg})") from None
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise DatasetFileError(f"{where}: field {name!r} must be a list of program sources (strings)")
-    return value
-
-
-def _tests_of(record: Mapping[str, Any], where: str) -> tuple[list[Any], list[Any], str | None]:
-    """The inputs, outputs and function name of a record's ``input_output`` field, checked."""
-    value = record["input_output"]
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise DatasetFileError(f"{where}: field 'input_output' is not valid JSON ({error.msg})") from None
-    if not isinstance(value, dict):
-        raise DatasetFileError(f"{where}: field 'input_output' must be an object with 'inputs' and 'outputs'")
-    for key in ("inputs", "outputs"):
-        if not isinstance(value.get(key), list) or not value[key]:
-            raise DatasetFileError(f"{where}: field 'input_output.{key}' must be a non-empty list")
-    inputs, outputs, fn_name = value["inputs"], value["outputs"], value.get("fn_name")
-    if len(inputs) != len(outputs):
-        raise DatasetFileError(
-            f"{where}: field 'input_output' has {len(inputs)} inputs but {len(outputs)} outputs"
-        )
-    if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
-        raise DatasetFileError(f"{where}: field 'input_output.fn_name' must be a function name, got {fn_name!r}")
-    if fn_name is None:
-        for key, items in (("inputs", inputs), ("outputs", outputs)):
-            for position, item in enumerate(items):
-                if isinstance(item, list) and all(isinstance(line, str) for line in item):
-                    items[position] = "\n".join(item)
-                elif not isinstance(item, str):
-                    raise DatasetFileError(
-                        f"{where}: field 'input_output.{key}[{position}]' must be text for a standard-input problem"
-                    )
-    return inputs, outputs, fn_name
-
-
-def read_buggy_apps(path: Path) -> list[tuple[CodeProblem, list[str], list[str]]]:
-    """Read and check a JSONL file in the Buggy-APPS layout, without running anything.
-
-    Each non-blank line is a JSON object with ``question`` (the statement, a
-    non-empty string), ``solutions`` and ``buggy_solutions`` (lists of
-    program sources, or strings holding such a JSON list, as in the APPS
-    files), ``input_output`` (an object, or a string holding one, with
-    ``inputs`` and ``outputs``, lists of equal length, and for call-style
-    problems ``fn_name``), and optionally ``problem_id`` (else
-    ``"line-<n>"``).
-
-    Returns
-    -------
-    list of (CodeProblem, list of str, list of str)
-        Per line: the problem (with the APPS rule ``lenient_lists``), its
-        solutions and its buggy solutions.
-
-    Raises
-    ------
-    DatasetFileError
-        In one line naming the file, the line number and the missing or bad
-        field: the file is unreadable, a line is not a JSON object, a field is
-        missing or of the wrong type, the tests are malformed, or two lines
-        have the same ``problem_id``.
-    """
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DatasetFileError(f"cannot read the Buggy-APPS file {path} ({error})") from None
-    records = []
-    seen: set[str] = set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DatasetFileError(f"{where} is not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise DatasetFileError(f"{where} is not a JSON object")
-        missing = [name for name in BUGGY_APPS_FIELDS if name not in record]
-        if missing:
-            raise DatasetFileError(f"{where}: field {missing[0]!r} is missing")
-        if not isinstance(record["question"], str) or not record["question"].strip():
-            raise DatasetFileError(f"{where}: field 'question' must be a non-empty string")
-        solutions = _field_list(record, "solutions", where)
-        buggy = _field_list(record, "buggy_solutions", where)
-        inputs, outputs, fn_name = _tests_of(record, where)
-        identifier = str(record.get("problem_id", f"line-{number}"))
-        if identifier in seen:
-            raise DatasetFileError(f"{where}: problem_id {identifier!r} is already used by an earlier line")
-        seen.add(identifier)
-        problem = CodeProblem(identifier, record["question"], fn_name, tuple(inputs), tuple(outputs), True)
-        records.append((problem, solutions, buggy))
-    if not records:
-        raise DatasetFileError(f"the Buggy-APPS file {path} holds no problems")
-    return records
-
-
-def label_buggy_apps(path: Path, spec: BuggyAppsSpec | None = None, workers: int = 1) -> CodeValidationData:
-    """Read a Buggy-APPS JSONL file (:func:`read_buggy_apps`) and label its programs.
-
-    With ``spec.label_by == "tests"`` (the default) every program runs
-    against its problem's tests (the first ``max_tests_per_problem`` if set)
-    in the sandbox and is labelled by the outcome, so a buggy solution that
-    passes is 1 and a solution that fails is 0; with ``"field"`` the file's
-    grouping is the label. ``spec.file_sha256`` is not checked here (see
-    :func:`load_buggy_apps`).
-    """
-    spec = spec or BuggyAppsSpec()
-    problems: dict[str, CodeProblem] = {}
-    drawn: list[tuple[str, str, str]] = []
-    for problem, solutions, buggy in read_buggy_apps(path):
-        if spec.max_tests_per_problem:
-            keep = spec.max_tests_per_problem
-            problem = CodeProblem(problem.problem_id, problem.statement, problem.fn_name, problem.inputs[:keep],
-                                  problem.outputs[:keep], problem.lenient_lists)
-        problems[problem.problem_id] = problem
-        drawn += [(problem.problem_id, "solution", source) for source in solutions]
-        drawn += [(problem.problem_id, "buggy_solution", source) for source in buggy]
-    if spec.label_by == "field":
-        programs = [CodeProgram(problem_id, text, origin == "solution", origin) for problem_id, origin, text in drawn]
-    else:
-        jobs = [(text, problems[problem_id].suite()) for problem_id, _, text in drawn]
-        runs = run_programs(jobs, spec.limits(), stop_at_first_failure=True, workers=workers)
-        programs = [
-            CodeProgram(problem_id, text, run.passed, origin, run.reason)
-            for (problem_id, origin, text), run in zip(drawn, runs)
-        ]
-    return CodeValidationData(problems, tuple(programs))
-
-
-def file_sha256(path: Path) -> str:
-    """Return the SHA-256 of a file's bytes; :class:`~nip_like.scenarios.datasets.DatasetFileError` if unreadable."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as error:
-        raise DatasetFileError(f"cannot read the Buggy-APPS file {path} ({error.strerror or error})") from None
+# ---------------------------------------------------------------- the Buggy-APPS layout, cached
 
 
 def load_buggy_apps(
@@ -680,27 +324,3 @@ def load_buggy_apps(
         return label_buggy_apps(path, spec, workers)
     build = lambda: label_buggy_apps(path, spec, workers)  # noqa: E731
     return load_or_build(CodeValidationData, cache_path(spec, cache_dir), spec, build)  # type: ignore[type-var]
-
-
-def write_buggy_apps(data: CodeValidationData, path: Path) -> None:
-    """Write ``data`` as a Buggy-APPS JSONL file, atomically: one line per problem, in the dataset's order.
-
-    Programs labelled 1 go to ``solutions`` and those labelled 0 to
-    ``buggy_solutions`` (the labels, not the origins), so reading the file
-    back with ``label_by="field"`` gives the same labels.
-    """
-    lines = []
-    for problem in data.problems.values():
-        programs = [program for program in data.programs if program.problem_id == problem.problem_id]
-        tests: dict[str, Any] = {"inputs": list(problem.inputs), "outputs": list(problem.outputs)}
-        if problem.fn_name is not None:
-            tests["fn_name"] = problem.fn_name
-        record = {
-            "problem_id": problem.problem_id,
-            "question": problem.statement,
-            "solutions": [program.source for program in programs if program.label],
-            "buggy_solutions": [program.source for program in programs if not program.label],
-            "input_output": json.dumps(tests),
-        }
-        lines.append(json.dumps(record) + "\n")
-    write_text_atomic("".join(lines), Path(path))

@@ -32,7 +32,7 @@ import torch
 
 from nip_like.errors import ConfigError
 from nip_like.lm.models import architecture_context, load_tokenizer, model_context
-from nip_like.registry import register_scenario, typed_entry
+from nip_like.registry import register_scenario
 from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, shared with the chat view
     HIDDEN_TEXT,
     SYSTEM_PROMPTS,
@@ -43,8 +43,8 @@ from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text r
     read_list_line,
 )
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
-from nip_like.scenarios.chat import ChatGame
 from nip_like.scenarios.duplicates.game import DuplicatesDataConfig, DuplicatesGame
+from nip_like.scenarios.text_groups import TextModelGroups
 from nip_like.text.interface import Chat, Sampling, TextModel, TextModelConfig
 from nip_like.text.tokenizer import build_chat_tokenizer
 
@@ -64,7 +64,7 @@ class DuplicatesChatConfig(DuplicatesDataConfig):
 
 
 @register_scenario("duplicates_chat", DuplicatesChatConfig)
-class DuplicatesChatScenario(DuplicatesGame, ChatGame):
+class DuplicatesChatScenario(DuplicatesGame, TextModelGroups):
     """The duplicates game for text agents: same data, protocols and rules as ``duplicates``, as chat.
 
     The agents are text models (:class:`~nip_like.text.interface.TextModelConfig`),
@@ -80,12 +80,7 @@ class DuplicatesChatScenario(DuplicatesGame, ChatGame):
 
     def __init__(self, config, protocol) -> None:
         super().__init__(config, protocol)
-        unknown = sorted(set(config.agent_groups) - set(self.agent_names))
-        if unknown:
-            raise ConfigError(f"scenario.agent_groups names {unknown}, not agents of this protocol {list(self.agent_names)}")
-        unknown = sorted(set(config.models) - set(self.groups()))
-        if unknown:
-            raise ConfigError(f"scenario.models names {unknown}, not model groups {sorted(set(self.groups().values()))}")
+        self.check_groups()
 
     # ------------------------------------------------------------------ agents
     @property
@@ -99,7 +94,7 @@ class DuplicatesChatScenario(DuplicatesGame, ChatGame):
             model = self.model_config(group)
             if model.backend != "local":
                 continue
-            where = f"scenario.models.{group}" if group in self.config.models else "scenario.default_model"
+            where = self.model_config_path(group)
             if model.path is not None:
                 tokenizer = load_tokenizer(model.path, f"{where}.path")
                 if not getattr(tokenizer, "chat_template", None):
@@ -132,31 +127,9 @@ class DuplicatesChatScenario(DuplicatesGame, ChatGame):
         text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + len(replies) * max_new_tokens
 
-    def groups(self) -> dict[str, str]:
-        """Each agent's model group (``scenario.agent_groups``, else the agent's own name)."""
-        return {name: str(self.config.agent_groups.get(name, name)) for name in self.agent_names}
-
-    def model_config(self, group: str) -> TextModelConfig:
-        """The text model of ``group`` (``scenario.models.<group>``, else ``scenario.default_model``;
-        a group of provers is scripted with ``scenario.scripted_provers``)."""
-        agents = [agent for agent, owner in self.groups().items() if owner == group]
-        if self.config.scripted_provers and all(self.role(agent) != "verifier" for agent in agents):
-            return TextModelConfig(backend="scripted")
-        if group in self.config.models:
-            return typed_entry(TextModelConfig, self.config.models[group], f"scenario.models.{group}")
-        return self.config.default_model
-
     def scripted_player(self, agent: str) -> "ScriptedDuplicatesModel":
         """The honest scripted player of ``agent``'s role (the warm start's teacher)."""
         return ScriptedDuplicatesModel(self.role(agent))
-
-    def scripted_model(self, group: str) -> "ScriptedDuplicatesModel":
-        """The honest scripted player of ``group`` (``backend: scripted``); its agents must share one role."""
-        agents = [agent for agent, owner in self.groups().items() if owner == group]
-        roles = {self.role(agent) for agent in agents}
-        if len(roles) != 1:
-            raise ConfigError(f"model group {group!r} is scripted but its agents play different roles {sorted(roles)}")
-        return self.scripted_player(agents[0])
 
     # -------------------------------------------------------------------- chat
     def render_chat(

@@ -53,12 +53,7 @@ key                                       shape            meaning
 
 from __future__ import annotations
 
-import gc
-import itertools
-from contextlib import contextmanager
-from typing import Iterator, Sequence
-
-import numpy as np
+from typing import Sequence
 
 import torch
 from tensordict import TensorDictBase
@@ -66,6 +61,13 @@ from torchrl.data import Unbounded
 
 from nip_like.errors import ConfigError
 from nip_like.protocols.proof import ProofProtocol
+from nip_like.scenarios.chat_prompts import (  # noqa: F401 - shared, re-exported where they were
+    as_lists,
+    cyclic_gc_paused,
+    packed_rows,
+    reply_lengths,
+    reply_texts,
+)
 from nip_like.scenarios.duplicates.data import DuplicateLists
 from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, re-exported where they were
     ENCODED_CACHE,
@@ -83,46 +85,6 @@ from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, Duplicates
 
 #: Width of a move in game symbols: two cells and an end symbol.
 MOVE_TOKENS = 3
-
-def packed_rows(rows: Sequence[Sequence[int]], width: int, pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(len(rows), width)`` ids and mask of token rows padded with ``pad`` on the left or the right (one copy, no loop).
-
-    A row longer than ``width`` raises ``ValueError``.
-    """
-    lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
-    if lengths.size and int(lengths.max()) > width:
-        raise ValueError(f"a row of {int(lengths.max())} tokens does not fit in {width}")
-    ids = np.full((len(rows), width), pad, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=bool)
-    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
-    row_index = np.repeat(np.arange(len(rows)), lengths)
-    position = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    column = position + np.repeat(width - lengths, lengths) if left else position
-    ids[row_index, column], mask[row_index, column] = flat, True
-    return torch.from_numpy(ids), torch.from_numpy(mask)
-
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while many small lists are built (they make no cycles).
-
-    With the large heap of a process that holds torch and transformers, every
-    collection the allocations trigger walks that heap: building the prompts
-    of a few thousand episodes spent most of its time there.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def as_lists(tensor: torch.Tensor) -> list:
-    """``tensor.tolist()`` by way of numpy: the same nested lists, many times faster for a large int tensor."""
-    return tensor.detach().cpu().numpy().tolist()
-
 
 class DuplicatesChatViewEnv(DuplicatesEnv):
     """The duplicates game with chat prompts and free-text replies (see the module docstring).
@@ -232,26 +194,11 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
 
     def reply_lengths(self, action: torch.Tensor) -> torch.Tensor:
         """``(B, N)``: tokens of each reply before its first eos or pad token (of its sender's tokenizer)."""
-        lengths = []
-        for agent, speaker in enumerate(self.chat_speakers):
-            tokens = action[:, agent]
-            ends = (tokens == speaker.eos_id) | (tokens == speaker.pad_id)
-            first_end = torch.where(ends.any(-1), ends.long().argmax(-1), torch.full_like(ends[:, 0], tokens.shape[-1], dtype=torch.long))
-            lengths.append(first_end)
-        return torch.stack(lengths, dim=-1)
+        return reply_lengths(action, self.chat_speakers)
 
     def reply_texts(self, action: torch.Tensor, active: torch.Tensor) -> dict[tuple[int, int], str]:
         """The text of each active reply, by ``(episode, agent)``."""
-        lengths, tokens = as_lists(self.reply_lengths(action)), as_lists(action)
-        texts = {}
-        for agent, speaker in enumerate(self.chat_speakers):
-            rows = active[:, agent].nonzero().squeeze(-1).tolist()
-            if not rows:
-                continue
-            replies = [tokens[row][agent][: lengths[row][agent]] for row in rows]
-            for row, text in zip(rows, speaker.tokenizer.batch_decode(replies, skip_special_tokens=True)):
-                texts[(row, agent)] = text
-        return texts
+        return reply_texts(action, active, self.chat_speakers)
 
     def moves(self, texts: dict[tuple[int, int], str], batch: int) -> torch.Tensor:
         """``(batch, N, 3)`` game-symbol moves of the parsed replies (pad where a reply has no effect)."""

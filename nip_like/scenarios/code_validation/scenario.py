@@ -1,0 +1,167 @@
+"""The code-validation scenario: is a Python program a correct solution of its problem? Agents argue in chat.
+
+The verifier reads a problem and a program and must accept the program if it
+passes every hidden test of the problem, reject it otherwise; provers argue
+for one side. One scenario, ``scenario=code_validation``, for both kinds of
+agents:
+
+* text agents (the text trainers, ``trainer=expert_iteration`` and
+  ``trainer=malt``): text models in this process or behind an
+  OpenAI-compatible server, grouped by ``scenario.agent_groups``, set by
+  ``scenario.default_model`` and ``scenario.models.<group>``
+  (:mod:`~nip_like.scenarios.code_validation.text_agents`);
+* language-model agents in the RL loop's chat view (every RL trainer): one
+  causal LM per agent from a local model folder, LoRA or full fine-tuning,
+  set by ``scenario.default_agent`` and ``scenario.agents.<name>``
+  (:class:`~nip_like.scenarios.lm_agents.LMAgents`,
+  :mod:`~nip_like.scenarios.code_validation.chat_view`).
+
+Both read the same chats and are parsed by the same rule
+(:mod:`~nip_like.scenarios.code_validation.chat_text`); the data, splits,
+protocols and rewards are the game's
+(:mod:`~nip_like.scenarios.code_validation.game`). ``docs/code_validation.rst``
+is the guide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from nip_like import keys
+from nip_like.allowed import checked
+from nip_like.lm.models import LMAgentConfig
+from nip_like.registry import register_scenario
+from nip_like.scenarios.base import TensorGame
+from nip_like.scenarios.chat_prompts import ChatSpeaker
+from nip_like.scenarios.code_validation.chat_view import CodeValidationChatViewEnv
+from nip_like.scenarios.code_validation.game import CodeValidationDataConfig
+from nip_like.scenarios.code_validation.text_agents import CodeValidationTextAgents
+from nip_like.scenarios.decisions import decision_metrics
+from nip_like.scenarios.lm_agents import LMAgents
+from nip_like.text.interface import TextModelConfig
+
+__all__ = ["CodeValidationConfig", "CodeValidationScenario"]
+
+
+@dataclass
+class CodeValidationConfig(CodeValidationDataConfig):
+    """The code-validation scenario (see :mod:`nip_like.scenarios.code_validation.scenario`)."""
+
+    default_model: TextModelConfig = field(default_factory=lambda: TextModelConfig(max_new_tokens=64))  # text trainers: the text model of groups not in models
+    models: dict[str, Any] = field(default_factory=dict)  # text trainers: per-group TextModelConfig entries: {verifier: {path: /models/qwen}}
+    agent_groups: dict[str, str] = field(default_factory=dict)  # text trainers: agent -> model group; agents not named form a group of their own
+    scripted_provers: bool = False  # text trainers: every prover is the honest scripted player (backend scripted), whatever the protocol
+    default_agent: LMAgentConfig = field(default_factory=lambda: LMAgentConfig(max_new_tokens=64))  # RL trainers: the language model of agents not in agents (chat view)
+    agents: dict[str, Any] = field(default_factory=dict)  # RL trainers: per-agent LMAgentConfig entries; others use default_agent
+    quote_tokens: int = checked(64, ge=1)  # RL trainers: tokens of a reply shown to the agents that read it
+    max_prompt_tokens: int = checked(0, ge=0)  # RL trainers: prompt width; 0 = the longest prompt the game can produce on its data
+    shared_base: bool = False  # RL trainers: every agent shares the frozen base of the protocol's first agent, each with its own LoRA adapters (share_base_with)
+
+
+@register_scenario("code_validation", CodeValidationConfig)
+class CodeValidationScenario(CodeValidationTextAgents, LMAgents, TensorGame):
+    """Decide whether a program solves its problem, hearing provers argue (see the module docstring).
+
+    Text agents play the move game
+    (:meth:`~nip_like.scenarios.code_validation.game.CodeValidationGame.make_text_env`);
+    language-model agents play the chat view (:meth:`make_env`).
+    """
+
+    @property
+    def chat_view(self) -> bool:
+        """Always: the language-model agents of this game play in chat (it has no token view)."""
+        return True
+
+    def preflight(self) -> None:
+        """Check the data file, each language-model agent's folder and chat template, and each local text model's."""
+        super().preflight()
+        self.text_preflight()
+
+    @cached_property
+    def last_turn_speaker(self) -> ChatSpeaker:
+        """The verifier on its last turn in the chat view: its tokenizer, its system prompt with the notice to decide."""
+        verifier = self.chat_speakers[self.protocol.verifier_index]
+        return ChatSpeaker(verifier.name, verifier.tokenizer, self.last_turn_prompt())
+
+    def make_env(
+        self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
+    ) -> CodeValidationChatViewEnv:
+        """The chat view of ``split`` for language-model agents (prompts through each agent's chat template)."""
+        data = self.split(split)
+        env = CodeValidationChatViewEnv(
+            self.protocol,
+            data.label,
+            self.datapoint_texts(split),
+            self.move_ids(),
+            self.chat_speakers,
+            self.last_turn_speaker,
+            reply_tokens=self.message_tokens,
+            quote_tokens=int(self.config.quote_tokens),
+            prompt_tokens=int(self.config.max_prompt_tokens),
+            width_texts=self.all_datapoint_texts(),
+            num_envs=num_envs,
+            device=device,
+            seed=seed,
+            group_size=group_size,
+        )
+        self.check_lengths(env.prompt_length)
+        return env
+
+    # ----------------------------------------------------------------- metrics
+    def policy_metrics(self, batch: TensorDictBase) -> dict[str, float]:
+        """Each agent's mean reply length (tokens, the end token included) and share of replies cut at the limit."""
+        return self.message_metrics(batch)
+
+    def episode_metrics(self, episodes: TensorDictBase) -> dict[str, float]:
+        """Verifier accuracy, precision, recall, decision rate and episode length (an undecided episode is wrong).
+
+        ``decided``: share of episodes that ended with a decision (the rest ran
+        out of turns).
+        """
+        metrics = super().episode_metrics(episodes)
+        state = episodes.get("state")
+        metrics.update(decision_metrics(state["decision"], state["label"], state["list_index"]))
+        metrics["decided"] = (state["decision"] >= 0).float().mean().item()
+        metrics["episode_length"] = state["round"].float().mean().item()
+        return metrics
+
+    def transcripts(self, episodes: TensorDictBase, limit: int) -> list[dict]:
+        """The dialogues of up to ``limit`` episodes, as text (see :meth:`Scenario.transcripts <nip_like.scenarios.base.Scenario.transcripts>`).
+
+        Each record: ``list_index`` (the program's index in the split played),
+        ``label``, ``turns`` (each reply with its round, speaker, text and what
+        it did), ``decision`` (``accept``, ``reject`` or ``none``), ``correct``
+        and each agent's ``rewards`` (episode return).
+        """
+        state = episodes.get("state")[:limit].cpu()
+        returns = episodes.get(keys.EPISODE_RETURN_KEY)[:limit].squeeze(-1).cpu()
+        words = {index: symbol for symbol, index in self.move_ids().items() if symbol != "pad"}
+        records = []
+        for episode in range(state.batch_size[0]):
+            turns = []
+            for round_index in range(state["moves"].shape[1]):
+                for agent, name in enumerate(self.agent_names):
+                    length = int(state["reply_length"][episode, round_index, agent])
+                    if length < 0:
+                        continue
+                    reply = state["replies"][episode, round_index, agent, :length].tolist()
+                    text = self.chat_speakers[agent].tokenizer.decode(reply, skip_special_tokens=True)
+                    move = words.get(int(state["moves"][episode, round_index, agent]), "none")
+                    turns.append({"round": round_index, "agent": name, "message": text, "move": move})
+            index, decision, label = int(state["list_index"][episode]), int(state["decision"][episode]), bool(state["label"][episode])
+            records.append(
+                {
+                    "list_index": index,
+                    "label": label,
+                    "turns": turns,
+                    "decision": {1: "accept", 0: "reject"}.get(decision, "none"),
+                    "correct": decision >= 0 and bool(decision) == label,
+                    "rewards": {name: float(returns[episode, agent]) for agent, name in enumerate(self.agent_names)},
+                }
+            )
+        return records

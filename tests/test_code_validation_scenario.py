@@ -1,0 +1,395 @@
+"""The code-validation scenario: protocols, prompts, the verifier's decisions, text trainers and chat-view LM agents."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torchrl.envs.utils import check_env_specs, step_mdp
+
+import nip_like.experiment as experiment
+from nip_like import keys
+from nip_like.errors import ConfigError
+from nip_like.experiment import build_scenario, preflight, run_experiment
+from nip_like.scenarios.code_validation.chat_text import (
+    LAST_TURN_NOTICE,
+    datapoint_text,
+    parse_decision,
+    parse_reply,
+    read_datapoint,
+    sender_label,
+)
+from nip_like.scenarios.code_validation.text_agents import ScriptedCodeValidationModel, failure
+from nip_like.scenarios.code_validation.dataset import CodeProgram
+from nip_like.text.interface import Sampling, TextModelConfig
+from nip_like.text.models import create_model_folder
+from nip_like.text.rollouts import play_episodes, rollout_records
+from nip_like.text.tokenizer import build_chat_tokenizer
+from tests.conftest import make_config
+from tests.test_duplicates_scenario import RL_TRAINERS
+from tests.fake_servers import fake_server
+
+#: The generated family at its smallest useful size: 10 problems, 3 programs each, labelled by 4 hidden tests.
+DATA = (
+    "scenario.num_problems=10",
+    "scenario.tests_per_problem=4",
+    "scenario.correct_per_problem=1",
+    "scenario.mutants_per_problem=2",
+    "scenario.val_fraction=0.2",
+    "scenario.test_fraction=0.2",
+)
+#: Each fitting protocol, with the turn orders of the paper where the protocol has them.
+PROTOCOLS = {
+    "nip": ["protocol=nip", "protocol.max_rounds=3"],
+    "nip_prover_first": ["protocol=nip", "protocol.first_speaker=prover", "protocol.max_rounds=2"],
+    "nip_verifier_asks_first": ["protocol=nip", "protocol.min_rounds=2", "protocol.max_rounds=3"],
+    "adp": ["protocol=adp"],
+    "debate": ["protocol=debate", "protocol.max_rounds=3"],
+    "debate_prover_first": ["protocol=debate", "protocol.first_speaker=prover", "protocol.max_rounds=2"],
+    "mnip": ["protocol=mnip", "protocol.max_rounds=3"],
+    "merlin_arthur": ["protocol=merlin_arthur"],
+    "solo_verifier": ["protocol=solo_verifier"],
+}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One data cache for the module: the family is labelled once."""
+    return tmp_path_factory.mktemp("code_validation_cache")
+
+
+def config(cache: Path, *overrides: str, trainer: str = "expert_iteration"):
+    return make_config(
+        "scenario=code_validation", f"trainer={trainer}", f"scenario.cache_dir={cache}", *DATA,
+        "run.progress_bar=false", "run.num_threads=1", *overrides,
+    )
+
+
+def scripted_play(scenario, split: str = "train", episodes: int = 12, seed: int = 0):
+    players = {agent: scenario.scripted_player(agent) for agent in scenario.agent_names}
+    return play_episodes(scenario, players, {agent: Sampling(8) for agent in players}, split, episodes, seed, by_agent=True)
+
+
+# ------------------------------------------------------------------ protocols and turn orders
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_the_scenario_plays_every_fitting_protocol_and_honest_play_decides_right(cache, name):
+    scenario = build_scenario(config(cache, *PROTOCOLS[name]))
+    env = scenario.make_text_env(4, "train", 0, "cpu")
+    check_env_specs(env)
+    rollouts = scripted_play(scenario)
+    # The scripted verifier knows each program's label: every episode ends with the right decision.
+    assert bool((rollouts["decision"] == rollouts["label"].long()).all())
+    records = rollout_records(rollouts, scenario.agent_names)
+    first = records[0]["turns"][0]
+    speaks_first = scenario.protocol.agent_names[int(scenario.protocol.active_agents(torch.tensor(0)).float().argmax())]
+    assert first["agent"] == speaks_first
+    verifier = scenario.agent_names[scenario.protocol.verifier_index]
+    for record in records:
+        deciding = [turn for turn in record["turns"] if turn["agent"] == verifier][-1]
+        assert deciding["move"] == record["decision"] and LAST_TURN_NOTICE in deciding["chat"][0]["content"]
+
+
+def test_debate_provers_answer_at_once_and_the_verifier_first_asks(cache):
+    scenario = build_scenario(config(cache, *PROTOCOLS["debate"]))
+    record = rollout_records(scripted_play(scenario, episodes=4), scenario.agent_names)[0]
+    assert [(turn["round"], turn["agent"]) for turn in record["turns"]] == [
+        (0, "verifier"), (1, "prover0"), (1, "prover1"), (2, "verifier")
+    ]
+    # Simultaneous: prover1 does not read what prover0 says in the same round; the verifier reads both.
+    assert "prover0:" not in record["turns"][2]["chat"][1]["content"]
+    last = record["turns"][3]["chat"][1]["content"]
+    assert "prover0: " in last and "prover1: " in last and record["turns"][0]["move"] == "message"
+
+
+def test_mnip_provers_do_not_read_each_other_and_merlin_arthur_hides_who_spoke(cache):
+    mnip = build_scenario(config(cache, *PROTOCOLS["mnip"]))
+    record = rollout_records(scripted_play(mnip, episodes=4), mnip.agent_names)[0]
+    verifier_last = record["turns"][-1]["chat"][1]["content"]
+    assert "prover0: " in verifier_last and "prover1: " in verifier_last
+    merlin = build_scenario(config(cache, *PROTOCOLS["merlin_arthur"]))
+    assert sender_label(merlin.protocol, merlin.protocol.verifier_index, 0) == "expert"
+    assert sender_label(merlin.protocol, 0, 0) == "prover0"
+    for record in rollout_records(scripted_play(merlin, episodes=8), merlin.agent_names):
+        speakers = [turn["agent"] for turn in record["turns"] if turn["agent"] != "verifier"]
+        assert len(speakers) == 1  # one of the two provers, drawn per episode
+        text = record["turns"][-1]["chat"][1]["content"]
+        assert "expert: " in text and "prover" not in text.split("```")[-1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["protocol=solo_opening"], r"gives a verifier without provers nothing to open.*use protocol=solo_verifier"),
+        (["protocol=prover_verifier"], r"needs an interactive-proof protocol"),
+        (["protocol=nip", "protocol.zero_knowledge=true"], r"cannot play a zero-knowledge protocol"),
+        (["protocol=debate", "+protocol.sequential=true"], r"unknown config keys \['protocol.sequential'\]"),
+        (["protocol=debate", "protocol.first_speaker=judge"], r"protocol.first_speaker"),
+        (["protocol=nip", "+scenario.system_prompts.judge=x"], r"scenario.system_prompts names \['judge'\]"),
+        (["protocol=nip", "scenario.num_problems=500"], r"scenario.num_problems must be in \[2, 115\]"),
+        (["protocol=nip", "scenario.label_by=guess"], r"scenario.label_by"),
+        (["protocol=nip", "+scenario.agent_groups.judge=x"], r"scenario.agent_groups names \['judge'\]"),
+        (["protocol=nip", "+scenario.models.judge={}"], r"scenario.models names \['judge'\]"),
+    ],
+)
+def test_bad_protocols_and_options_are_one_line(cache, overrides, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        preflight(config(cache, *overrides))
+    assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------ what agents read
+def write_apps(path: Path, problems: int = 6) -> Path:
+    """A Buggy-APPS file whose hidden tests hold values found nowhere else (to look for them in the prompts)."""
+    lines = []
+    for index in range(problems):
+        record = {
+            "problem_id": f"p{index}",
+            "question": f"Return the sum of a and b (problem {index}).",
+            "solutions": [f"def add(a, b):\n    return a + b  # {index}\n"],
+            "buggy_solutions": [f"def add(a, b):\n    return a - b  # {index}\n"],
+            "input_output": {"inputs": [[424242, 171717 + index]], "outputs": [595959 + index], "fn_name": "add"},
+        }
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_prompts_hold_the_problem_and_the_program_and_never_the_label_or_the_hidden_tests(cache, tmp_path):
+    data_file = write_apps(tmp_path / "apps.jsonl")
+    scenario = build_scenario(config(
+        cache, *PROTOCOLS["debate"], f"scenario.data_file={data_file}", "scenario.label_by=field",
+    ))
+    split = scenario.split("train")
+    rollouts = scripted_play(scenario, episodes=16)
+    seen_labels = set()
+    for record in rollout_records(rollouts, scenario.agent_names):
+        program = split.programs[record["list_index"]]
+        statement = split.problems[program.problem_id].statement
+        seen_labels.add(record["label"])
+        for turn in record["turns"]:
+            system, user = (message["content"] for message in turn["chat"])
+            # The user message opens with the problem and the program, exactly; the system prompt is the role's.
+            assert user.startswith(datapoint_text(statement, program.source))
+            assert read_datapoint(user) == (statement, program.source)
+            assert system.replace(" " + LAST_TURN_NOTICE, "") == scenario.system_prompt(turn["agent"])
+            for hidden in ("424242", "171717", "595959", "label", "True", "False"):
+                assert hidden not in system + user, (hidden, turn["agent"])
+    assert seen_labels == {True, False}  # the same prompt layout for correct and buggy programs
+
+
+def test_a_data_file_that_is_not_the_jsonl_layout_is_one_line(cache, tmp_path):
+    bad = tmp_path / "programs.csv"
+    bad.write_text("question,solution\nadd,def add(a, b): return a + b\n")
+    with pytest.raises(ConfigError, match=r"^scenario.data_file is not a Buggy-APPS JSONL file: .*programs.csv line 1 is not valid JSON[^\n]*$"):
+        preflight(config(cache, "protocol=nip", f"scenario.data_file={bad}"))
+    missing_field = tmp_path / "missing.jsonl"
+    missing_field.write_text(json.dumps({"question": "q", "solutions": [], "input_output": {"inputs": [1], "outputs": [1]}}) + "\n")
+    with pytest.raises(ConfigError, match=r"^scenario.data_file is not a Buggy-APPS JSONL file: .* field 'buggy_solutions' is missing$"):
+        preflight(config(cache, "protocol=nip", f"scenario.data_file={missing_field}"))
+    with pytest.raises(ConfigError, match=r"^scenario.data_file: .* is not a file$"):
+        preflight(config(cache, "protocol=nip", f"scenario.data_file={tmp_path / 'nothing.jsonl'}"))
+
+
+# ------------------------------------------------------------------ the verifier's decision
+@pytest.mark.parametrize(
+    ("text", "decision"),
+    [
+        ("Decision: accept", "accept"),
+        ("decision:REJECT.", "reject"),
+        ("After reading the loop: Decision :  Accept", "accept"),
+        ("Decision: reject. (Earlier I thought Decision: accept.)", "reject"),
+        ("accept", "accept"),
+        ("Reject, the index is off by one", "reject"),
+        ("I accept that the loop ends", None),
+        ("Decision: maybe", None),
+        ("Question for the expert: why range(1, n)?", None),
+        ("", None),
+    ],
+)
+def test_the_verifier_decision_is_parsed_by_one_rule(text, decision):
+    assert parse_decision(text) == decision
+    assert parse_reply(text, is_verifier=True) == (decision or ("message" if text else "none"))
+    # A prover's reply never decides.
+    assert parse_reply(text, is_verifier=False) == ("message" if text else "none")
+
+
+def test_an_undecided_last_turn_is_wrong_and_an_early_decision_does_not_count(cache):
+    scenario = build_scenario(config(cache, *PROTOCOLS["nip_verifier_asks_first"], "protocol.verifier_incorrect_penalty=0.5"))
+    env = scenario.make_text_env(2, "train", 0, "cpu")
+    ids = scenario.move_ids()
+    state = env.reset()
+    # Round 0: the verifier accepts before it may decide (min_rounds=2): nothing happens.
+    moves = [["accept"], ["message"]]
+    state["agents", "action"] = torch.tensor([[[ids["pad"]], [ids[moves[0][0]]]]] * 2)
+    state = env.step(state)
+    assert state["next", "state", "decision"].tolist() == [-1, -1] and not bool(state["next", "done"].any())
+    state = step_mdp(state)
+    state["agents", "action"] = torch.tensor([[[ids["message"]], [ids["pad"]]]] * 2)
+    state = step_mdp(env.step(state))
+    # Its last turn: a message instead of a decision ends the episode undecided, with the penalty, no prover reward.
+    state["agents", "action"] = torch.tensor([[[ids["pad"]], [ids["message"]]]] * 2)
+    last = env.step(state)["next"]
+    assert bool(last["done"].all()) and last["state", "decision"].tolist() == [-1, -1]
+    assert last["agents", "reward"].squeeze(-1).tolist() == [[0.0, -0.5], [0.0, -0.5]]
+    moves = scenario.reply_action("Decision: accept", scenario.protocol.verifier_index)
+    assert moves == (["accept"], "accept") and scenario.reply_action("", 0) == ([], "none")
+    assert scenario.encode_actions([["accept"], []]).tolist() == [[ids["accept"]], [ids["pad"]]]
+
+
+def test_the_scripted_prover_names_how_a_program_fails_without_the_test():
+    program = lambda label, reason: CodeProgram("p", "def f(): pass\n", label, "reference", reason)  # noqa: E731
+    assert failure(program(False, "test 3: error: IndexError: list index out of range")) == "it raises IndexError: list index out of range"
+    assert failure(program(False, "test 0: wrong answer: got [1, 2]")) == "it returns a wrong answer"
+    assert failure(program(False, "test 1: time limit exceeded (the test used more than 0.1 s of CPU)")) == "it runs past the time limit"
+    assert failure(program(True, "")) == "it returns a wrong answer"
+    with pytest.raises(ConfigError, match="unknown role"):
+        ScriptedCodeValidationModel("judge", {})
+
+
+# ------------------------------------------------------------------ the text trainers
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory) -> Path:
+    """A tiny character-level chat model folder, built offline (random weights)."""
+    sizes = TextModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    return create_model_folder(sizes, tmp_path_factory.mktemp("text_model") / "tiny", build_chat_tokenizer())
+
+
+TEXT_RUN = (
+    *PROTOCOLS["nip_prover_first"],
+    "logger=csv",
+    "scenario.default_model.max_new_tokens=24",
+    "trainer.episodes=8",
+    "trainer.test_episodes=8",
+    "trainer.test_scheme=last",
+)
+
+
+def test_a_text_trainer_iteration_runs_end_to_end_with_a_local_model_folder(cache, text_folder, tmp_path):
+    # One iteration: sample, statistics, test; the last iteration has no fine-tune job.
+    run = config(cache, *TEXT_RUN, f"scenario.default_model.path={text_folder}", "trainer.num_iterations=1",
+                 "trainer.warm_start_episodes=0")
+    metrics = run_experiment(run, tmp_path / "run")
+    assert {"test/accuracy", "test/decided", "test/agents/verifier/reward", "test/agents/prover/reply_chars"} <= set(metrics)
+    lines = (tmp_path / "run" / "rollouts" / "iteration_0000.jsonl").read_text().splitlines()
+    record = json.loads(lines[1])
+    assert [turn["agent"] for turn in record["turns"]] == ["prover", "verifier"] and "values" not in record
+    assert record["turns"][0]["chat"][1]["content"].startswith("## Problem")
+
+
+def test_a_text_trainer_iteration_runs_through_an_openai_compatible_server(cache, tmp_path):
+    def reply(body: dict) -> str:
+        system = body["messages"][0]["content"]
+        return "Decision: accept" if system.startswith("Your task is to decide") else "The program is correct."
+
+    with fake_server("ok", reply=reply) as server:
+        run = config(cache, *TEXT_RUN, "scenario.default_model.backend=openai", f"scenario.default_model.base_url={server.url}",
+                     "trainer.num_iterations=1", "trainer.warm_start_episodes=0")
+        metrics = run_experiment(run, tmp_path / "run")
+        chats = [body for kind, body in server.requests if kind == "chat"]
+    assert metrics["test/decided"] == 1.0 and metrics["test/recall"] == 1.0
+    assert metrics["test/accuracy"] == metrics["test/precision"]  # it accepts everything: accuracy is the share of correct programs
+    assert all(body["messages"][1]["content"].startswith("## Problem") for body in chats)
+    assert any(body["messages"][1]["content"].splitlines()[-1].startswith("prover: ") for body in chats)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["expert_iteration", "malt"])
+def test_the_text_trainers_fine_tune_both_agents_on_code_validation(cache, text_folder, tmp_path, trainer):
+    run = config(
+        cache, *TEXT_RUN, f"scenario.default_model.path={text_folder}", "trainer.num_iterations=2",
+        "trainer.warm_start_episodes=8", "trainer.warm_start_epochs=1", trainer=trainer,
+        *(["trainer.objective.reward_threshold=0.0"] if trainer == "expert_iteration" else ["trainer.episodes=4"]),
+    )
+    metrics = run_experiment(run, tmp_path / "run")
+    assert "test/accuracy" in metrics
+    state = json.loads((tmp_path / "run" / "checkpoints" / "state.json").read_text())
+    if trainer == "expert_iteration":  # the warm start (scripted honest play) fine-tuned both groups, then iteration 0's jobs
+        assert state["groups"]["verifier"]["model"].endswith("it0000-verifier")
+    else:  # MALT plays each program as a tree of 3 x 3 leaves (its DPO job needs sibling replies that differ in value)
+        lines = (tmp_path / "run" / "rollouts" / "iteration_0000.jsonl").read_text().splitlines()
+        assert json.loads(lines[0])["episodes"] == 4 * 3**2
+        assert state["groups"]["verifier"]["model"].rsplit("/", 1)[-1] in ("warm-verifier", "it0000-verifier")
+    warm = (tmp_path / "run" / "datasets" / "warm_start_verifier.jsonl").read_text().splitlines()
+    assert {json.loads(line)["messages"][-1]["content"] for line in warm} <= {"Decision: accept", "Decision: reject"}
+
+
+# ------------------------------------------------------------------ the RL loop's chat-view agents
+def rl_config(cache: Path, folder: Path, *overrides: str, trainer: str = "ppo"):
+    return config(
+        cache, *PROTOCOLS["nip_prover_first"],
+        f"scenario.default_agent.pretrained_path={folder}", "scenario.default_agent.max_new_tokens=12",
+        "scenario.quote_tokens=16", "logger=none",
+        "trainer.num_envs=4", "trainer.frames_per_batch=8", "trainer.minibatch_size=8", "trainer.num_iterations=1",
+        "trainer.eval.every=0", "trainer.num_test_episodes=2", "trainer.test_batch_episodes=2",
+        *overrides, trainer=trainer,
+    )
+
+
+def test_the_chat_view_renders_each_agents_prompt_through_its_template(cache, text_folder):
+    scenario = build_scenario(rl_config(
+        cache, text_folder, "protocol.max_rounds=3", "protocol.first_speaker=verifier", "scenario.default_agent.max_new_tokens=20"
+    ))
+    env = scenario.make_env(3, "train", 0, "cpu")
+    check_env_specs(env)
+    tokenizer = scenario.chat_speakers[0].tokenizer
+    state = env.reset()
+    program = scenario.split("train").programs[int(state["state", "list_index"][0])]
+    verifier = scenario.protocol.verifier_index
+    text = tokenizer.decode(state["agents", "prompt_ids"][0, verifier][state["agents", "prompt_mask"][0, verifier]])
+    assert text.startswith("<bos><|system|>Your task is to decide") and program.source.rstrip() in text
+    assert LAST_TURN_NOTICE not in text  # the verifier's first turn of three
+    # The verifier asks, the prover answers; on its last turn the verifier reads both, with the notice to decide.
+    for words in (["", "Question: why?"], ["It is right.", ""], ["", "Decision: accept"]):
+        action = torch.full((3, 2, env.reply_tokens), tokenizer.pad_token_id)
+        for agent, reply in enumerate(words):
+            ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            action[:, agent, : len(ids)] = torch.tensor(ids)
+        state["agents", "action"] = action
+        state = env.step(state)
+        if not bool(state["next", "done"].any()):
+            text = tokenizer.decode(state["next", "agents", "prompt_ids"][0, verifier], skip_special_tokens=False)
+        state = step_mdp(state)
+    assert "verifier: Question: why?\nprover: It is right." in text and LAST_TURN_NOTICE in text
+    assert state["state", "decision"].tolist() == [1, 1, 1]
+
+
+@pytest.mark.slow
+def test_one_rl_iteration_trains_chat_view_agents_with_lora_and_masks_exactly_the_replies(cache, text_folder, tmp_path):
+    run = rl_config(cache, text_folder, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.target_modules=[q_proj,v_proj]")
+    trainer = experiment.build_trainer(run, tmp_path / "run")
+    policy = trainer.policy.policy("verifier")
+    trainable = {name for name, param in policy.named_parameters() if param.requires_grad}
+    assert trainable and all("lora_" in name or name.startswith("value_head") for name in trainable)
+    before = {name: param.detach().clone() for name, param in policy.named_parameters()}
+    batch = next(trainer._collector_iterator)
+    mask, action, active = batch[keys.TOKEN_MASK_KEY], batch[keys.ACTION_KEY], batch[keys.ACTIVE_KEY]
+    lengths = trainer.train_env.reply_lengths(action.reshape(-1, 2, action.shape[-1])).reshape(active.shape)
+    eos = torch.tensor([speaker.eos_id for speaker in trainer.scenario.chat_speakers])
+    ended = ((action == eos.view(-1, 1)) & mask).any(-1)
+    expected = torch.arange(action.shape[-1]) < (lengths + ended.long()).unsqueeze(-1)
+    assert bool((mask == (expected & active.unsqueeze(-1))).all())
+    metrics = trainer.train()
+    assert {"test/accuracy", "test/decided", "test/episode_length"} <= set(metrics)
+    changed = {name for name, param in policy.named_parameters() if not torch.equal(param, before[name])}
+    assert changed and changed <= trainable
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", RL_TRAINERS)
+def test_every_rl_objective_trains_chat_view_agents_with_lora(cache, text_folder, tmp_path, trainer):
+    run = rl_config(
+        cache, text_folder, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.target_modules=[q_proj,v_proj]",
+        "scenario.default_agent.temperature=2", "trainer.group_size=2", trainer=trainer,
+    )
+    metrics = experiment.build_trainer(run, tmp_path / "run").train()
+    assert "test/accuracy" in metrics
+
+
+@pytest.mark.parametrize("preset", ["code_validation_text", "code_validation_chat"])
+def test_the_presets_compose_and_pass_the_checks(preset):
+    checked = preflight(make_config(f"preset={preset}"))
+    protocol = checked.scenario.protocol
+    assert checked.scenario.config.name == "code_validation" and protocol.name == "nip"
+    assert protocol.num_rounds == 2 and protocol.agent_names[int(protocol.active_agents(torch.tensor(0)).float().argmax())] == "prover"
