@@ -12,7 +12,7 @@
     ``RUN_DIR/evaluations/message-regression-<checkpoint>.json`` (or
     ``--out``), written atomically, and are printed as a table. A scenario
     takes part when its messages can be read on their own (the
-    :class:`~nip_like.scenarios.base.Messaging` capability); bad input is one line
+    :class:`~nip_like.scenarios.messaging.Messaging` capability); bad input is one line
     ``error: ...`` with exit status 2.
 
 Examples

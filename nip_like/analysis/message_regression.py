@@ -1,6 +1,6 @@
 """Does the transcript carry the answer? Predict the label from the provers' messages alone.
 
-Given the messages of played episodes (:class:`~nip_like.scenarios.base.MessageFeatures`,
+Given the messages of played episodes (:class:`~nip_like.scenarios.messaging.MessageFeatures`,
 one per prover) with each episode's label and whether the verifier decided it
 correctly, :func:`regress_messages` fits one regressor per prover, and one on
 all provers' messages together, on a seeded share of the episodes and scores
