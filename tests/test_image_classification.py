@@ -451,3 +451,20 @@ def test_a_dataset_file_replaces_a_split_if_its_images_fit(tmp_path, cache_dir):
     wide.save(tmp_path / "wide.pt")
     with pytest.raises(ConfigError, match="holds images of 1x8x9 \\(channels x height x width\\); this run's agents take 1x8x8"):
         scenario.use_dataset_file(tmp_path / "wide.pt")
+
+
+@pytest.mark.slow
+def test_the_nip_verifier_beats_the_solo_verifier_on_held_out_digits(tmp_path):
+    """The image_quick result, shortened: seed 0, 40 of its 60 iterations (docs: image_classification, "Results")."""
+    from tests.conftest import make_config
+
+    accuracy = {}
+    for protocol in ("nip", "solo_verifier"):
+        config = make_config(
+            "preset=image_quick", f"protocol={protocol}", "run.progress_bar=false", "logger=none", "run.num_threads=1",
+            f"scenario.cache_dir={tmp_path / 'data'}", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+            "trainer.num_iterations=40", "trainer.num_test_episodes=512",
+        )
+        accuracy[protocol] = run_experiment(config, tmp_path / protocol, handle_signals=False)["test/accuracy"]
+    assert accuracy["nip"] >= accuracy["solo_verifier"] + 0.15, accuracy
+    assert accuracy["nip"] >= 0.65, accuracy
