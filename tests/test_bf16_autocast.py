@@ -92,10 +92,10 @@ def test_the_learning_aware_solver_runs_in_float32_under_autocast(tmp_path, monk
     calls = []
     solver = stackelberg.low_rank_inverse
 
-    def recorded(hvp, b, rank, damping):
-        x, residual = solver(hvp, b, rank, damping)
-        calls.append((torch.is_autocast_enabled("cpu"), x.dtype))
-        return x, residual
+    def recorded(hvp, b, rank, damping, **options):
+        solved = solver(hvp, b, rank, damping, **options)
+        calls.append((torch.is_autocast_enabled("cpu"), solved[0].dtype))
+        return solved
 
     monkeypatch.setattr(stackelberg, "low_rank_inverse", recorded)  # where SPGLoss looks it up
     _one_iteration_under_autocast(tmp_path, "trainer=spg", "trainer.objective.ihvp_method=low_rank")

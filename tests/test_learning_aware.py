@@ -21,6 +21,7 @@ from nip_like.cli import report_errors
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer
 from nip_like.objectives.learning_aware import conjugate_gradient, low_rank_inverse
+from nip_like.objectives.learning_aware.second_order import _dot, _flat, _unflat
 from nip_like.registry import TRAINERS
 from nip_like.scenarios.matrix_game.scenario import LogitTable
 from nip_like.trainers.learning_aware import LearningAwareTrainer
@@ -440,3 +441,179 @@ def test_the_ranks_padded_episodes_are_padded_to_the_longest_when_joined():
     last = lengthened(short, 3, -1, (keys.ACTIVE_KEY,))  # DPO's padding repeats an episode's last step
     assert last.get("step").tolist() == [[0, 1, 1], [10, 11, 11]] and last.get(VALID_KEY).all()
     assert not last.get(keys.ACTIVE_KEY)[:, 2].any()
+
+
+# ------------------------------------------------------- what the speed-ups keep
+def _double_backward_terms(loss, joint_losses) -> dict[str, dict[str, list[torch.Tensor]]]:
+    """The second-order terms by double backward passes through the whole graph (the losses' first implementation)."""
+    index = {name: k for k, name in enumerate(loss.agent_names)}
+
+    def grad(value, agent, create_graph=False):
+        params = loss.parameters_of[agent]
+        if not value.requires_grad:
+            return [torch.zeros_like(p) for p in params]
+        grads = torch.autograd.grad(
+            value, params, retain_graph=True, create_graph=create_graph, allow_unused=True, materialize_grads=True
+        )
+        return list(grads)
+
+    terms, own = {}, {}
+    if hasattr(loss, "anticipated"):  # LOLA, SOS
+        lookahead = getattr(loss, "lookahead_term", True)
+        for agent in loss._trained():
+            shaping = looking = joint_losses.new_zeros(())
+            for other in loss.anticipated(agent):
+                if other not in own:
+                    own[other] = grad(joint_losses[index[other]], other, create_graph=True)
+                cross = grad(joint_losses[index[agent]], other, create_graph=lookahead)
+                alpha = loss.learning_rates[other]
+                shaping = shaping + alpha * _dot(own[other], [c.detach() for c in cross])
+                if lookahead:
+                    looking = looking + alpha * _dot(cross, [g.detach() for g in own[other]])
+            terms[agent] = {"shaping": grad(shaping, agent), "lookahead": grad(looking, agent) if lookahead else None}
+        return terms
+    for leader in loss._trained():  # SPG
+        total = joint_losses.new_zeros(())
+        for follower in [name for name in loss.followers(leader) if loss.parameters_of[name]]:
+            if follower not in own:
+                own[follower] = grad(joint_losses[index[follower]], follower, create_graph=True)
+            params = loss.parameters_of[follower]
+            hvp = lambda flat: _flat(grad(_dot(own[follower], _unflat(flat, params)), follower)).detach()  # noqa: E731
+            b = _flat(grad(joint_losses[index[leader]], follower)).detach()
+            if loss.ihvp_method == "cg":
+                x, _ = conjugate_gradient(hvp, b, loss.ihvp_iterations, loss.ihvp_damping)
+            else:
+                x, _ = low_rank_inverse(hvp, b, loss.ihvp_rank, loss.ihvp_damping)
+            total = total + _dot(own[follower], _unflat(x, params))
+        if total.requires_grad:
+            terms[leader] = {"correction": [-c for c in grad(total, leader)]}
+    return terms
+
+
+@pytest.mark.parametrize(
+    "trainer, overrides, agents",
+    [
+        ("pola", (), "mlp"),
+        ("lola", ("trainer.objective.lookahead_term=true",), "mlp"),
+        ("pspg", (), "mlp"),
+        ("spg", ("trainer.objective.ihvp_method=low_rank",), "mlp"),
+        ("pola", (), "lm"),
+        ("pspg", (), "lm"),
+    ],
+)
+def test_the_factored_second_order_terms_equal_double_backward_passes(tmp_path, monkeypatch, trainer, overrides, agents):
+    # Hidden bits' per-agent MLPs (three-step episodes in which the agents act at different steps) and tiny language
+    # models; after one update, so that the ratios are not 1. The losses factor every cross-agent second derivative
+    # through the log-ratios.
+    options = (f"trainer={trainer}", "trainer.optimizer.lr=0.01", *overrides)
+    if agents == "lm":
+        from tests.test_duplicates_scenario import lm_smoke_config
+
+        config = lm_smoke_config(tmp_path, *options)
+    else:
+        config = smoke_config(*options)
+    trainer_object = build_trainer(config, tmp_path / "run")
+    trainer_object.train_iteration()
+    loss = trainer_object.loss_module
+    seen = {}
+    corrections = loss._corrections
+
+    def recording(joint_losses, own_losses, log_ratio):
+        seen["joint"], seen["log_ratio"] = joint_losses, log_ratio
+        seen["corrections"] = corrections(joint_losses, own_losses, log_ratio)[0]
+        return seen["corrections"]
+
+    monkeypatch.setattr(loss, "_corrections", lambda *args: (recording(*args), {}))
+    loss(trainer_object.buffer.sample())
+    expected = _double_backward_terms(loss, seen["joint"])
+    assert expected
+    for agent, terms in expected.items():
+        if "correction" in terms:
+            found = {"correction": seen["corrections"][agent]}
+        else:
+            shaping, looking = loss._shaping_terms(seen["joint"], seen["log_ratio"], terms["lookahead"] is not None)
+            found = {"shaping": shaping[agent], "lookahead": looking.get(agent)}
+        for term, vector in terms.items():
+            if vector is not None:
+                assert _flat(vector).norm() > 0, (agent, term)
+                torch.testing.assert_close(_flat(found[term]), _flat(vector), rtol=1e-4, atol=1e-8, msg=f"{agent} {term}")
+
+
+def test_minibatches_cover_every_episode_in_every_epoch():
+    from tensordict import TensorDict
+
+    from nip_like.trainers.update import CoveringSampler, covering, fill_buffer, minibatches_per_epoch
+
+    for size, count in [(268, 2), (269, 2), (255, 2), (100, 1), (320, 3), (330, 3), (1, 1)]:
+        data = TensorDict({"item": torch.arange(size)}, [size])
+        buffer = covering(fill_buffer(None, data, 128, torch.device("cpu")))
+        assert isinstance(buffer.sampler, CoveringSampler) and minibatches_per_epoch(buffer) == count
+        for _ in range(3):  # epochs: each a permutation of every item, in minibatches one item apart at most
+            drawn = [buffer.sample().get("item") for _ in range(count)]
+            assert sorted(torch.cat(drawn).tolist()) == list(range(size))
+            assert max(len(d) for d in drawn) - min(len(d) for d in drawn) <= 1
+        assert covering(buffer) is buffer
+    # Without covering: whole minibatches of 128, the rest left out of each epoch.
+    plain = fill_buffer(None, TensorDict({"item": torch.arange(268)}, [268]), 128, torch.device("cpu"))
+    assert minibatches_per_epoch(plain) == 2 and len(plain.sample().get("item")) == 128
+
+
+@pytest.mark.parametrize("cover", [True, False])
+def test_truncated_episodes_and_the_frames_used_are_counted(tmp_path, cover):
+    # Hidden bits' episodes take 3 steps; 8 steps per environment leave 2 of the first batch's steps in an episode
+    # that ends in the next batch (and 1 of each later batch's steps in one that started in the batch before).
+    def run(truncated: bool) -> list[dict[str, float]]:
+        trainer_object = build_trainer(
+            smoke_config(
+                "trainer=pola",
+                "trainer.frames_per_batch=128",
+                f"trainer.objective.truncated_episodes={str(truncated).lower()}",
+                f"trainer.objective.cover_episodes={str(cover).lower()}",
+            ),
+            tmp_path / str(truncated),
+        )
+        found = []
+        for _ in range(2):
+            found.append(trainer_object.train_iteration())
+            trainer_object.state.iteration += 1
+        return found
+
+    complete, truncated = run(False), run(True)
+    assert [m["train/frames_laid_out"] for m in complete] == [0.75, 0.75]
+    assert [m["train/frames_laid_out"] for m in truncated] == [1.0, 0.875]
+    assert [m["train/episodes"] for m in truncated] == [48, 48]  # 32 complete and 16 cut by the batch's end
+    for metrics in complete + truncated:
+        used, laid_out = metrics["train/frames_used"], metrics["train/frames_laid_out"]
+        if cover or metrics["train/episodes"] == 32:  # every episode in every epoch (32 episodes: one whole minibatch)
+            assert used == pytest.approx(laid_out)
+        else:  # one minibatch of 32 of the 48 episodes
+            assert 0 < used < laid_out
+
+
+def test_the_critic_is_fitted_on_the_valid_steps_as_on_the_padded_ones(tmp_path):
+    from nip_like.objectives.learning_aware import VALID_KEY
+    from nip_like.objectives.masking import per_agent_mean
+
+    trainer_object = build_trainer(
+        smoke_config("trainer=pola", "trainer.frames_per_batch=128", "trainer.objective.truncated_episodes=true"), tmp_path
+    )
+    trainer_object.train_iteration()
+    loss = trainer_object.loss_module
+    batch = trainer_object.buffer.sample()
+    assert not batch.get(VALID_KEY).all()  # episodes cut by the batch's end are padded
+    with torch.no_grad():
+        found = loss(batch).get(("agents", "prover", "loss_critic"))
+        value = loss.critic_network(batch.select(*loss.critic_network.in_keys).clone(False)).get(keys.VALUE_KEY)
+        squared = (value - batch.get(keys.VALUE_TARGET_KEY)).pow(2).squeeze(-1)
+        expected = per_agent_mean(squared, batch.get(VALID_KEY).unsqueeze(-1).expand_as(squared))
+    torch.testing.assert_close(found, expected[0])
+
+
+def test_agents_sharing_parameters_are_refused():
+    from nip_like.agents import PerAgent
+    from nip_like.objectives.learning_aware import actor_parameters
+
+    shared = torch.nn.Linear(2, 2)
+    actor = torch.nn.Sequential(PerAgent({"prover": shared, "verifier": shared}))
+    with pytest.raises(ValueError, match="agents prover and verifier share parameters"):
+        actor_parameters(actor, ("prover", "verifier"))

@@ -30,6 +30,7 @@ from nip_like.objectives.learning_aware.second_order import actor_parameters, tw
 from nip_like.objectives.learning_aware.stackelberg import PSPGConfig, SPGConfig, SPGLoss
 from nip_like.objectives.scoring import score_actions
 from nip_like.registry import register_trainer
+from nip_like.trainers import update
 from nip_like.trainers.rl import TensorDictRlTrainer
 
 
@@ -110,6 +111,29 @@ class LearningAwareTrainer(TensorDictRlTrainer):
         # The update schedule is built after the loss: look it up when an iteration starts.
         loss.update_schedule = lambda iteration: self.update_schedule.trained_agents(iteration)
         return loss, loss.value_estimator
+
+    # ------------------------------------------------------- the episodes used
+    def fill_buffer(self, data) -> None:
+        """The standard buffer of the episodes; with ``cover_episodes``, minibatches that hold every episode every epoch.
+
+        ``trainer.minibatch_size`` counts episodes, and a batch rarely holds a
+        multiple of it: each epoch then takes ``round(episodes /
+        minibatch_size)`` minibatches of nearly equal sizes
+        (:func:`~nip_like.trainers.update.covering`) instead of leaving the
+        remainder out.
+        """
+        super().fill_buffer(data)
+        if self.loss_module.cover_episodes:
+            self.buffer = update.covering(self.buffer)
+
+    def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
+        """The standard update, and ``train/frames_used``: the share of the collected frames in an epoch's minibatches."""
+        stats = super()._optimise(trained)
+        frames = stats.get(self.loss_contract.metric_name("frames"))  # valid steps per minibatch, on average
+        if frames is not None:
+            collected = int(self.trainer_config.frames_per_batch)
+            stats["train/frames_used"] = frames * update.minibatches_per_epoch(self.buffer) / collected
+        return stats
 
 
 def check_second_order(trainer: str, policy, scenario, parameters: dict[str, list], device: torch.device) -> None:

@@ -1,7 +1,8 @@
 """The update, the second part of an RL iteration: the replay buffer, epochs x minibatches, optimiser steps.
 
 Helpers of :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train_iteration`:
-:func:`fill_buffer` puts the loss's layout of the batch in a replay buffer,
+:func:`fill_buffer` puts the loss's layout of the batch in a replay buffer
+(:func:`covering` makes its minibatches cover every item in every epoch),
 :func:`optimise` runs the loss over it and steps the optimiser, and the
 divergence guard stops a loss or parameters that left their bound with one
 line naming where.
@@ -17,6 +18,7 @@ import torch
 from tensordict import TensorDictBase
 from torch.optim import Optimizer
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.storages import Storage
 
 from nip_like.distributed import Distributed
 from nip_like.errors import ConfigError, TrainingError
@@ -63,6 +65,62 @@ def fill_buffer(
     if size:
         buffer.extend(data)
     return buffer
+
+
+class CoveringSampler(SamplerWithoutReplacement):
+    """Minibatches without replacement that cover every item in every pass over the storage.
+
+    Each pass is a random permutation of the ``n`` items cut into
+    :meth:`minibatches` ``(n, batch_size)`` minibatches whose sizes differ by
+    at most one (the first ones are the larger), where
+    ``SamplerWithoutReplacement(drop_last=True)`` would leave ``n mod
+    batch_size`` items out of the pass. The permutation is drawn as that
+    sampler draws it (``torch.randperm`` from the global generator).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(drop_last=False)
+
+    @staticmethod
+    def minibatches(size: int, batch_size: int) -> int:
+        """Minibatches per pass: the whole number nearest to ``size / batch_size`` (halves up), at least one."""
+        return max(1, (2 * size + batch_size) // (2 * batch_size))
+
+    def _single_sample(self, len_storage: int, batch_size: int) -> torch.Tensor:
+        count = self.minibatches(len_storage, batch_size)
+        drawn = len_storage - self._sample_list.numel()  # items of this pass already drawn
+        small, larger = divmod(len_storage, count)  # the first `larger` minibatches hold one item more
+        size = small + 1 if drawn < larger * (small + 1) else small
+        index, self._sample_list = self._sample_list[:size], self._sample_list[size:]
+        self.ran_out = self._sample_list.numel() == 0
+        if self.ran_out:
+            self._get_sample_list(storage=None, len_storage=len_storage, batch_size=batch_size)
+        return index
+
+    def can_sample(self, storage: Storage, batch_size: int) -> bool:
+        return len(storage) > 0
+
+
+def covering(buffer: TensorDictReplayBuffer) -> TensorDictReplayBuffer:
+    """``buffer`` drawing its minibatches with a :class:`CoveringSampler` (the same storage, the same data).
+
+    Minibatches of about ``buffer.batch_size`` items (:func:`minibatches_per_epoch`
+    of them per epoch) that hold every item once per epoch. A buffer that
+    already covers its items is returned as it is; :func:`fill_buffer` keeps
+    the sampler where it reuses the buffer (a new one draws as usual).
+    """
+    if isinstance(buffer.sampler, CoveringSampler):
+        return buffer
+    covered = TensorDictReplayBuffer(storage=buffer.storage, sampler=CoveringSampler(), batch_size=buffer.batch_size)
+    covered.item_shape = buffer.item_shape
+    return covered
+
+
+def minibatches_per_epoch(buffer: TensorDictReplayBuffer) -> int:
+    """Minibatches in a pass over ``buffer``: whole ones of ``batch_size`` items, or as its :class:`CoveringSampler` cuts it."""
+    if isinstance(buffer.sampler, CoveringSampler):
+        return CoveringSampler.minibatches(len(buffer), buffer.batch_size)
+    return len(buffer) // buffer.batch_size
 
 
 def accumulation_steps(setting: int | None, world_size: int) -> int:
@@ -141,7 +199,7 @@ def optimise(
     """
     # Statistics stay tensors until the end of the iteration: converting
     # them per minibatch costs more than the bookkeeping is worth.
-    num_minibatches = len(buffer) // buffer.batch_size
+    num_minibatches = minibatches_per_epoch(buffer)
     window_of = accumulation_windows(num_minibatches, settings.accumulation)
     records, norms = [], []
     optimizer.zero_grad(set_to_none=True)

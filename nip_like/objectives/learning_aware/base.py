@@ -51,6 +51,8 @@ class LearningAwareConfig(ObjectiveConfig):
     normalize_advantage: bool = False  # standardise advantages per agent (rescales every gradient, so off by default)
     gamma: float = checked(0.99, ge=0, le=1)  # discount factor of GAE
     lmbda: float = checked(0.95, ge=0, le=1)  # GAE lambda
+    cover_episodes: bool = True  # cut each epoch's episodes into round(episodes / minibatch_size) minibatches of nearly equal sizes, every episode in one; false: minibatches of exactly minibatch_size episodes, the rest left out of the epoch
+    truncated_episodes: bool = False  # also lay out the episodes that start in the batch and end after it (their steps so far, with GAE's bootstrapped advantages)
 
 
 # ------------------------------------------------------------------ layout
@@ -60,13 +62,18 @@ def joined_episodes(parts: list[TensorDictBase]) -> TensorDictBase:
     return concatenated([lengthened(part, length, 0, (VALID_KEY, keys.ACTIVE_KEY)) for part in parts])
 
 
-def padded_episodes(batch: TensorDictBase) -> TensorDictBase:
+def padded_episodes(batch: TensorDictBase, truncated: bool = False) -> TensorDictBase:
     """The complete episodes of a collected ``(env, time)`` batch, padded to one length.
 
     Parameters
     ----------
     batch : TensorDictBase
         As collected, with the round (``("state", "round")``) and done flags.
+    truncated : bool
+        Also the episodes that start in the batch and end after it: their
+        steps up to the batch's end (GAE bootstraps their advantages from the
+        value after the last one). Episodes that started before the batch are
+        left out either way: their first steps are in the batch before.
 
     Returns
     -------
@@ -76,9 +83,12 @@ def padded_episodes(batch: TensorDictBase) -> TensorDictBase:
         step with :data:`VALID_KEY` false and every agent inactive.
     """
     found = complete_episodes(batch)
-    steps = batch[found.complete]
-    _, episode = found.ids[found.complete].unique(return_inverse=True)
-    position = batch.get(keys.ROUND_KEY)[found.complete]
+    kept = found.complete
+    if truncated:
+        kept = (batch.get(keys.ROUND_KEY) == 0).long().cumsum(-1) > 0  # every step from an episode's start on
+    steps = batch[kept]
+    _, episode = found.ids[kept].unique(return_inverse=True)
+    position = batch.get(keys.ROUND_KEY)[kept]
     num_episodes = int(episode.max()) + 1 if episode.numel() else 0
     length = int(position.max()) + 1 if position.numel() else 1
     slot = episode * length + position
@@ -127,6 +137,11 @@ class LearningAwareLoss(RolloutLoss):
         GAE's discount and lambda (:attr:`value_estimator`).
     clip_epsilon : float, optional
         Clip each agent's own term as PPO does (the P-forms); ``None`` does not clip.
+    cover_episodes : bool
+        Ask the trainer for minibatches that cover every episode in every
+        epoch (:attr:`cover_episodes`; the trainer reads it).
+    truncated_episodes : bool
+        Lay out also the episodes cut off by the batch's end (:func:`padded_episodes`).
 
     Notes
     -----
@@ -134,10 +149,12 @@ class LearningAwareLoss(RolloutLoss):
     ``xi``), ``loss_shaping`` (value 0, gradient the learning-aware part of
     the update), ``loss_entropy`` and ``loss_critic``, the statistics
     ``entropy``, ``clip_fraction``, ``shaping_norm`` (the norm of the
-    learning-aware part over all agents) and each subclass's own, and per
+    learning-aware part over all agents), ``episodes`` and ``frames`` (the
+    minibatch's episodes and their steps) and each subclass's own, and per
     agent ``("agents", <name>, ...)``. Their logged names are declared in
     :attr:`metric_names`. Outside gradient mode (``torch.no_grad``) the
-    second-order terms are not computed and ``loss_shaping`` is 0.
+    second-order terms are not computed and ``loss_shaping`` is 0. The
+    critic is fitted on the episodes' steps, not on their padding.
     """
 
     @dataclass
@@ -162,6 +179,7 @@ class LearningAwareLoss(RolloutLoss):
         "ihvp_residual": "learning_aware/ihvp_residual",
         "own_grad_norm": "learning_aware/own_grad_norm",
         "episodes": "learning_aware/episodes",
+        "frames": "learning_aware/frames",
     }
     #: Whether the loss needs a leader order whatever its options (SPG).
     needs_leader_order: ClassVar[bool] = False
@@ -181,6 +199,8 @@ class LearningAwareLoss(RolloutLoss):
         gamma: float = 0.99,
         lmbda: float = 0.95,
         clip_epsilon: float | None = None,
+        cover_episodes: bool = True,
+        truncated_episodes: bool = False,
     ) -> None:
         if loss_critic_type not in CRITIC_LOSS_TYPES:
             raise ValueError(f"loss_critic_type must be one of {list(CRITIC_LOSS_TYPES)}, got {loss_critic_type!r}")
@@ -210,6 +230,9 @@ class LearningAwareLoss(RolloutLoss):
         self.loss_critic_type = loss_critic_type
         self.normalize_advantage = bool(normalize_advantage)
         self.clip_epsilon = clip_epsilon
+        #: Whether each epoch's minibatches should cover every episode (sizes nearly equal, about ``minibatch_size``).
+        self.cover_episodes = bool(cover_episodes)
+        self.truncated_episodes = bool(truncated_episodes)
         self.parameters_of = actor_parameters(actor_network, self.agent_names)
         #: ``iteration -> agents trained on it``; set by the trainer to follow its update schedule.
         self.update_schedule: Callable[[int], tuple[str, ...]] | None = None
@@ -228,17 +251,19 @@ class LearningAwareLoss(RolloutLoss):
         self._forward_value_estimator_keys()
 
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
-        """Whole episodes, padded (:func:`padded_episodes`): one buffer item per complete episode."""
-        episodes = padded_episodes(batch)
+        """Whole episodes, padded (:func:`padded_episodes`): one buffer item per episode."""
+        episodes = padded_episodes(batch, truncated=self.truncated_episodes)
         valid = episodes.get(VALID_KEY)
+        steps = int(valid.sum())
         self._last_layout = {
             "episodes": float(episodes.batch_size[0]),
-            "episode_length": float(valid.sum(-1).float().mean()) if valid.numel() else 0.0,
+            "episode_length": steps / valid.shape[0] if valid.shape[0] else 0.0,
+            "frames_laid_out": steps / batch.numel() if batch.numel() else 0.0,
         }
         return episodes
 
     def layout_metrics(self) -> dict[str, float]:
-        """Number and mean length of the complete episodes laid out."""
+        """Number and mean length of the episodes laid out, and the share of the batch's frames they hold."""
         return dict(self._last_layout)
 
     def join_layouts(self, parts: list[TensorDictBase]) -> TensorDictBase:
@@ -298,13 +323,14 @@ class LearningAwareLoss(RolloutLoss):
                 "entropy": entropy.detach().mean(),
                 "clip_fraction": clip_fraction.mean(),
                 "episodes": advantage.new_tensor(float(valid.shape[0])),
+                "frames": valid.sum().to(advantage.dtype),
             }
         )
         statistics = {"loss_objective": -own.detach(), "entropy": entropy.detach(), "clip_fraction": clip_fraction}
 
         corrections: dict[str, Vector] = {}
         if torch.is_grad_enabled() and joint_losses.requires_grad:
-            corrections, extra = self._corrections(joint_losses, own_losses)
+            corrections, extra = self._corrections(joint_losses, own_losses, log_ratio)
             for key, value in extra.items():
                 if isinstance(value, dict):
                     statistics[key] = advantage.new_tensor([value.get(name, 0.0) for name in self.agent_names])
@@ -324,9 +350,15 @@ class LearningAwareLoss(RolloutLoss):
         output["shaping_norm"] = norms.norm()
         statistics["shaping_norm"] = norms
 
-        value = critic_value(self.critic_network, tensordict, scores, self.tensor_keys.value)
-        target = tensordict.get(self.tensor_keys.value_target)
-        value_loss = per_agent_mean(distance_loss(value, target, self.loss_critic_type).squeeze(-1), stepwise)
+        # The critic on the valid steps only (a third of a minibatch's steps can be padding, which counts for nothing).
+        if scores.value is not None:
+            value = critic_value(self.critic_network, tensordict, scores, self.tensor_keys.value)[valid]
+        else:
+            steps = tensordict.select(*self.critic_network.in_keys)[valid]
+            value = critic_value(self.critic_network, steps, scores, self.tensor_keys.value)
+        target = tensordict.get(self.tensor_keys.value_target)[valid]
+        distance = distance_loss(value, target, self.loss_critic_type).squeeze(-1)  # (valid steps, N)
+        value_loss = per_agent_mean(distance, torch.ones_like(distance, dtype=torch.bool))
         output["loss_critic"] = self.critic_coeff * value_loss.sum()
         statistics["loss_critic"] = value_loss
         set_per_agent(output, self.agent_names, statistics)
@@ -334,7 +366,7 @@ class LearningAwareLoss(RolloutLoss):
 
     # ------------------------------------------------------ second order
     def _corrections(
-        self, joint_losses: torch.Tensor, own_losses: torch.Tensor
+        self, joint_losses: torch.Tensor, own_losses: torch.Tensor, log_ratio: torch.Tensor
     ) -> tuple[dict[str, Vector], dict[str, float | dict[str, float]]]:
         """Each learning agent's update beyond its own gradient, and statistics (a subclass's hook).
 
@@ -346,6 +378,13 @@ class LearningAwareLoss(RolloutLoss):
         own_losses : torch.Tensor
             ``(N,)`` each agent's own surrogate loss (clipped in the P-forms),
             whose gradient in its own parameters is ``xi``.
+        log_ratio : torch.Tensor
+            ``(E, T, N)`` each agent's log-probability ratio of its actions,
+            the only way the parameters reach the joint estimator: column
+            ``k`` depends on agent ``k``'s parameters only (per-agent
+            networks, :func:`~nip_like.objectives.learning_aware.second_order.actor_parameters`).
+            A second derivative that crosses agents factors through it
+            (:meth:`_vjp`, :meth:`_through`).
 
         Returns
         -------
@@ -366,6 +405,46 @@ class LearningAwareLoss(RolloutLoss):
                 value, params, retain_graph=True, create_graph=create_graph, allow_unused=True, materialize_grads=True
             )
         )
+
+    def _vjp(
+        self, cotangent: torch.Tensor, log_ratio: torch.Tensor, agents, create_graph: bool = False
+    ) -> dict[str, Vector]:
+        """Per agent ``k`` of ``agents``: ``J_k^T cotangent[..., k]``, ``J_k`` the Jacobian of ``log_ratio[..., k]`` in its parameters.
+
+        One backward pass through the agents' networks; ``cotangent`` may be
+        a leaf that requires gradients (``create_graph``: the result is then
+        linear in it, and differentiating it in the cotangent gives
+        Jacobian-vector products ``J_k v``).
+        """
+        agents = list(agents)
+        params = [p for name in agents for p in self.parameters_of[name]]
+        if not params or not log_ratio.requires_grad:
+            return {name: [torch.zeros_like(p) for p in self.parameters_of[name]] for name in agents}
+        grads = torch.autograd.grad(
+            log_ratio,
+            params,
+            grad_outputs=cotangent,
+            retain_graph=True,
+            create_graph=create_graph,
+            allow_unused=True,
+            materialize_grads=True,
+        )
+        out, start = {}, 0
+        for name in agents:
+            count = len(self.parameters_of[name])
+            out[name] = list(grads[start : start + count])
+            start += count
+        return out
+
+    @staticmethod
+    def _through(value: torch.Tensor, tensor: torch.Tensor, create_graph: bool = False) -> torch.Tensor:
+        """``d value / d tensor`` for an intermediate ``tensor`` of ``value``'s graph (zeros where it does not depend on it)."""
+        if not value.requires_grad:
+            return torch.zeros_like(tensor)
+        (grad,) = torch.autograd.grad(
+            value, tensor, retain_graph=True, create_graph=create_graph, allow_unused=True, materialize_grads=True
+        )
+        return grad
 
     def followers(self, agent: str) -> tuple[str, ...]:
         """The agents of the groups after ``agent``'s in :attr:`leader_order` (none without one)."""

@@ -79,28 +79,63 @@ class _OpponentShapingLoss(LearningAwareLoss):
         )
 
     def _shaping_terms(
-        self, joint_losses: torch.Tensor, lookahead: bool
+        self, joint_losses: torch.Tensor, log_ratio: torch.Tensor, lookahead: bool
     ) -> tuple[dict[str, Vector], dict[str, Vector]]:
-        """Per learning agent ``i``: ``chi_i`` and, if ``lookahead``, ``(H_o xi)_i`` (both with the alphas inside)."""
+        """Per learning agent ``i``: ``chi_i`` and, if ``lookahead``, ``(H_o xi)_i`` (both with the alphas inside).
+
+        Both terms differentiate, in ``theta_i``, a product with a gradient in
+        ``theta_j``; ``theta_i`` reaches it through the log-ratios only. So,
+        with ``a_k = dL_k / d log_ratio`` (the estimator's derivative, a few
+        numbers per step) and ``J_j`` the Jacobian of agent ``j``'s
+        log-ratios in its parameters,
+
+        * ``chi_i = alpha_j J_i^T d/dlr_i <a_j[j], J_j v>`` with ``v = grad_j L_i = J_j^T a_i[j]``,
+        * ``(H_o xi)_i = alpha_j J_i^T d/dlr_i <a_i[j], J_j grad_j L_j>``.
+
+        ``J_j^T y`` is taken once per pair with its graph in ``y`` (a leaf set
+        to ``a_i[j]``, so its value is ``v``), and the products ``J_j v`` and
+        ``J_j grad_j L_j`` are its derivatives in ``y``; the last step, ``J_i^T``,
+        is one backward pass for every agent together. This equals the
+        double backward pass through ``grad_j L_j`` term by term, with one
+        backward pass less per pair (``v`` comes with the graph).
+        """
         index = {name: k for k, name in enumerate(self.agent_names)}
-        own_grads: dict[str, Vector] = {}  # grad_j L_j, with its graph
-        shaping: dict[str, Vector] = {}
-        looking: dict[str, Vector] = {}
-        for agent in self._trained():
-            targets = self.anticipated(agent)
-            shaping_value = joint_losses.new_zeros(())
-            lookahead_value = joint_losses.new_zeros(())
-            for other in targets:
-                if other not in own_grads:
-                    own_grads[other] = self._grad(joint_losses[index[other]], other, create_graph=True)
-                cross = self._grad(joint_losses[index[agent]], other, create_graph=lookahead)  # grad_j L_i
+        trained = self._trained()
+        targets = {agent: self.anticipated(agent) for agent in trained}
+        shaping_at = torch.zeros_like(log_ratio)  # the cotangents of the log-ratios, column i for agent i
+        looking_at = torch.zeros_like(log_ratio)
+        slopes: dict[str, torch.Tensor] = {}  # a_k, with its graph in the log-ratios
+
+        def slope(name: str) -> torch.Tensor:
+            if name not in slopes:
+                slopes[name] = self._through(joint_losses[index[name]], log_ratio, create_graph=True)
+            return slopes[name]
+
+        own_grads: dict[str, Vector] = {}  # grad_j L_j (values), for the look-ahead term
+        for agent in trained:
+            i = index[agent]
+            for other in targets[agent]:
+                j = index[other]
+                column = torch.zeros_like(log_ratio)
+                column[..., j] = 1
+                y = (slope(agent) * column).detach().requires_grad_()
+                cross = self._vjp(y, log_ratio, [other], create_graph=True)[other]  # grad_j L_i, linear in y
                 alpha = self.learning_rates[other]
-                shaping_value = shaping_value + alpha * _dot(own_grads[other], [c.detach() for c in cross])
+                moved = self._through(_dot(cross, [c.detach() for c in cross]), y) * column  # J_j grad_j L_i
+                shaping_at[..., i] += alpha * self._through((slope(other) * moved).sum(), log_ratio)[..., i]
                 if lookahead:
-                    lookahead_value = lookahead_value + alpha * _dot(cross, [g.detach() for g in own_grads[other]])
-            shaping[agent] = self._grad(shaping_value, agent)
-            if lookahead:
-                looking[agent] = self._grad(lookahead_value, agent)
+                    if other not in own_grads:
+                        own_grads[other] = self._grad(joint_losses[j], other)
+                    moved = self._through(_dot(cross, own_grads[other]), y) * column  # J_j grad_j L_j
+                    looking_at[..., i] += alpha * self._through((slope(agent) * moved).sum(), log_ratio)[..., i]
+        shaping_agents = [agent for agent in trained if targets[agent]]
+        shaping = self._vjp(shaping_at, log_ratio, shaping_agents)
+        looking = self._vjp(looking_at, log_ratio, shaping_agents) if lookahead else {}
+        for agent in trained:  # an agent that anticipates nobody: no shaping, no look-ahead
+            if not targets[agent]:
+                shaping[agent] = [torch.zeros_like(p) for p in self.parameters_of[agent]]
+                if lookahead:
+                    looking[agent] = [torch.zeros_like(p) for p in self.parameters_of[agent]]
         return shaping, looking
 
 
@@ -127,8 +162,8 @@ class LOLALoss(_OpponentShapingLoss):
         super().__init__(*args, **kwargs)
         self.lookahead_term = bool(lookahead_term)
 
-    def _corrections(self, joint_losses, own_losses):
-        shaping, looking = self._shaping_terms(joint_losses, self.lookahead_term)
+    def _corrections(self, joint_losses, own_losses, log_ratio):
+        shaping, looking = self._shaping_terms(joint_losses, log_ratio, self.lookahead_term)
         corrections = {}
         for agent, chi in shaping.items():
             correction = [-c for c in chi]
@@ -169,8 +204,8 @@ class SOSLoss(_OpponentShapingLoss):
         self.sos_a = float(sos_a)
         self.sos_b = float(sos_b)
 
-    def _corrections(self, joint_losses, own_losses):
-        shaping, looking = self._shaping_terms(joint_losses, lookahead=True)
+    def _corrections(self, joint_losses, own_losses, log_ratio):
+        shaping, looking = self._shaping_terms(joint_losses, log_ratio, lookahead=True)
         agents = list(shaping)
         if not agents:
             return {}, {}

@@ -45,7 +45,7 @@ def _unflat(flat: torch.Tensor, like: Vector) -> Vector:
 
 
 def conjugate_gradient(
-    hvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iterations: int, damping: float
+    hvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iterations: int, damping: float, side: bool = False
 ) -> tuple[torch.Tensor, float]:
     """Solve ``(H + damping I) x = b`` by conjugate gradient, from ``x = 0``.
 
@@ -64,20 +64,30 @@ def conjugate_gradient(
         At most this many steps.
     damping : float
         Added to the diagonal.
+    side : bool
+        ``hvp(v)`` returns ``(H v, s(v))`` with ``s`` linear in ``v`` (a
+        by-product of the same pass), and the result adds ``s(x)``,
+        combined from the ``s`` of the search directions as ``x`` is (None
+        for ``b = 0``).
 
     Returns
     -------
     tuple
-        ``x`` and the relative residual ``|b - (H + damping) x| / |b|``.
+        ``x`` and the relative residual ``|b - (H + damping) x| / |b|``
+        (and ``s(x)`` with ``side``).
     """
     x = torch.zeros_like(b)
     norm_b = b.norm()
     if norm_b == 0:
-        return x, 0.0
+        return (x, 0.0, None) if side else (x, 0.0)
     residual, direction = b.clone(), b.clone()
     squared = residual.dot(residual)
+    along = None  # s(x)
     for step in range(iterations):
-        product = hvp(direction) + damping * direction
+        product = hvp(direction)
+        if side:
+            product, by_product = product
+        product = product + damping * direction
         curvature = direction.dot(product)
         if curvature <= 0:
             if step > 0 or curvature == 0:
@@ -86,6 +96,8 @@ def conjugate_gradient(
             product = -product
         size = squared / curvature
         x = x + size * direction
+        if side:
+            along = size * by_product if along is None else along + size * by_product
         residual = residual - size * product
         new_squared = residual.dot(residual)
         if new_squared.sqrt() <= 1e-10 * norm_b:
@@ -93,11 +105,13 @@ def conjugate_gradient(
             break
         direction = residual + (new_squared / squared) * direction
         squared = new_squared
+    if side:
+        return x, float(squared.sqrt() / norm_b), along
     return x, float(squared.sqrt() / norm_b)
 
 
 def low_rank_inverse(
-    hvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, rank: int, damping: float
+    hvp: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, rank: int, damping: float, side: bool = False
 ) -> tuple[torch.Tensor, float]:
     """Apply ``(|H_r| + damping I)^-1`` to ``b``, ``H_r`` a rank-``rank`` Lanczos approximation of ``H``.
 
@@ -107,19 +121,24 @@ def low_rank_inverse(
     gives a descent direction) and damped. Since ``b`` lies in the span of
     ``Q``, nothing of it is left out.
 
+    With ``side``, ``hvp(v)`` returns ``(H v, s(v))`` as for
+    :func:`conjugate_gradient`, and the result adds ``s(x)`` (from the
+    product that measures the residual).
+
     Returns
     -------
     tuple
         ``x`` and the relative residual of ``(H + damping) x = b`` measured
-        with one more Hessian-vector product.
+        with one more Hessian-vector product (and ``s(x)`` with ``side``).
     """
     norm_b = b.norm()
     if norm_b == 0:
-        return torch.zeros_like(b), 0.0
+        return (torch.zeros_like(b), 0.0, None) if side else (torch.zeros_like(b), 0.0)
+    product_of = (lambda v: hvp(v)[0]) if side else hvp  # noqa: E731
     basis = [b / norm_b]
     diagonal, off_diagonal = [], []
     for step in range(min(rank, b.numel())):
-        w = hvp(basis[-1])
+        w = product_of(basis[-1])
         diagonal.append(basis[-1].dot(w))
         stacked = torch.stack(basis)
         w = w - stacked.T @ (stacked @ w)
@@ -138,6 +157,9 @@ def low_rank_inverse(
     first = vectors[0] * norm_b  # U^T (Q^T b) with Q^T b = |b| e_1
     coefficients = vectors @ (first / (eigenvalues.abs() + damping).clamp_min(1e-12))
     x = torch.stack(basis[:size]).T @ coefficients
+    if side:
+        product, along = hvp(x)
+        return x, float((b - product - damping * x).norm() / norm_b), along
     residual = (b - hvp(x) - damping * x).norm() / norm_b
     return x, float(residual)
 
@@ -161,5 +183,12 @@ def actor_parameters(actor: nn.Module, agent_names: Iterable[str]) -> dict[str, 
                 if param.requires_grad:
                     seen.setdefault(id(param), param)
         parameters[name] = list(seen.values())
+    # The second-order terms factor through each agent's log-ratios, which must depend on its own parameters only.
+    owner: dict[int, str] = {}
+    for name, params in parameters.items():
+        for param in params:
+            other = owner.setdefault(id(param), name)
+            if other != name:
+                raise ValueError(f"agents {other} and {name} share parameters; each agent needs parameters of its own")
     return parameters
 

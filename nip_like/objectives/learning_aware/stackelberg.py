@@ -96,41 +96,66 @@ class SPGLoss(LearningAwareLoss):
         self.ihvp_rank = int(ihvp_rank)
         self.ihvp_damping = float(ihvp_damping)
 
-    def inverse_hvp(self, gradient: Vector, follower: str, hessian_of: Vector) -> tuple[Vector, float]:
-        """``(d_j d_j L_j + damping)^-1 gradient`` for follower ``j``, ``hessian_of`` its ``grad_j L_j`` with graph."""
-        params = self.parameters_of[follower]
+    def inverse_hvp(
+        self, gradient: Vector, follower: str, hessian_of: Vector, log_ratio: torch.Tensor | None = None
+    ) -> tuple[Vector, float, torch.Tensor | None]:
+        """``x = (d_j d_j L_j + damping)^-1 gradient`` for follower ``j``, ``hessian_of`` its ``grad_j L_j`` with graph.
 
-        def hvp(flat: torch.Tensor) -> torch.Tensor:
-            product = self._grad(_dot(hessian_of, _unflat(flat, params)), follower)
-            return _flat(product).detach()
+        Returns ``x``, the solve's relative residual and, given ``log_ratio``,
+        ``d <hessian_of, x> / d log_ratio``: the leaders' parameters reach
+        ``hessian_of`` through the log-ratios only, so the leader's
+        correction is a Jacobian-transpose product of it. Each
+        Hessian-vector product yields it for its own vector in the same
+        backward pass, and the solvers combine them as they combine the
+        vectors (None without ``log_ratio``, or for a zero right-hand side).
+        """
+        params = self.parameters_of[follower]
+        inputs = [*params, log_ratio] if log_ratio is not None else params
+
+        def hvp(flat: torch.Tensor):
+            value = _dot(hessian_of, _unflat(flat, params))
+            if value.requires_grad:
+                grads = torch.autograd.grad(
+                    value, inputs, retain_graph=True, allow_unused=True, materialize_grads=True
+                )
+            else:
+                grads = [torch.zeros_like(t) for t in inputs]
+            product = _flat(grads[: len(params)]).detach()
+            return (product, grads[-1].detach()) if log_ratio is not None else product
 
         b = _flat(gradient).detach()
+        side = log_ratio is not None
         # The solver's own products in float32: under autocast the Lanczos projections (matmuls) would run in bfloat16.
         with float32_region(b.device):
             if self.ihvp_method == "cg":
-                x, residual = conjugate_gradient(hvp, b, self.ihvp_iterations, self.ihvp_damping)
+                solved = conjugate_gradient(hvp, b, self.ihvp_iterations, self.ihvp_damping, side=side)
             else:
-                x, residual = low_rank_inverse(hvp, b, self.ihvp_rank, self.ihvp_damping)
-        return _unflat(x, params), residual
+                solved = low_rank_inverse(hvp, b, self.ihvp_rank, self.ihvp_damping, side=side)
+        x, residual = solved[0], solved[1]
+        return _unflat(x, params), residual, (solved[2] if side else None)
 
-    def _corrections(self, joint_losses, own_losses):
+    def _corrections(self, joint_losses, own_losses, log_ratio):
         index = {name: k for k, name in enumerate(self.agent_names)}
         own_grads: dict[str, Vector] = {}
-        corrections: dict[str, Vector] = {}
         residuals: dict[str, float] = {}
+        # The leaders' corrections, -J_i^T d/dlr_i sum_j <grad_j L_j, x_ij>, as cotangents of the log-ratios (column i).
+        reaching = torch.zeros_like(log_ratio)
+        leaders = []
         for leader in self._trained():
             followers = [name for name in self.followers(leader) if self.parameters_of[name]]
             if not followers:
                 continue
-            total = joint_losses.new_zeros(())
+            i = index[leader]
             worst = 0.0
             for follower in followers:
                 if follower not in own_grads:
                     own_grads[follower] = self._grad(joint_losses[index[follower]], follower, create_graph=True)
-                cross = self._grad(joint_losses[index[leader]], follower)  # grad_j L_i
-                solved, residual = self.inverse_hvp(cross, follower, own_grads[follower])
+                cross = self._grad(joint_losses[i], follower)  # grad_j L_i
+                _, residual, side = self.inverse_hvp(cross, follower, own_grads[follower], log_ratio)
                 worst = max(worst, residual)
-                total = total + _dot(own_grads[follower], [s.detach() for s in solved])
-            corrections[leader] = [-c for c in self._grad(total, leader)]
+                if side is not None:
+                    reaching[..., i] -= side[..., i]
+            leaders.append(leader)
             residuals[leader] = worst
+        corrections = self._vjp(reaching, log_ratio, leaders)
         return corrections, {"ihvp_residual": residuals}
