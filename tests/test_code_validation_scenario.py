@@ -48,7 +48,11 @@ PROTOCOLS = {
     "adp": ["protocol=adp"],
     "debate": ["protocol=debate", "protocol.max_rounds=3"],
     "debate_prover_first": ["protocol=debate", "protocol.first_speaker=prover", "protocol.max_rounds=2"],
+    "debate_sequential": ["protocol=debate", "protocol.sequential=true", "protocol.max_rounds=4"],
     "mnip": ["protocol=mnip", "protocol.max_rounds=3"],
+    "mnip_sequential_prover1_first": [
+        "protocol=mnip", "protocol.sequential=true", "protocol.prover0_first=false", "protocol.max_rounds=4"
+    ],
     "merlin_arthur": ["protocol=merlin_arthur"],
     "solo_verifier": ["protocol=solo_verifier"],
 }
@@ -103,6 +107,16 @@ def test_debate_provers_answer_at_once_and_the_verifier_first_asks(cache):
     assert "prover0: " in last and "prover1: " in last and record["turns"][0]["move"] == "message"
 
 
+def test_sequential_debate_lets_the_second_prover_read_the_first(cache):
+    scenario = build_scenario(config(cache, *PROTOCOLS["debate_sequential"]))
+    record = rollout_records(scripted_play(scenario, episodes=4), scenario.agent_names)[0]
+    assert [(turn["round"], turn["agent"]) for turn in record["turns"]] == [
+        (0, "verifier"), (1, "prover0"), (2, "prover1"), (3, "verifier")
+    ]
+    # One after the other, in a public channel: prover1 reads prover0's message of the same round.
+    assert "prover0: " in record["turns"][2]["chat"][1]["content"]
+
+
 def test_mnip_provers_do_not_read_each_other_and_merlin_arthur_hides_who_spoke(cache):
     mnip = build_scenario(config(cache, *PROTOCOLS["mnip"]))
     record = rollout_records(scripted_play(mnip, episodes=4), mnip.agent_names)[0]
@@ -124,7 +138,8 @@ def test_mnip_provers_do_not_read_each_other_and_merlin_arthur_hides_who_spoke(c
         (["protocol=solo_opening"], r"gives a verifier without provers nothing to open.*use protocol=solo_verifier"),
         (["protocol=prover_verifier"], r"needs an interactive-proof protocol"),
         (["protocol=nip", "protocol.zero_knowledge=true"], r"cannot play a zero-knowledge protocol"),
-        (["protocol=debate", "+protocol.sequential=true"], r"unknown config keys \['protocol.sequential'\]"),
+        (["protocol=nip", "+protocol.sequential=true"], r"unknown config keys \['protocol.sequential'\]"),
+        (["protocol=debate", "protocol.prover0_first=false"], r"protocol.prover0_first is false but"),
         (["protocol=debate", "protocol.first_speaker=judge"], r"protocol.first_speaker"),
         (["protocol=nip", "+scenario.system_prompts.judge=x"], r"scenario.system_prompts names \['judge'\]"),
         (["protocol=nip", "scenario.num_problems=500"], r"scenario.num_problems must be in \[2, 115\]"),

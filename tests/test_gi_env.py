@@ -67,6 +67,14 @@ def test_every_protocol_passes_check_env_specs(name):
     check_env_specs(env)
 
 
+@pytest.mark.parametrize("name", ["debate", "mnip"])
+def test_sequential_provers_play_legal_episodes(name):
+    env = make_env(protocol(name, max_rounds=7, sequential=True))
+    check_env_specs(env)
+    rollout = env.rollout(7, break_when_any_done=False)
+    assert rollout.batch_size[-1] == 7
+
+
 def test_turn_orders():
     def pattern(proto, steps):
         return proto.active_agents(torch.arange(steps)).int().tolist()
@@ -78,6 +86,13 @@ def test_turn_orders():
     # Agents: (prover0, prover1, verifier); the two provers answer together.
     assert pattern(protocol("debate", max_rounds=4), 3) == [[0, 0, 1], [1, 1, 0], [0, 0, 1]]
     assert pattern(protocol("mnip", max_rounds=4), 2) == [[0, 0, 1], [1, 1, 0]]
+    # Sequential provers (the NIP paper's option): one step each, prover0 first unless told otherwise.
+    assert pattern(protocol("debate", max_rounds=7, sequential=True), 4) == [[0, 0, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    assert pattern(protocol("mnip", max_rounds=7, sequential=True, prover0_first=False), 3) == [
+        [0, 0, 1], [0, 1, 0], [1, 0, 0]
+    ]
+    assert protocol("debate", max_rounds=7, sequential=True).num_rounds == 7
+    assert protocol("debate", max_rounds=7, sequential=True, first_speaker="prover").num_rounds == 6
     # Episodes end on the verifier's last turn within max_rounds.
     assert protocol("nip", max_rounds=6).num_rounds == 5
     assert protocol("nip", max_rounds=6, first_speaker="prover").num_rounds == 6
@@ -102,6 +117,8 @@ def test_bad_round_settings_are_config_errors():
         protocol("nip", first_speaker="judge")
     with pytest.raises(ConfigError, match="leaves the verifier no turn"):
         protocol("nip", max_rounds=1, first_speaker="prover")
+    with pytest.raises(ConfigError, match=r"protocol.prover0_first is false but protocol.sequential is false"):
+        protocol("debate", prover0_first=False)
 
 
 def test_action_masks_follow_nodes_and_decision_rules():

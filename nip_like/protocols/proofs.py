@@ -12,6 +12,7 @@ from torchrl.data import Unbounded
 from dataclasses import dataclass
 
 from nip_like.allowed import checked
+from nip_like.errors import ConfigError
 from nip_like.protocols.proof import (
     VERIFIER,
     FixedTurnsProofProtocol,
@@ -49,12 +50,47 @@ class AdpProtocol(FixedTurnsProofProtocol):
     prover_sides = {"prover": True}
 
 
-@register_protocol("debate", ProofTurnsConfig)
-class DebateProtocol(ProofProtocol):
+@dataclass
+class TwoProverTurnsConfig(ProofTurnsConfig):
+    """Options of debate and MNIP: those of :class:`ProofTurnsConfig` and the order of the two provers."""
+
+    sequential: bool = False  # the provers speak one after the other, each in its own step (false: both at once)
+    prover0_first: bool = True  # with sequential: prover0 speaks before prover1 (false: prover1 first)
+
+
+class TwoProverProtocol(ProofProtocol):
+    """A proof protocol with ``prover0`` and ``prover1`` whose prover turns may be simultaneous or sequential.
+
+    With ``sequential: false`` (the default) both provers answer in the same
+    step; with ``sequential: true`` a prover turn becomes two steps, one per
+    prover, ``prover0`` first unless ``prover0_first: false``. In a public
+    channel (debate) the second prover then reads the first one's message of
+    the same round before it answers. The other keyword arguments are those
+    of :class:`~nip_like.protocols.proof.ProofProtocol`.
+    """
+
+    def __init__(self, name: str, *, sequential: bool = False, prover0_first: bool = True, **options) -> None:
+        self.sequential = bool(sequential)
+        self.prover0_first = bool(prover0_first)
+        if not self.sequential and not self.prover0_first:
+            raise ConfigError(
+                f"protocol.prover0_first is false but protocol.sequential is false: the provers of {name} speak "
+                "at once unless protocol.sequential=true; set both or neither"
+            )
+        if self.sequential:
+            order = ("prover0", "prover1") if self.prover0_first else ("prover1", "prover0")
+            # An instance attribute: the class keeps the simultaneous pattern.
+            self.turns = ((VERIFIER,), (order[0],), (order[1],))
+        super().__init__(name, **options)
+
+
+@register_protocol("debate", TwoProverTurnsConfig)
+class DebateProtocol(TwoProverProtocol):
     """Debate: two provers argue opposite sides, every message public.
 
     ``prover0`` argues for acceptance and ``prover1`` for rejection; in a
-    prover turn both answer at once.
+    prover turn both answer at once, or one after the other with
+    ``sequential: true`` (:class:`TwoProverProtocol`).
     """
 
     agent_names = ("prover0", "prover1", VERIFIER)
@@ -62,12 +98,13 @@ class DebateProtocol(ProofProtocol):
     prover_sides = {"prover0": True, "prover1": False}
 
 
-@register_protocol("mnip", ProofTurnsConfig)
-class MnipProtocol(ProofProtocol):
+@register_protocol("mnip", TwoProverTurnsConfig)
+class MnipProtocol(TwoProverProtocol):
     """Multi-prover NIP: two provers, each alone in a private channel with the verifier.
 
-    Both argue for acceptance and answer at once; neither sees the other's
-    messages, so the verifier can check one against the other.
+    Both argue for acceptance and answer at once (or one after the other with
+    ``sequential: true``); neither sees the other's messages, so the verifier
+    can check one against the other.
     """
 
     agent_names = ("prover0", "prover1", VERIFIER)
