@@ -167,6 +167,7 @@ class TextTrainerConfig:
     test_scheme: str = checked("last", choices=TEST_SCHEMES)  # iterations that run the test stage
     test_episodes: int = checked(512, ge=1)  # episodes of a test (test split, same lists every time)
     test_greedy: bool = True  # tests decode greedily (temperature 0)
+    test_rollouts: int = checked(1, ge=1)  # episodes of each test datapoint, side by side: test/always_wrong is the share of datapoints the verifier decides wrong in every one (above 1: test_greedy false, test_episodes a multiple)
     warm_start_episodes: int = checked(0, ge=0)  # honest-play demonstrations for an SFT job before the first iteration; 0 = none
     warm_start_epochs: int = checked(2, ge=1)  # passes of the warm start's SFT
     warm_start_lr: float = checked(1e-3, gt=0)  # learning rate of the warm start's SFT

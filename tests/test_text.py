@@ -12,12 +12,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from nip_like.cli import compose_config
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_scenario, build_trainer
+from nip_like.scenarios.decisions import decision_metrics
 from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, parse_cells, parse_decision, read_list_line
 from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.models import LocalTextModel, create_model_folder
 from nip_like.text.rollouts import load_rollouts, play_episodes, rollout_records, save_rollouts
 from nip_like.text.tokenizer import build_chat_tokenizer
+from nip_like.validation import validate
 
 TINY_MODEL = TextModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_new_tokens=6)
 TURNS = ("protocol.first_speaker=prover", "protocol.min_rounds=1", "protocol.max_rounds=2")
@@ -230,3 +232,33 @@ def test_a_tree_of_replies_shares_each_node_among_its_leaves():
         assert all(provers[i] == provers[i - i % 3] for i in range(9))
     # Decoys are random, so the prover's 3 siblings differ somewhere.
     assert any(len({records[t * 9 + 3 * b]["turns"][0]["reply"] for b in range(3)}) > 1 for t in range(6))
+
+
+def test_test_rollouts_play_each_list_side_by_side_and_count_the_lists_always_decided_wrong(model_folder):
+    scenario = chat_scenario("protocol=solo_verifier")
+    model = LocalTextModel(model_folder, batch_size=16)
+    sampled = {"verifier": Sampling(max_new_tokens=6, temperature=1.0)}
+    rollouts = play_episodes(scenario, {"verifier": model}, sampled, "test", 16, seed=0, group_size=4)
+    index = rollouts["list_index"].view(4, 4)
+    assert bool((index == index[:, :1]).all()) and len(set(index[:, 0].tolist())) > 1
+    replies = [record["turns"][0]["reply"] for record in rollout_records(rollouts, scenario.agent_names)]
+    assert any(len(set(replies[block * 4 : block * 4 + 4])) > 1 for block in range(4))  # sampled, not repeated
+    metrics = decision_metrics(rollouts["decision"], rollouts["label"], rollouts["list_index"])
+    assert metrics["episodes_per_datapoint"] == 4.0
+    wrong = (rollouts["decision"] != rollouts["label"].long()).view(4, 4).all(-1).float().mean().item()
+    assert metrics["always_wrong"] == pytest.approx(wrong)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        play_episodes(scenario, {"verifier": model}, sampled, "test", 6, seed=0, group_size=4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.test_rollouts=4"], r"trainer.test_rollouts \(4\) plays each test datapoint several times.*test_greedy=false"),
+        (["trainer.test_rollouts=3", "trainer.test_greedy=false", "trainer.test_episodes=64"], r"trainer.test_episodes \(64\) must be a multiple of trainer.test_rollouts \(3\)"),
+    ],
+)
+def test_text_test_rollouts_need_sampled_tests_and_a_multiple_of_episodes(overrides, message):
+    config = compose_config(["preset=text_quick", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        validate(config)

@@ -60,6 +60,7 @@ def play_episodes(
     seed: int,
     by_agent: bool = False,
     branching: int = 1,
+    group_size: int = 1,
 ) -> TensorDict:
     """Play ``num_episodes`` episodes on ``split``; the TensorDict of the module docstring.
 
@@ -88,12 +89,20 @@ def play_episodes(
         the leaves in each block of ``k**(R - r - 1)`` share one sampled
         reply per agent (one node of the tree), so the ``k`` blocks under one
         node of the previous round are its sampled children.
+    group_size : int
+        Play each list this many times side by side (consecutive episodes;
+        ``num_episodes`` must be a multiple), the test's
+        ``trainer.test_rollouts``. Not combined with ``branching``.
     """
+    if group_size > 1 and branching > 1:
+        raise ValueError("play_episodes: group_size and branching cannot be combined")
+    if num_episodes % group_size:
+        raise ValueError(f"play_episodes: num_episodes ({num_episodes}) must be a multiple of group_size ({group_size})")
     protocol, names, groups = scenario.protocol, scenario.agent_names, scenario.groups()
     rounds, agents = protocol.num_rounds, len(names)
     leaves = branching**rounds
     num_episodes *= leaves
-    env = scenario.make_text_env(num_episodes, split, derive_seed(seed, "lists"), "cpu", group_size=leaves)
+    env = scenario.make_text_env(num_episodes, split, derive_seed(seed, "lists"), "cpu", group_size=leaves * group_size)
     acted = torch.zeros(num_episodes, rounds, agents, dtype=torch.bool)
     rewards = torch.zeros(num_episodes, rounds, agents)
     chats = [[[""] * agents for _ in range(rounds)] for _ in range(num_episodes)]

@@ -118,6 +118,25 @@ class PureTextRlTrainer(Trainer):
             where = f"scenario.models.{group}" if group in scenario.config.models else "scenario.default_model"
             check_text_model_server(model, where)
 
+    @classmethod
+    def validate(cls, config, scenario) -> list[str]:
+        """``trainer.test_rollouts`` above 1 needs sampled tests (``test_greedy: false``) and ``test_episodes`` a multiple of it."""
+        loop = config.trainer
+        rollouts = int(loop.get("test_rollouts", 1))  # a run folder from before the option has none: 1
+        if rollouts == 1:
+            return []
+        problems = []
+        if bool(loop.test_greedy):
+            problems.append(
+                f"trainer.test_rollouts ({rollouts}) plays each test datapoint several times, which greedy decoding "
+                "repeats word for word; set trainer.test_greedy=false with it"
+            )
+        if int(loop.test_episodes) % rollouts:
+            problems.append(
+                f"trainer.test_episodes ({loop.test_episodes}) must be a multiple of trainer.test_rollouts ({rollouts})"
+            )
+        return problems
+
     #: Each iteration plays every list as a tree branching this many ways per round (see
     #: :func:`~nip_like.text.rollouts.play_episodes`); 1 plays plain episodes.
     branching: int = 1
@@ -310,7 +329,10 @@ class PureTextRlTrainer(Trainer):
 
         :attr:`test_episodes` episodes (or ``episodes``), decoded greedily with
         ``test_greedy``, with the same seed every time: the same lists, and
-        with local models the same replies.
+        with local models the same replies. With ``trainer.test_rollouts``
+        ``k`` each list is played ``k`` times side by side (consecutive
+        episodes), so that ``test/always_wrong`` counts the lists the
+        verifier decides wrong every time.
         """
         models = {group: self.model(group) for group in self.scenario.group_names()}
         return play_episodes(
@@ -320,6 +342,7 @@ class PureTextRlTrainer(Trainer):
             self.test_split if split is None else split,
             int(self.test_episodes if episodes is None else episodes),
             derive_seed(self.seed, "test"),
+            group_size=int(self.loop.get("test_rollouts", 1)),
         )
 
     # ------------------------------------------------- helpers for the hook
