@@ -27,7 +27,7 @@ from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.models import create_model_folder
 from nip_like.text.rollouts import play_episodes, rollout_records
 from nip_like.text.tokenizer import build_chat_tokenizer
-from tests.conftest import make_config
+from tests.conftest import fast_trainers, make_config
 from tests.test_duplicates_scenario import RL_TRAINERS
 from tests.fake_servers import fake_server
 
@@ -392,8 +392,11 @@ def test_one_rl_iteration_trains_chat_view_agents_with_lora_and_masks_exactly_th
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", RL_TRAINERS)
+@pytest.mark.parametrize("trainer", fast_trainers(RL_TRAINERS))
 def test_every_rl_objective_trains_chat_view_agents_with_lora(cache, text_folder, tmp_path, trainer):
+    # Every standard objective and one learning-aware trainer: the learning-aware ones differ from each other in
+    # their update, not in what they ask of the game, and each trains chat-view LM agents with LoRA in
+    # tests/test_lm_chat.py (2 to 10 times PPO's time here, for the second-order terms through the adapters).
     run = rl_config(
         cache, text_folder, "scenario.default_agent.lora.r=4", "scenario.default_agent.lora.target_modules=[q_proj,v_proj]",
         "scenario.default_agent.temperature=2", "trainer.group_size=2", trainer=trainer,

@@ -455,15 +455,21 @@ def test_a_dataset_file_replaces_a_split_if_its_images_fit(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_the_nip_verifier_beats_the_solo_verifier_on_held_out_digits(tmp_path):
-    """The image_quick result, shortened: seed 0, 40 of its 60 iterations (docs: image_classification, "Results")."""
+    """The image_quick result, shortened: seed 0, 40 of its 60 iterations (docs: image_classification, "Results").
+
+    The solo verifier runs 10 iterations: its validation accuracy is flat from
+    its first evaluation on (every evaluation of the docs' 60-iteration runs,
+    seeds 0-2, lies between 0.46 and 0.54), so more iterations would only
+    spend CI time.
+    """
     from tests.conftest import make_config
 
     accuracy = {}
-    for protocol in ("nip", "solo_verifier"):
+    for protocol, iterations in (("nip", 40), ("solo_verifier", 10)):
         config = make_config(
             "preset=image_quick", f"protocol={protocol}", "run.progress_bar=false", "logger=none", "run.num_threads=1",
             f"scenario.cache_dir={tmp_path / 'data'}", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
-            "trainer.num_iterations=40", "trainer.num_test_episodes=512",
+            f"trainer.num_iterations={iterations}", "trainer.num_test_episodes=512",
         )
         accuracy[protocol] = run_experiment(config, tmp_path / protocol, handle_signals=False)["test/accuracy"]
     assert accuracy["nip"] >= accuracy["solo_verifier"] + 0.15, accuracy

@@ -201,6 +201,8 @@ def test_resume_refuses_a_running_run_and_a_refused_command_changes_nothing(tmp_
     running = popen_cli(args)
     try:
         wait_for(lambda: has_rows(run_dir / "metrics" / "scalars" / "train" / "iteration.csv"), running)
+        # Paused, it still holds the folder (its process lives) but takes no CPU from the commands below.
+        running.send_signal(signal.SIGSTOP)
         assert (run_dir / LOCK_FILE).read_text().startswith(f"pid={running.pid} ")
         # What a refused command could change: everything but the running run's growing metric files.
         before = file_hashes(run_dir, skip=("metrics",))
