@@ -411,3 +411,111 @@ def test_the_presets_compose_and_pass_the_checks(preset):
     protocol = checked.scenario.protocol
     assert checked.scenario.config.name == "code_validation" and protocol.name == "nip"
     assert protocol.num_rounds == 2 and protocol.agent_names[int(protocol.active_agents(torch.tensor(0)).float().argmax())] == "prover"
+
+
+# ------------------------------------------------------------------ the chat view's warm start
+def demo_config(cache: Path, folder: Path, *overrides: str):
+    """The chat view on the character-level folder, with replies long enough for every scripted sentence."""
+    return rl_config(
+        cache, folder, *PROTOCOLS["nip_verifier_asks_first"], "protocol.first_speaker=verifier",
+        "scenario.default_agent.max_new_tokens=160",
+        "scenario.quote_tokens=24", *overrides,
+    )
+
+
+def reply_text(speaker, tokens: torch.Tensor, mask: torch.Tensor) -> str:
+    """A demonstrated reply's text: its tokens under the mask, before the eos token."""
+    ids = tokens[mask].tolist()
+    assert ids[-1] == speaker.eos_id and speaker.eos_id not in ids[:-1]
+    return speaker.tokenizer.decode(ids[:-1], skip_special_tokens=True)
+
+
+def test_the_chat_views_demonstrations_replay_the_scripted_play(cache, text_folder):
+    from nip_like.pretrain import ALL_AGENTS, pretrained_agent_names
+
+    scenario = build_scenario(demo_config(cache, text_folder))
+    assert pretrained_agent_names(scenario, [ALL_AGENTS]) == ["prover", "verifier"] == scenario.demonstration_agents()
+    demos = scenario.demonstrations("train", seed=0)
+    split, texts = scenario.split("train"), scenario.datapoint_texts("train")
+    count = len(split.programs)
+    verifier, prover = (scenario.agent_names.index(name) for name in ("verifier", "prover"))
+    speakers = scenario.chat_speakers
+    # The verifier asks (round 0), the prover answers (round 1), the verifier decides (round 2): each
+    # agent's rows in the order of the rounds, then of the programs of the split, every one played once.
+    assert demos["verifier"].batch_size[0] == 2 * count and demos["prover"].batch_size[0] == count
+    for name, data in demos.items():
+        mask = data["token_mask"]
+        lengths = mask.sum(-1)
+        # The mask covers the reply and its eos token, from the first position on, and nothing after.
+        assert torch.equal(mask, torch.arange(mask.shape[-1]) < lengths.unsqueeze(-1))
+        speaker = speakers[scenario.agent_names.index(name)]
+        assert bool((data["tokens"][~mask] == speaker.pad_id).all())
+    question, answer, decision = demos["verifier"][:count], demos["prover"], demos["verifier"][count:]
+    for program in range(count):
+        asked = reply_text(speakers[verifier], question["tokens"][program], question["token_mask"][program])
+        said = reply_text(speakers[prover], answer["tokens"][program], answer["token_mask"][program])
+        decided = reply_text(speakers[verifier], decision["tokens"][program], decision["token_mask"][program])
+        assert parse_reply(asked, True) == "message" and parse_reply(said, False) == "message"
+        assert parse_reply(decided, True) == ("accept" if bool(split.label[program]) else "reject")
+        # The last turn's prompt: the verifier's last-turn chat on this program, quoting the demonstrated tokens.
+        quotes = [
+            (sender, data["tokens"][program][data["token_mask"][program]][: int(scenario.config.quote_tokens)].tolist())
+            for sender, data in (("verifier", question), ("prover", answer))
+        ]
+        expected = scenario.last_turn_speaker.render(texts[program], quotes)
+        prompt = decision["prompt_ids"][program][decision["prompt_mask"][program]].tolist()
+        assert prompt == expected and bool(decision["prompt_mask"][program, -len(expected):].all())
+    # Every prompt is the one the environment gives the policy: step the demonstrated replies through it.
+    env = scenario.make_env(count, "train", 0, "cpu")
+    state = env.reset()
+    state["state", "list_index"] = torch.arange(count)
+    state["state", "label"] = split.label.clone()
+    state.update({("agents", key): value for key, value in env.policy_inputs(state["state"]).items()})
+    turns = [{verifier: question}, {prover: answer}, {verifier: decision}]
+    for turn in turns:
+        action = torch.full((count, 2, env.reply_tokens), speakers[0].pad_id)
+        for agent, data in turn.items():
+            assert torch.equal(state["agents", "prompt_ids"][:, agent], data["prompt_ids"])
+            assert torch.equal(state["agents", "prompt_mask"][:, agent], data["prompt_mask"])
+            action[:, agent] = data["tokens"]
+        state["agents", "action"] = action
+        state = step_mdp(env.step(state))
+    # The demonstrated decisions are the labels', and they end every episode.
+    assert state["done"].all() and torch.equal(state["state", "decision"], split.label.long())
+
+
+def test_a_scripted_reply_longer_than_max_new_tokens_is_refused_in_one_line(cache, text_folder):
+    scenario = build_scenario(demo_config(cache, text_folder, "scenario.default_agent.max_new_tokens=40"))
+    with pytest.raises(ConfigError, match=(
+        r"^agent verifier's scripted reply has \d+ tokens, more than its max_new_tokens \(40\): "
+        r"raise scenario.default_agent.max_new_tokens to at least \d+[^\n]*$"
+    )):
+        scenario.demonstrations("train")
+
+
+@pytest.mark.slow
+def test_the_warm_started_chat_preset_makes_the_verifier_decide(cache, tmp_path):
+    run = make_config(
+        "preset=code_validation_chat", f"scenario.cache_dir={cache}", *DATA, "run.progress_bar=false",
+        f"trainer.pretrain.cache_dir={tmp_path / 'pretrained'}", "trainer.pretrain.epochs=30",
+        "trainer.num_iterations=1", "trainer.eval.every=0", "trainer.num_test_episodes=16", "trainer.test_batch_episodes=16",
+    )
+    metrics = run_experiment(run, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # Both agents were fitted to the scripted play in this run; the verifier then decides (random weights never do).
+    scalars = tmp_path / "run" / "metrics" / "scalars" / "pretrain"
+    assert {path.name for path in scalars.iterdir()} == {"prover", "verifier"}
+    assert summary["test_metrics"]["test/decided"] == metrics["test/decided"] >= 0.9
+
+
+def test_the_solo_agent_trainer_fits_the_solo_verifier_to_its_demonstrations(cache, text_folder, tmp_path):
+    # The supervised baseline: the verifier reads the program and writes its decision, fitted to the scripted one.
+    run = config(
+        cache, "protocol=solo_verifier", f"scenario.default_agent.pretrained_path={text_folder}",
+        "scenario.default_agent.max_new_tokens=24", "logger=none", "trainer.num_iterations=1", "trainer.minibatch_size=8",
+        trainer="solo_agent",
+    )
+    trainer = experiment.build_trainer(run, tmp_path / "run")
+    assert set(trainer.data("train").keys()) == {"prompt_ids", "prompt_mask", "tokens", "token_mask"}
+    metrics = trainer.train()
+    assert 0.0 <= metrics["test/accuracy"] <= 1.0 and metrics["test/token_loss"] > 0

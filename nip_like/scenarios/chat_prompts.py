@@ -136,6 +136,15 @@ class ChatSpeaker:
             self._encoded.update(fresh)
         return encoded
 
+    def reply_rows(self, texts: Sequence[str], limit: int) -> list[list[int]]:
+        """Each text as this speaker writes it as a reply: its tokens, then the eos token, cut to ``limit`` tokens.
+
+        What a scripted player's replies become in the chat view (the
+        tokens a warm start's demonstrations teach and the environment plays).
+        """
+        encoded = self.encode(texts)
+        return [[*encoded[text], self.eos_id][:limit] for text in texts]
+
     def reads_as_own(self, sender: "ChatSpeaker") -> bool:
         """Whether ``sender``'s token ids mean the same to this speaker (one vocabulary): then quotes are spliced as they are."""
         if sender.name not in self._same_vocabulary:

@@ -314,6 +314,23 @@ class InteractionEnv(EnvBase):
             device=self.device,
         )
 
+    # ------------------------------------------------------- scripted play
+    def policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
+        """What each agent acts on in ``state``: the entries of :meth:`_policy_input_spec` (a token view's
+        ``prompt_ids`` and ``prompt_mask``, ``(B, N, P)``), as a step gives them to the policy."""
+        return self._policy_inputs(state)
+
+    def advance(
+        self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor
+    ) -> tuple[TensorDictBase, torch.Tensor, torch.Tensor]:
+        """Play one round's ``action`` of the ``active`` agents: the new state, the rewards and which episodes ended.
+
+        The game's rules (:meth:`_advance`) without the round counter, the
+        returns or the resets of a step: scripted play (a warm start's
+        demonstrations) drives episodes with it. ``state`` may be changed in place.
+        """
+        return self._advance(state, action, active)
+
     def _set_seed(self, seed: int | None) -> None:
         self.rng.manual_seed(0 if seed is None else int(seed))
 

@@ -39,7 +39,7 @@ key                                       shape            meaning
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from tensordict import TensorDictBase
@@ -170,9 +170,10 @@ class CodeValidationChatViewEnv(CodeValidationEnv):
         return self.reply_tokens
 
     # ------------------------------------------------------------ the game
-    def _new_state(self, num_episodes: int):
-        state = super()._new_state(num_episodes)
-        shape = (num_episodes, self.protocol.num_rounds, self.num_agents)
+    def new_state(self, index: torch.Tensor) -> TensorDictBase:
+        """Fresh episodes on the programs ``index`` ``(E,)``, with no reply sent yet (see the move game's)."""
+        state = super().new_state(index)
+        shape = (state.batch_size[0], self.protocol.num_rounds, self.num_agents)
         state["replies"] = torch.zeros(*shape, self.reply_tokens, dtype=torch.int64, device=self.device)
         state["reply_length"] = torch.full(shape, -1, dtype=torch.int64, device=self.device)
         return state
@@ -184,6 +185,41 @@ class CodeValidationChatViewEnv(CodeValidationEnv):
     def reply_texts(self, action: torch.Tensor, active: torch.Tensor) -> dict[tuple[int, int], str]:
         """The text of each active reply, by ``(episode, agent)``."""
         return reply_texts(action, active, self.chat_speakers)
+
+    def scripted_replies(
+        self, texts: Mapping[tuple[int, int], str], batch: int, limits: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replies that say given texts, as the agents would send them (a scripted player's, in the warm start).
+
+        Parameters
+        ----------
+        texts : mapping
+            The text of each reply, by ``(episode, agent)``.
+        batch : int
+            ``B``, the episodes.
+        limits : sequence of int
+            Each agent's ``max_new_tokens``, at most ``T``.
+
+        Returns
+        -------
+        replies, reply_mask : torch.Tensor
+            ``(B, N, T)``: each text tokenized by its sender's tokenizer, then
+            its eos token, cut to the sender's limit and padded with its pad
+            token (nothing but pad where no text is given), and the mask of
+            these tokens.
+        """
+        replies, masks = [], []
+        with cyclic_gc_paused():
+            for agent, speaker in enumerate(self.chat_speakers):
+                rows = [row for row in range(batch) if (row, agent) in texts]
+                said = speaker.reply_rows([texts[row, agent] for row in rows], int(limits[agent]))
+                tokens: list[list[int]] = [[] for _ in range(batch)]
+                for row, ids in zip(rows, said):
+                    tokens[row] = ids
+                ids, mask = packed_rows(tokens, self.reply_tokens, speaker.pad_id, left=False)
+                replies.append(ids)
+                masks.append(mask)
+        return torch.stack(replies, 1).to(self.device), torch.stack(masks, 1).to(self.device)
 
     def moves(self, texts: dict[tuple[int, int], str], batch: int) -> torch.Tensor:
         """``(batch, N)`` moves of the parsed replies (``<pad>`` where an agent had no turn or said nothing)."""

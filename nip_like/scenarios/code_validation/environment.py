@@ -134,7 +134,13 @@ class CodeValidationEnv(InteractionEnv):
 
     # ------------------------------------------------------------ the game
     def _new_state(self, num_episodes: int) -> TensorDict:
-        index = torch.randint(0, self.num_programs, (num_episodes,), generator=self.rng).to(self.device)
+        return self.new_state(torch.randint(0, self.num_programs, (num_episodes,), generator=self.rng))
+
+    def new_state(self, index: torch.Tensor) -> TensorDict:
+        """Fresh episodes on the split's programs ``index`` ``(E,)``: the game's state before any turn
+        (without the protocol's state, the round or the group ids of a reset)."""
+        index = index.to(self.device)
+        num_episodes = index.shape[0]
         shape = (num_episodes, self.protocol.num_rounds, self.num_agents)
         return TensorDict(
             {

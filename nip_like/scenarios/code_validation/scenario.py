@@ -14,7 +14,8 @@ agents:
   causal LM per agent from a local model folder, LoRA or full fine-tuning,
   set by ``scenario.default_agent`` and ``scenario.agents.<name>``
   (:class:`~nip_like.scenarios.lm_agents.LMAgents`,
-  :mod:`~nip_like.scenarios.code_validation.chat_view`).
+  :mod:`~nip_like.scenarios.code_validation.chat_view`), warm-started on the
+  scripted players' play (:mod:`~nip_like.scenarios.code_validation.demonstrations`).
 
 Both read the same chats and are parsed by the same rule
 (:mod:`~nip_like.scenarios.code_validation.chat_text`); the data, splits,
@@ -36,9 +37,10 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.lm.models import LMAgentConfig
 from nip_like.registry import register_scenario
-from nip_like.scenarios.base import TensorGame
+from nip_like.scenarios.base import Demonstrating, TensorGame
 from nip_like.scenarios.chat_prompts import ChatSpeaker
 from nip_like.scenarios.code_validation.chat_view import CodeValidationChatViewEnv
+from nip_like.scenarios.code_validation.demonstrations import play_demonstrations
 from nip_like.scenarios.code_validation.game import CodeValidationDataConfig
 from nip_like.scenarios.code_validation.text_agents import CodeValidationTextAgents
 from nip_like.scenarios.decisions import decision_metrics
@@ -64,13 +66,17 @@ class CodeValidationConfig(CodeValidationDataConfig):
 
 
 @register_scenario("code_validation", CodeValidationConfig)
-class CodeValidationScenario(CodeValidationTextAgents, LMAgents, TensorGame):
+class CodeValidationScenario(CodeValidationTextAgents, LMAgents, TensorGame, Demonstrating):
     """Decide whether a program solves its problem, hearing provers argue (see the module docstring).
 
     Text agents play the move game
     (:meth:`~nip_like.scenarios.code_validation.game.CodeValidationGame.make_text_env`);
-    language-model agents play the chat view (:meth:`make_env`).
+    language-model agents play the chat view (:meth:`make_env`), warm-started
+    on the scripted players' replies (:meth:`demonstrations`, ``trainer.pretrain``).
     """
+
+    #: Version of :meth:`demonstrations` (part of the warm-start cache key): 1 = the scripted players' replies.
+    pretrain_data_version = 1
 
     @property
     def chat_view(self) -> bool:
@@ -111,6 +117,47 @@ class CodeValidationScenario(CodeValidationTextAgents, LMAgents, TensorGame):
         )
         self.check_lengths(env.prompt_length)
         return env
+
+    # ------------------------------------------------------ demonstrations
+    def demonstration_agents(self) -> list[str]:
+        """The agents :meth:`demonstrations` gives replies for: every agent of the protocol."""
+        return list(self.agent_names)
+
+    def demonstrations(self, split: str, seed: int = 0) -> dict[str, TensorDictBase]:
+        """The scripted players' play on every program of ``split``, as (prompt, reply) pairs per agent, for a warm start.
+
+        Every program is played once through the chat view (:meth:`make_env`)
+        by the honest scripted players (:meth:`scripted_player`): the verifier
+        asks one question while it may (before it has read a reply, and not
+        on its last turn), then writes ``Decision: accept`` or ``Decision: reject``
+        by the program's label; a prover says its side's sentence. Each
+        agent's prompt at each of its turns is the one the environment gives
+        the policy (its chat through its own template); its reply is the
+        scripted reply's text in its own tokens followed by its eos token,
+        cut to its ``max_new_tokens``, and the environment plays these very
+        tokens (:func:`~nip_like.scenarios.code_validation.demonstrations.play_demonstrations`).
+        ``seed`` draws the protocol's own state (Merlin-Arthur's speaking prover).
+
+        Returns
+        -------
+        dict of str to TensorDict
+            For each agent with a turn: batch ``(E,)`` with ``"prompt_ids"``/``"prompt_mask"``
+            ``(E, P)`` and ``"tokens"``/``"token_mask"`` ``(E, T)``.
+
+        Raises
+        ------
+        ConfigError
+            If a scripted reply has more tokens than its agent's ``max_new_tokens``.
+        """
+        configs = self.agent_configs()
+        return play_demonstrations(
+            self.make_env(1, split, 0, "cpu"),
+            self.protocol,
+            {name: self.scripted_player(name) for name in self.agent_names},
+            self.render_chat,
+            {name: (int(configs[name].max_new_tokens), self.agent_config_path(name)) for name in self.agent_names},
+            torch.Generator().manual_seed(seed),
+        )
 
     # ----------------------------------------------------------------- metrics
     def policy_metrics(self, batch: TensorDictBase) -> dict[str, float]:

@@ -230,8 +230,7 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         with cyclic_gc_paused():
             for agent, speaker in enumerate(self.chat_speakers):
                 texts = [" ".join(words[symbol] for symbol in row if symbol in words) for row in as_lists(moves[:, agent])]
-                encoded = speaker.encode(texts)
-                rows = [[*encoded[text], speaker.eos_id][: self.reply_tokens] for text in texts]
+                rows = speaker.reply_rows(texts, self.reply_tokens)
                 ids, mask = packed_rows(rows, self.reply_tokens, speaker.pad_id, left=False)
                 replies.append(ids)
                 masks.append(mask)

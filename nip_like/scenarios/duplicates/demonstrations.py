@@ -18,13 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.scenarios.duplicates.data import DuplicateLists, equal_pairs
 from nip_like.scenarios.duplicates.environment import DuplicatesEnv
+from nip_like.scenarios.scripted_play import record_scripted_play, start_episodes
 
 __all__ = ["DecoyWeights", "check_decoy_weights", "decoy_messages", "equal_pair_seen", "play_demonstrations"]
 
@@ -102,7 +103,8 @@ def play_demonstrations(
     The scripted play that
     :meth:`~nip_like.scenarios.duplicates.scenario.DuplicatesScenario.demonstrations`
     describes, through the environment's public ``new_state``,
-    ``policy_inputs``, ``scripted_replies`` and ``advance``.
+    ``policy_inputs``, ``scripted_replies`` and ``advance``
+    (:func:`~nip_like.scenarios.scripted_play.record_scripted_play`).
 
     Parameters
     ----------
@@ -140,18 +142,13 @@ def play_demonstrations(
     state = env.new_state(count)
     state["list_index"] = torch.arange(count)
     state["values"], state["label"], state["certificate"] = lists.values, lists.label, lists.certificate
-    state.update(protocol.initial_state(count, generator))
-    state["round"] = torch.zeros(count, dtype=torch.int64)
-    state["group_id"] = torch.arange(count)
+    state = start_episodes(state, protocol, generator)
     pad, tokens = ids["pad"], env.message_tokens
-    collected: dict[str, list[dict[str, torch.Tensor]]] = {name: [] for name in protocol.agent_names}
-    playing = torch.ones(count, dtype=torch.bool)
     alone = len(protocol.agent_names) == 1
-    for _ in range(protocol.num_rounds):
-        active = protocol.active_agents_in(state) & playing.unsqueeze(-1)
-        inputs = env.policy_inputs(state)
+
+    def scripted(state: TensorDictBase, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         action = torch.full((count, protocol.num_agents, tokens), pad, dtype=torch.int64)
-        shown_by = {}
+        shown = torch.zeros_like(active)
         for index, name in enumerate(protocol.agent_names):
             if index == protocol.verifier_index:
                 deciding = protocol.decision_round(state["round"])
@@ -167,7 +164,7 @@ def play_demonstrations(
                     pair = torch.rand(count, env.length, generator=generator).argsort(-1)[:, :2]
                     opening = torch.cat([ids["cell0"] + pair, torch.full_like(pair[:, :1], eos)], -1)
                     action[:, index, :3] = torch.where(deciding.unsqueeze(-1), action[:, index, :3], opening)
-                shown = active[:, index]
+                shown[:, index] = active[:, index]
             else:
                 proves = protocol.prover_sides.get(name, True) & state["label"]
                 certificate = certificate_cells(state["certificate"])
@@ -176,31 +173,9 @@ def play_demonstrations(
                 message[proves, 1] = certificate[proves, 1]
                 action[:, index, :2] = torch.where(message >= 0, ids["cell0"] + message, eos)
                 action[:, index, 2] = torch.where(message[:, 1] >= 0, eos, pad)
-                shown = active[:, index] & proves
-            shown_by[name] = shown
+                shown[:, index] = active[:, index] & proves
         # The moves as the agents would send them (in the chat view: text in their own tokens).
         replies, reply_mask = env.scripted_replies(torch.where(active.unsqueeze(-1), action, pad))
-        for index, name in enumerate(protocol.agent_names):
-            shown = shown_by[name]
-            if bool(shown.any()):
-                collected[name].append(
-                    {
-                        "prompt_ids": inputs["prompt_ids"][shown, index],
-                        "prompt_mask": inputs["prompt_mask"][shown, index],
-                        "tokens": replies[shown, index],
-                        "token_mask": reply_mask[shown, index],
-                    }
-                )
-        state, _, ended = env.advance(state, replies, active)
-        state["round"] = state["round"] + 1
-        playing = playing & ~ended
-        if not bool(playing.any()):
-            break
-    return {
-        name: TensorDict(
-            {key: torch.cat([part[key] for part in parts]) for key in parts[0]},
-            batch_size=[sum(part["tokens"].shape[0] for part in parts)],
-        )
-        for name, parts in collected.items()
-        if parts
-    }
+        return replies, reply_mask, shown
+
+    return record_scripted_play(env, protocol, state, scripted)

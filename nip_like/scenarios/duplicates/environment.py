@@ -325,16 +325,6 @@ class DuplicatesEnv(InteractionEnv):
         """Fresh episodes on random lists of the split (the game's state before any turn)."""
         return self._new_state(num_episodes)
 
-    def policy_inputs(self, state: TensorDictBase) -> dict[str, torch.Tensor]:
-        """Each agent's prompt in ``state`` (``prompt_ids``, ``prompt_mask``, ``(B, N, P)``)."""
-        return self._policy_inputs(state)
-
-    def advance(
-        self, state: TensorDictBase, action: torch.Tensor, active: torch.Tensor
-    ) -> tuple[TensorDictBase, torch.Tensor, torch.Tensor]:
-        """Play one round's ``action`` of the ``active`` agents: the new state, the rewards and which episodes ended."""
-        return self._advance(state, action, active)
-
     def named_cells(self, messages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Parse ``(..., T)`` messages (see :func:`named_cells`)."""
         return named_cells(messages, self.ids["cell0"], self.length)
