@@ -11,6 +11,7 @@ from torchrl.envs.utils import check_env_specs, step_mdp
 
 import nip_like.experiment as experiment
 from nip_like import keys
+from nip_like.cli import compose_config
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_scenario, preflight, run_experiment
 from nip_like.scenarios.code_validation.chat_text import (
@@ -26,10 +27,12 @@ from nip_like.scenarios.code_validation.dataset import CodeProgram
 from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.models import create_model_folder
 from nip_like.text.rollouts import play_episodes, rollout_records
+from nip_like.sweeps.grid import expand_sweep
 from nip_like.text.tokenizer import build_chat_tokenizer
 from tests.conftest import fast_trainers, make_config
 from tests.test_duplicates_scenario import RL_TRAINERS
 from tests.fake_servers import fake_server
+from tests.script_modules import script_module
 
 #: The generated family at its smallest useful size: 10 problems, 3 programs each, labelled by 4 hidden tests.
 DATA = (
@@ -519,3 +522,38 @@ def test_the_solo_agent_trainer_fits_the_solo_verifier_to_its_demonstrations(cac
     assert set(trainer.data("train").keys()) == {"prompt_ids", "prompt_mask", "tokens", "token_mask"}
     metrics = trainer.train()
     assert 0.0 <= metrics["test/accuracy"] <= 1.0 and metrics["test/token_loss"] > 0
+
+
+# ------------------------------------------------------------------ the protocol comparison, end to end
+@pytest.mark.slow  # 18 compositions each: a few seconds
+@pytest.mark.parametrize("sweep", ["code_validation_protocols", "code_validation_protocols_text"])
+def test_the_protocol_sweeps_expand_to_the_six_protocols_and_three_seeds(sweep):
+    jobs = expand_sweep(sweep, out=Path("/tmp/unused")).jobs
+    assert all(job.error is None for job in jobs), [job.error for job in jobs if job.error]
+    protocols = ("nip", "adp", "debate", "merlin_arthur", "mnip", "solo_verifier")
+    assert sorted(job.name for job in jobs) == sorted(f"protocol={p},seed={s}" for p in protocols for s in (0, 1, 2))
+
+
+@pytest.mark.slow
+def test_the_protocol_sweep_runs_at_smoke_size_and_the_report_tables_both_measures(cache, tmp_path):
+    # The sweep's own config (preset, test rollouts), two protocols and two seeds, each job one iteration after a
+    # one-epoch warm start on the small dataset; then the comparison report, one row per protocol.
+    smoke = [
+        f"scenario.cache_dir={cache}", *DATA, "run.test_run=true", "trainer.pretrain.epochs=1",
+        f"trainer.pretrain.cache_dir={tmp_path / 'pretrained'}", "logger=csv",
+    ]
+    sweep = expand_sweep("code_validation_protocols", ["protocol=nip,solo_verifier", "seed=0,1", *smoke], out=tmp_path / "sweep")
+    assert len(sweep.jobs) == 4
+    for job in sweep.jobs:
+        run_experiment(compose_config(job.overrides), job.folder)
+    with script_module("compare_objectives") as report:
+        status = report.main([
+            str(sweep.root), "--objective-key", "protocol.name", "--task-key", "scenario.name",
+            "--metrics", "test/accuracy,test/always_wrong", "--primary-metric", "test/accuracy",
+            "--curve-metric", "eval/accuracy", "--no-plots", "--reps", "200", "--out", str(tmp_path / "report"),
+        ])
+    assert status == 0
+    rows = (tmp_path / "report" / "final_metrics.csv").read_text().splitlines()
+    for protocol in ("nip", "solo_verifier"):
+        for metric in ("test/accuracy", "test/always_wrong"):
+            assert any(protocol in row and metric in row for row in rows), rows
