@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 
 from nip_like import __main__ as entry
 from nip_like.cli import compose_config, report_errors
-from nip_like.validation import check_config_values, check_known_keys
-from nip_like.experiment import build_scenario, resolve_trainer, run_experiment
+from nip_like.validation import validate
+from nip_like.experiment import build_scenario, run_experiment
 from nip_like.registry import PROTOCOLS, SCENARIOS
 from nip_like.scenarios.hidden_bits.scenario import HiddenBitsConfig, HiddenBitsScenario
 from tests.conftest import make_config, smoke_config
@@ -174,14 +174,13 @@ def test_a_subclass_of_a_builtin_schema_merges(user_module):
     config = make_config("scenario=duplicates", "protocol=nip", f"scenario.name={user_module}.MyDuplicates")
     options = SCENARIOS.typed_options(str(config.scenario.name), config.scenario, "scenario")
     assert options.bonus == 0.5 and options.length == config.scenario.length
-    check_known_keys(config, resolve_trainer(config))
-    check_config_values(config, resolve_trainer(config))
+    validate(config)  # every key known, every value allowed, the user's schema included
     # Chosen by its dotted path, its own options are selected and set like the built-in ones.
     config = make_config(
         f"scenario={user_module}.MyDuplicates", "protocol=nip", "scenario.bonus=2", "scenario.length=6"
     )
     assert (config.scenario.bonus, config.scenario.length) == (2.0, 6)
-    check_config_values(config, resolve_trainer(config))
+    validate(config)
 
 
 def test_a_protocol_by_dotted_path(user_module):
