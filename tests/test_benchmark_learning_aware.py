@@ -20,6 +20,7 @@ def benchmark():
         yield module
 
 
+@pytest.mark.slow  # trains three trainers for a few iterations: seconds
 def test_the_benchmark_reports_times_steps_frames_and_ratios(benchmark, tmp_path, capsys):
     output = tmp_path / "results.json"
     results = benchmark.main(

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nip_like.config import CONFIG_DIR
 from nip_like.experiment import run_experiment
@@ -14,11 +15,25 @@ from tests.conftest import make_config
 QUIET = ("run.progress_bar=false", "logger=none", "run.num_threads=1")
 
 
+def _trainer_type(option: str) -> str:
+    """The ``trainer_type`` of trainer option ``option``: its file's own, or that of the option it extends.
+
+    Read from the YAML (its ``defaults`` name the option it extends) rather than composed, so that
+    collecting this module does not compose a config per option (seconds on every pytest worker).
+    """
+    data = yaml.safe_load((CONFIG_DIR / "trainer" / f"{option}.yaml").read_text())
+    if "trainer_type" in data:
+        return str(data["trainer_type"])
+    parents = [entry for entry in data.get("defaults", []) if isinstance(entry, str) and (CONFIG_DIR / "trainer" / f"{entry}.yaml").is_file()]
+    assert parents, f"trainer option {option} names no trainer_type and extends no other option"
+    return _trainer_type(parents[0])
+
+
 def _rl_trainer_options() -> list[str]:
     """Every trainer option (``configs/trainer/*.yaml``) of an RL objective, but REINFORCE (its own bar below)."""
     options = []
     for path in sorted((CONFIG_DIR / "trainer").glob("*.yaml")):
-        trainer_type = make_config(f"trainer={path.stem}").trainer.trainer_type
+        trainer_type = _trainer_type(path.stem)
         if issubclass(TRAINERS.get(trainer_type), TensorDictRlTrainer) and trainer_type != "reinforce":
             options.append(path.stem)
     return options

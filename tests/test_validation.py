@@ -81,6 +81,7 @@ def test_a_valid_config_passes_and_builds_its_scenario():
     assert checked.trainer.name == "ppo" and checked.scenario.protocol.name == make_config(*QUICK).protocol.name
 
 
+@pytest.mark.slow  # a subprocess: seconds of start-up
 def test_the_command_line_prints_a_line_per_problem_and_makes_no_folder(tmp_path):
     result = run_cli([*QUICK, "trainer.frames_per_batch=100", "run.checkpoint_every=-1", f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 2, result.stderr
