@@ -174,6 +174,29 @@ class ChatSpeaker:
         return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
+def scripted_reply_tensors(
+    speakers: Sequence["ChatSpeaker"], texts: Sequence[Sequence[str | None]], limits: Sequence[int], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, N, width)`` ids and mask of scripted replies, as the agents would send them.
+
+    ``texts[agent][episode]`` is written by ``speakers[agent]``
+    (:meth:`ChatSpeaker.reply_rows`: its tokens, then eos, cut to
+    ``limits[agent]``) and right-padded with its pad token; ``None`` is no
+    reply (pad only). The chat views' ``scripted_replies`` both build on it.
+    """
+    replies, masks = [], []
+    with cyclic_gc_paused():
+        for speaker, column, limit in zip(speakers, texts, limits):
+            given = [row for row, text in enumerate(column) if text is not None]
+            rows: list[list[int]] = [[] for _ in column]
+            for row, ids in zip(given, speaker.reply_rows([column[row] for row in given], int(limit))):
+                rows[row] = ids
+            ids, mask = packed_rows(rows, width, speaker.pad_id, left=False)
+            replies.append(ids)
+            masks.append(mask)
+    return torch.stack(replies, 1), torch.stack(masks, 1)
+
+
 def packed_rows(rows: Sequence[Sequence[int]], width: int, pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(len(rows), width)`` ids and mask of token rows padded with ``pad`` on the left or the right (one copy, no loop).
 

@@ -54,6 +54,7 @@ from nip_like.scenarios.chat_prompts import (
     packed_rows,
     reply_lengths,
     reply_texts,
+    scripted_reply_tensors,
 )
 from nip_like.scenarios.code_validation.chat_text import parse_reply, readable_senders, sender_label
 from nip_like.scenarios.code_validation.environment import CodeValidationEnv
@@ -208,18 +209,9 @@ class CodeValidationChatViewEnv(CodeValidationEnv):
             token (nothing but pad where no text is given), and the mask of
             these tokens.
         """
-        replies, masks = [], []
-        with cyclic_gc_paused():
-            for agent, speaker in enumerate(self.chat_speakers):
-                rows = [row for row in range(batch) if (row, agent) in texts]
-                said = speaker.reply_rows([texts[row, agent] for row in rows], int(limits[agent]))
-                tokens: list[list[int]] = [[] for _ in range(batch)]
-                for row, ids in zip(rows, said):
-                    tokens[row] = ids
-                ids, mask = packed_rows(tokens, self.reply_tokens, speaker.pad_id, left=False)
-                replies.append(ids)
-                masks.append(mask)
-        return torch.stack(replies, 1).to(self.device), torch.stack(masks, 1).to(self.device)
+        columns = [[texts.get((row, agent)) for row in range(batch)] for agent in range(self.num_agents)]
+        replies, masks = scripted_reply_tensors(self.chat_speakers, columns, limits, self.reply_tokens)
+        return replies.to(self.device), masks.to(self.device)
 
     def moves(self, texts: dict[tuple[int, int], str], batch: int) -> torch.Tensor:
         """``(batch, N)`` moves of the parsed replies (``<pad>`` where an agent had no turn or said nothing)."""

@@ -67,6 +67,7 @@ from nip_like.scenarios.chat_prompts import (  # noqa: F401 - shared, re-exporte
     packed_rows,
     reply_lengths,
     reply_texts,
+    scripted_reply_tensors,
 )
 from nip_like.scenarios.duplicates.data import DuplicateLists
 from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, re-exported where they were
@@ -226,15 +227,13 @@ class DuplicatesChatViewEnv(DuplicatesEnv):
         """
         words = {self.ids["accept"]: ACCEPT, self.ids["reject"]: REJECT}
         words.update({self.ids["cell0"] + cell: str(cell) for cell in range(self.length)})
-        replies, masks = [], []
-        with cyclic_gc_paused():
-            for agent, speaker in enumerate(self.chat_speakers):
-                texts = [" ".join(words[symbol] for symbol in row if symbol in words) for row in as_lists(moves[:, agent])]
-                rows = speaker.reply_rows(texts, self.reply_tokens)
-                ids, mask = packed_rows(rows, self.reply_tokens, speaker.pad_id, left=False)
-                replies.append(ids)
-                masks.append(mask)
-        return torch.stack(replies, 1).to(self.device), torch.stack(masks, 1).to(self.device)
+        texts = [
+            [" ".join(words[symbol] for symbol in row if symbol in words) for row in as_lists(moves[:, agent])]
+            for agent in range(self.num_agents)
+        ]
+        limits = [self.reply_tokens] * self.num_agents
+        replies, masks = scripted_reply_tensors(self.chat_speakers, texts, limits, self.reply_tokens)
+        return replies.to(self.device), masks.to(self.device)
 
     def _symbol_id(self, symbol: str) -> int:
         if symbol in (ACCEPT, REJECT):
