@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = REPO_ROOT / "nip_like"
@@ -118,3 +122,20 @@ def test_no_files_import_each_other_in_a_circle():
         if module not in state:
             circle = visit(module)
             assert circle is None, "an import circle: " + " -> ".join(circle)
+
+
+@pytest.mark.slow  # a subprocess: seconds of start-up
+def test_a_run_without_language_models_never_imports_transformers_or_peft(tmp_path):
+    """Every CLI run and sweep job pays for its imports: transformers and peft load only where an agent is a language model."""
+    script = f"""
+import sys
+from pathlib import Path
+from nip_like.cli import compose_config
+from nip_like.experiment import build_trainer, run_experiment
+run_experiment(compose_config(["preset=smoke", "logger=none", "run.progress_bar=false"]), Path({str(tmp_path / 'bits')!r}))
+build_trainer(compose_config(["scenario.cache_dir={tmp_path / 'data'}", "trainer.pretrain.agents=[]"]), Path({str(tmp_path / 'gi')!r}))
+print(sorted(name for name in ("transformers", "peft") if name in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

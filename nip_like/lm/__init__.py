@@ -12,12 +12,43 @@
 * :mod:`nip_like.lm.checkpoints`: ``save_pretrained`` folders plus the value head.
 """
 
-from nip_like.lm.checkpoints import load_agent, save_agent
-from nip_like.lm.models import LMAgentConfig, build_lm, build_lm_policy
-from nip_like.lm.policy import LMPolicy
-from nip_like.lm.sampling import SamplingSettings
-from nip_like.lm.tokenizer import build_tokenizer
-from nip_like.lm.value import LMValueHead
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nip_like.lm.checkpoints import load_agent, save_agent
+    from nip_like.lm.models import LMAgentConfig, build_lm, build_lm_policy
+    from nip_like.lm.policy import LMPolicy
+    from nip_like.lm.sampling import SamplingSettings
+    from nip_like.lm.tokenizer import build_tokenizer
+    from nip_like.lm.value import LMValueHead
+
+#: Where each name of the package lives. They load on first use (PEP 562), so that importing one submodule
+#: (``nip_like.lm.sharding``, which every RL trainer imports) does not import transformers and peft for
+#: runs without language models.
+_HOMES = {
+    "load_agent": "checkpoints",
+    "save_agent": "checkpoints",
+    "LMAgentConfig": "models",
+    "build_lm": "models",
+    "build_lm_policy": "models",
+    "LMPolicy": "policy",
+    "SamplingSettings": "sampling",
+    "build_tokenizer": "tokenizer",
+    "LMValueHead": "value",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        value = getattr(importlib.import_module(f"nip_like.lm.{_HOMES[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'nip_like.lm' has no attribute {name!r}")
+
 
 __all__ = [
     "LMAgentConfig",

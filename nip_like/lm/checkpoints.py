@@ -21,16 +21,17 @@ import json
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
 
 from nip_like.checkpoint import check_manifest, load_checked, save_atomic, write_failed, write_manifest
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.value import LMValueHead
+
+if TYPE_CHECKING:  # transformers loads on first use: a run without language models never imports it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 #: The value head's file in an agent's folder.
 VALUE_HEAD_FILE = "value_head.pt"
@@ -208,6 +209,8 @@ def adapter_base_folder(folder: Path) -> Optional[str]:
 @contextmanager
 def quiet_progress() -> Iterator[None]:
     """Hide transformers' progress bars of saving and loading weights (one per agent, at every checkpoint)."""
+    from transformers.utils import logging as hf_logging
+
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -241,6 +244,8 @@ def load_agent(
     ConfigError
         If ``folder`` is not an existing folder.
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     folder = local_model_folder(folder)
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
@@ -379,6 +384,7 @@ def write_standalone(folder: Path, out: Path, base: Optional[Path] = None) -> Pa
         If a file differs from its folder's ``checksums.json``.
     """
     from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nip_like.dependency_warnings import dependency_warnings_once
 

@@ -23,13 +23,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import quiet_progress
+
+if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
+    from transformers import PreTrainedTokenizerFast
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def train_bpe_tokenizer(family: str, vocab_size: int = 2000, seed: int = 0, line
         show_progress=False,
     )
     backend.train_from_iterator(training_lines(lines, seed), trainer=trainer)
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=spec.bos,
@@ -202,6 +207,8 @@ def build_chat_model_folder(
         sizes = dict(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
                      num_key_value_heads=num_heads, intermediate_size=intermediate_size,
                      max_position_embeddings=max_position_embeddings)
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
     config = AutoConfig.for_model(
         family, vocab_size=len(tokenizer), bos_token_id=bos_id, eos_token_id=ids["eos"], pad_token_id=ids["pad"],
         tie_word_embeddings=True, **sizes,

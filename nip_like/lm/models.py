@@ -12,11 +12,10 @@ import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from nip_like.allowed import checked
 from nip_like.checkpoint import check_manifest
@@ -28,6 +27,9 @@ from nip_like.lm.sampling import MIN_TEMPERATURE
 from nip_like.lm.server import SamplerConfig
 from nip_like.lm.static_decoding import DECODING_MODES, SAMPLING_DTYPES
 from nip_like.lm.value import LMValueHead
+
+if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -55,7 +57,7 @@ class LMAgentConfig:
     share_base_with: Optional[str] = None  # another agent whose frozen base model this one shares (held once in memory), each with its own LoRA adapters and value head; both need lora.r >= 1 and the same base; null = a model of its own
     gradient_checkpointing: bool = False  # recompute activations in the backward pass instead of keeping them
     max_tokens_per_micro_batch: Optional[int] = checked(None, ge=0)  # token budget of one scoring pass with gradients; null = automatic (from the device's free memory, measured when the trainer is built); 0 = none (the whole minibatch at once)
-    score_chunk_tokens: Optional[int] = checked(None, ge=1)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = all logits at once
+    score_chunk_tokens: Optional[int] = checked(None, ge=0)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = automatic (with gradients, chunks of at most 256 MiB of logits where the model allows it and is not sharded); 0 = all logits at once
     dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # where messages are sampled: kind local (this model) or server (an OpenAI-compatible completions server; see nip_like.lm.server)
     decoding: str = checked("auto", choices=DECODING_MODES)  # how local sampling decodes: auto = compiled on CUDA, eager elsewhere; eager (growing KV cache), static (preallocated KV cache, fixed shapes), compiled (static, the step through torch.compile mode=reduce-overhead: CUDA graphs); a fallback is logged once
@@ -90,6 +92,8 @@ def check_model_folder(path: str | Path, field_name: str = "pretrained_path") ->
     except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError: say where, which transformers does not
         where = f"line {error.lineno} column {error.colno}: {error.msg}" if isinstance(error, json.JSONDecodeError) else "it is not UTF-8"
         raise ConfigError(f"{field_name}: {folder}/config.json is not JSON ({where})") from None
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except (ValueError, OSError, KeyError) as error:
@@ -127,6 +131,8 @@ def check_causal(config, where: str) -> None:
 
 def load_tokenizer(path: str | Path, field_name: str = "pretrained_path") -> PreTrainedTokenizerBase:
     """The tokenizer of a model folder (checked by :func:`check_model_folder`), padding on the left."""
+    from transformers import AutoTokenizer
+
     folder = check_model_folder(path, field_name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -138,6 +144,8 @@ def load_tokenizer(path: str | Path, field_name: str = "pretrained_path") -> Pre
 
 def model_context(path: str | Path) -> Optional[int]:
     """The context length of the model in folder ``path`` (``max_position_embeddings``), None if it names none."""
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(check_model_folder(path), local_files_only=True).get_text_config()
     context = getattr(config, "max_position_embeddings", None)
     return int(context) if context else None
@@ -145,6 +153,8 @@ def model_context(path: str | Path) -> Optional[int]:
 
 def architecture_context(architecture: str, field_name: str = "architecture") -> Optional[int]:
     """The default context length of a from-config model of ``architecture``; a one-line error for an unknown one."""
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.for_model(architecture)
     except ValueError as error:
@@ -237,6 +247,8 @@ def build_base(
     The part of :func:`build_lm` that agents sharing a base do once; see
     :func:`build_lm` for the parameters and errors.
     """
+    from transformers import AutoModelForCausalLM
+
     dtype = getattr(torch, agent_option(config, "dtype", "float32"))
     if config.pretrained_path is not None:
         folder = check_model_folder(config.pretrained_path)
@@ -385,6 +397,8 @@ def _model_config(config: LMAgentConfig, tokenizer: PreTrainedTokenizerBase):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     try:
         model_config = AutoConfig.for_model(config.architecture, **sizes)
     except ValueError as error:

@@ -9,12 +9,14 @@ needs, with ids that depend only on the alphabet and its order.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
 
 from nip_like.errors import ConfigError
+
+if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
+    from transformers import PreTrainedTokenizerFast
 
 #: Padding: fills prompts on the left and responses after their end; never sampled.
 PAD_TOKEN = "<pad>"
@@ -75,6 +77,8 @@ def build_tokenizer(alphabet: Sequence[str]) -> PreTrainedTokenizerFast:
     backend.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[bos]
     )
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

@@ -10,13 +10,15 @@ same architecture, initialised as a copy of the policy's.
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from nip_like.precision import float32_region
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class LMValueHead(nn.Module):

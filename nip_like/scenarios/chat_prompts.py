@@ -20,13 +20,15 @@ import itertools
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from nip_like.errors import ConfigError
+
+if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
+    from transformers import PreTrainedTokenizerBase
 
 #: A quoted reply's place in the rendered chat text, replaced by its tokens (a private-use character
 #: around its index, which no tokenizer merges with the text beside it).

@@ -28,7 +28,6 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nip_like.errors import ConfigError
 from nip_like.lm.checkpoints import quiet_progress, save_agent
@@ -162,6 +161,8 @@ def fine_tune(spec: FineTuneSpec, log: Callable[[dict], None] = lambda metrics: 
     Path
         The saved model's folder.
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # loaded here: importing this module stays light
+
     spec.check()
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from nip_like import interrupts
 
@@ -51,6 +50,8 @@ class LocalTextModel(TextModel):
     """
 
     def __init__(self, folder: str | Path, device: torch.device | str = "cpu", batch_size: int = 256) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # loaded here: importing this module stays light
+
         self.folder = local_model_folder(folder)
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
@@ -93,7 +94,7 @@ class LocalTextModel(TextModel):
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.tokenizer.eos_token_id,
             suppress_tokens=self.banned or None,
-            stopping_criteria=StoppingCriteriaList([_StopOnSignal()]),
+            stopping_criteria=stop_on_signal(),
         )
         new_tokens = output[:, encoded["input_ids"].shape[1] :]
         return [self.tokenizer.decode(row, skip_special_tokens=True) for row in cut_at_eos(new_tokens, self.tokenizer.eos_token_id)]
@@ -102,12 +103,20 @@ class LocalTextModel(TextModel):
         self.model = None
 
 
-class _StopOnSignal(StoppingCriteria):
-    """Ends a ``generate`` call at a stop request (:class:`~nip_like.interrupts.StopNow`): a long reply does not hold a signal up."""
+def stop_on_signal():
+    """``generate``'s stopping criteria that end a call at a stop request (:class:`~nip_like.interrupts.StopNow`).
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        interrupts.raise_if_stop_requested("the text model's replies")
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    A long reply then does not hold a signal up. (The class is made on first
+    use, so that importing this module does not import transformers.)
+    """
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopOnSignal(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+            interrupts.raise_if_stop_requested("the text model's replies")
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([StopOnSignal()])
 
 
 def cut_at_eos(tokens: torch.Tensor, eos_token_id: int) -> list[list[int]]:
