@@ -86,6 +86,11 @@ class Distributed:
         return self.world_size > 1
 
     @property
+    def local_world_size(self) -> int:
+        """Ranks on this machine (torchrun's ``LOCAL_WORLD_SIZE``; all of them when it is not set)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) if self.enabled else 1
+
+    @property
     def is_writer(self) -> bool:
         """Whether this rank writes the run folder (rank 0)."""
         return self.rank == 0

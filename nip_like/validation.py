@@ -373,9 +373,10 @@ def fsdp_problems(config: DictConfig, trainer_cls: type, scenario: Any) -> list[
             "(its agents are replicated on every rank: set run.fsdp=false)"
         ]
     return [
-        f"{where}.score_chunk_tokens and run.fsdp=true do not go together: set one of them to null/false"
+        f"{where}.score_chunk_tokens={agent.get('score_chunk_tokens')} and run.fsdp=true do not go together: set "
+        f"{where}.score_chunk_tokens to null (automatic: off for a sharded agent) or 0, or run.fsdp=false"
         for where, agent, _ in lm_agents.values()
-        if agent.get("score_chunk_tokens") is not None
+        if agent.get("score_chunk_tokens")
     ][:1]
 
 

@@ -705,7 +705,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--update-token-budget", type=int, default=None,
                         help="max_tokens_per_micro_batch of nip_like's updates in the updates part (none)")
     parser.add_argument("--score-chunk-tokens", type=int, default=None,
-                        help="the updates' policies score replies this many positions at a time (both sides; default: all at once)")
+                        help="nip_like's updates score replies this many positions at a time (default: automatic, as an agent's "
+                             "default; 0: all logits at once)")
     parser.add_argument("--decoding-modes", nargs="+", choices=("eager", "static", "compiled"), default=None,
                         help="decoding paths of the decoding part (default: eager static compiled on CUDA, eager static on the CPU)")
     parser.add_argument("--sampling-dtype", choices=SAMPLING_DTYPES, default="model",

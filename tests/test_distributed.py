@@ -154,6 +154,11 @@ def test_two_sharded_ranks_train_language_model_agents_like_one_process(tmp_path
     # FSDP2 (run.fsdp): each rank holds half of every agent; the result is the replicated one-process run's.
     overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *variant, "trainer.optimizer.grad_accumulation_steps=2")
     _two_ranks_against_one(tmp_path, monkeypatch, overrides, settings=("run.fsdp=true",))
+    if not any("max_tokens_per_micro_batch" in setting for setting in variant):
+        # The automatic token budget holds for sharded agents too: probed before sharding, logged with the first iteration.
+        for agent in ("prover", "verifier"):
+            [(step, budget)] = read_csv_metric(tmp_path / "two", f"lm/memory/{agent}/budget_tokens")
+            assert step == 1 and budget >= 1
 
 
 @pytest.mark.slow
@@ -267,7 +272,8 @@ def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path, agents)
     chosen = GRAPH if agents == "graph" else (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy",
                                                "scenario.default_agent.lora.r=4", "trainer.optimizer.grad_accumulation_steps=2",
                                                "run.fsdp=true")
-    args = cli_args(tmp_path, *chosen, "trainer.num_iterations=12", "trainer.eval.every=4", "run.checkpoint_every=1")
+    # 8 iterations (evaluations at 4 and 8), killed once iteration 3 is saved: the resumed run evaluates and tests.
+    args = cli_args(tmp_path, *chosen, "trainer.num_iterations=8", "trainer.eval.every=4", "run.checkpoint_every=1")
     reference = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'reference'}"]))
     assert reference.returncode == 0, reference.stderr[-3000:]
 
@@ -281,7 +287,7 @@ def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path, agents)
     while time.time() < deadline and process.poll() is None and _iteration_of(checkpoint) < 3:
         time.sleep(0.05)
     _kill_tree(process)  # torchrun and both ranks (its workers may be in sessions of their own)
-    assert 0 < _iteration_of(checkpoint) < 12, "the run must be killed part-way"
+    assert 0 < _iteration_of(checkpoint) < 8, "the run must be killed part-way"
     assert not (killed / "summary.json").exists()
 
     resumed = run(torchrun([str(killed), "run.progress_bar=false"], module="nip_like.resume"))
@@ -327,6 +333,7 @@ def test_only_errors_of_the_process_group_are_taken_for_a_peer_failure():
     assert not silent.value.quiet and "no answer from the other ranks in time" in str(silent.value)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_accumulation_left_null_is_one_minibatch_per_rank_and_an_explicit_one_must_divide():
     from nip_like.config import run_id
     from nip_like.trainers.update import accumulation_steps
@@ -445,5 +452,16 @@ def test_fsdp_where_it_cannot_apply_is_refused_in_one_line(tmp_path, monkeypatch
         check_fsdp(lm, TRAINERS.entry("pola").cls, scenario)
     check_fsdp(lm, TRAINERS.entry("grpo").cls, scenario)  # an LM scenario, a standard update: allowed
     chunked = smoke_config("run.fsdp=true", *lm_overrides(tmp_path), "scenario.default_agent.score_chunk_tokens=2")
-    with pytest.raises(ConfigError, match=r"^scenario.default_agent.score_chunk_tokens and run.fsdp=true do not go together"):
+    with pytest.raises(ConfigError, match=r"^scenario.default_agent.score_chunk_tokens=2 and run.fsdp=true do not go together"):
         check_fsdp(chunked, TRAINERS.entry("ppo").cls, build_scenario(chunked))
+    for setting in ("null", "0"):  # automatic (off for a sharded agent) and off: allowed
+        allowed = smoke_config("run.fsdp=true", *lm_overrides(tmp_path), f"scenario.default_agent.score_chunk_tokens={setting}")
+        check_fsdp(allowed, TRAINERS.entry("ppo").cls, build_scenario(allowed))
+
+
+def test_the_ranks_of_one_machine_are_torchruns_local_world_size(monkeypatch):
+    # The automatic token budget splits a CPU machine's memory among them (a GPU is each rank's own).
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert Distributed(0, 4).local_world_size == 2
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert Distributed(0, 4).local_world_size == 4 and Distributed().local_world_size == 1

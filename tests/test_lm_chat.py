@@ -165,18 +165,38 @@ def test_scoring_in_chunks_gives_the_one_pass_scores_and_gradient(chat_model, fa
     token_mask = torch.arange(7) < torch.randint(1, 8, (5, 1))
     weights = torch.randn(5, 7)
     results = []
-    for chunk in (None, 3):  # chunks of 3, 3 and 1 positions
+    for chunk in (0, 3, None):  # all logits at once; chunks of 3, 3 and 1 positions; automatic (the default)
         torch.manual_seed(1)  # the same value head
         policy = policy_of(folder, max_new_tokens=7, score_chunk_tokens=chunk, lora=LoraOptions(r=4))
         scored = policy.evaluate(prompts, mask, tokens, token_mask)
         ((scored["token_log_probs"] * weights).sum() + scored["entropy"].mean() + scored["value"].sum()).backward()
         results.append((scored, {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None}))
-    (whole, grads_whole), (chunked, grads_chunked) = results
-    for name in ("token_log_probs", "entropy", "value"):
-        torch.testing.assert_close(whole[name], chunked[name], atol=1e-5, rtol=1e-4)
-    assert grads_whole.keys() == grads_chunked.keys() and any("lora" in name for name in grads_whole)
-    for name in grads_whole:
-        torch.testing.assert_close(grads_whole[name], grads_chunked[name], atol=1e-5, rtol=1e-4, msg=name)
+    (whole, grads_whole), *others = results
+    for chunked, grads_chunked in others:
+        for name in ("token_log_probs", "entropy", "value"):
+            torch.testing.assert_close(whole[name], chunked[name], atol=1e-5, rtol=1e-4)
+        assert grads_whole.keys() == grads_chunked.keys() and any("lora" in name for name in grads_whole)
+        for name in grads_whole:
+            torch.testing.assert_close(grads_whole[name], grads_chunked[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_automatic_chunks_score_with_gradients_only_and_bound_a_chunks_logits(chat_model, monkeypatch):
+    import nip_like.lm.scoring as scoring
+
+    policy = policy_of(chat_model("qwen2"), max_new_tokens=7)
+    prompts, mask = torch.randint(300, 900, (5, 9)), torch.ones(5, 9, dtype=torch.bool)
+    tokens, token_mask = torch.randint(300, 900, (5, 7)), torch.ones(5, 7, dtype=torch.bool)
+    chunks = []
+    real = scoring.chunked_scores
+    monkeypatch.setattr(scoring, "chunked_scores", lambda head, hidden, tokens, size, *rest: chunks.append(size) or real(head, hidden, tokens, size, *rest))
+    with torch.no_grad():  # without gradients the last hidden states would be held only for the chunks: no chunks
+        policy.evaluate(prompts, mask, tokens, token_mask)
+    assert chunks == []
+    policy.evaluate(prompts, mask, tokens, token_mask)
+    assert chunks == [7]  # 5 rows x 7 positions of a small vocabulary: one chunk
+    monkeypatch.setattr(scoring, "AUTO_CHUNK_BYTES", 5 * policy.banned.shape[0] * 4 * 3)  # room for 3 positions of the 5 rows
+    policy.evaluate(prompts, mask, tokens, token_mask)
+    assert chunks == [7, 3]
 
 
 def test_scoring_in_chunks_is_refused_when_the_policy_is_built(chat_model, monkeypatch):
@@ -192,7 +212,9 @@ def test_scoring_in_chunks_is_refused_when_the_policy_is_built(chat_model, monke
     monkeypatch.setattr(LlamaForCausalLM, "get_output_embeddings", another_layer)
     with pytest.raises(ConfigError, match=r"^score_chunk_tokens: the logits of LlamaForCausalLM are not its output layer"):
         policy_of(folder, max_new_tokens=3, score_chunk_tokens=2)
-    assert policy_of(folder, max_new_tokens=3).score_chunk_tokens is None  # without chunks the same folder builds
+    automatic = policy_of(folder, max_new_tokens=3)  # the default builds, scoring all logits at once
+    assert not automatic.chunkable and automatic.scoring_chunks() is None
+    assert policy_of(folder, max_new_tokens=3, score_chunk_tokens=0).scoring_chunks() is None
 
 
 def test_gradient_checkpointing_gives_the_same_gradient_and_bfloat16_halves_the_weights(chat_model):
@@ -320,7 +342,7 @@ def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat
     assert {"accept"} <= set(decisions)
 
 
-@pytest.mark.parametrize("family,trainer", [("qwen2", "ppo"), pytest.param("llama", "grpo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family,trainer", [pytest.param("qwen2", "ppo", marks=pytest.mark.slow), pytest.param("llama", "grpo", marks=pytest.mark.slow)])  # 1.6 s and more; test_device_guard trains the chat view with LoRA in the fast tier
 def test_the_chat_view_trains_with_lora_and_masks_exactly_the_replies(chat_model, tmp_path, family, trainer):
     overrides = ["scenario.default_agent.lora.r=4", f"trainer={trainer}"]
     if trainer == "grpo":
@@ -440,6 +462,7 @@ def test_sizes_and_adapters_that_cannot_fit_are_one_line(chat_model, tmp_path, o
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_chat_view_without_a_model_folder_builds_a_small_one_once(tmp_path):
     options = (
         "scenario.default_agent.architecture=qwen2", "scenario.default_agent.vocab_size=600",

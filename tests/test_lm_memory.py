@@ -36,9 +36,15 @@ def test_a_batch_is_refused_just_above_the_memory_and_passes_just_below(monkeypa
 
 def test_the_logits_of_a_scoring_pass_count_with_the_token_budget(monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda device, limit=None: (GIB, "a test budget"))
-    vocab = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6), 50_000)}
-    with pytest.raises(ConfigError, match=r"logits 558\.8 GiB.*lower .*scenario\.default_agent\.max_tokens_per_micro_batch \(1000000\)"):
-        check_lm_memory(vocab, 4, 8, "cpu")
+    whole = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6, score_chunk_tokens=0), 50_000)}
+    with pytest.raises(ConfigError, match=r"logits 558\.8 GiB.*lower .*max_tokens_per_micro_batch \(1000000\).*score_chunk_tokens \(0: "):
+        check_lm_memory(whole, 4, 8, "cpu")
+    # Scored in chunks (the default unless the weights are sharded): one chunk's logits, at most 256 MiB, three times.
+    chunked = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6), 50_000)}
+    with pytest.raises(ConfigError, match=r"logits 0\.8 GiB\)"):  # 768 MiB
+        check_lm_memory(chunked, 4, 8, "cpu")
+    with pytest.raises(ConfigError, match=r"logits 558\.8 GiB"):
+        check_lm_memory(chunked, 4, 8, "cpu", sharded=True)
 
 
 def test_unknown_memory_checks_nothing(monkeypatch):
@@ -98,6 +104,26 @@ def test_the_probe_measures_what_checkpointing_lora_and_bfloat16_save(chat_model
     assert 0 < checkpointed < plain and 0 < halved < plain
     frozen = build_lm_policy(LMAgentConfig(pretrained_path=folder)).requires_grad_(False)
     assert activation_bytes_per_token(frozen) == 0.0
+
+
+def test_by_default_an_update_pass_keeps_no_logits_over_the_vocabulary(chat_model):
+    """The default scores in chunks, recomputing the logits in the backward pass: the log-softmax is not kept.
+
+    The probe row is half message, so the log-softmax over the vocabulary alone
+    is two float32 per vocabulary entry per token of the row.
+    """
+    from nip_like.lm.memory import activation_bytes_per_token
+    from nip_like.lm.models import build_lm_policy
+
+    folder = str(chat_model("qwen2"))
+    default = build_lm_policy(LMAgentConfig(pretrained_path=folder))
+    whole = build_lm_policy(LMAgentConfig(pretrained_path=folder, score_chunk_tokens=0))
+    vocab = default.banned.shape[0]
+    assert default.scoring_chunks() == "auto" and whole.scoring_chunks() is None
+    saved_default, saved_whole = activation_bytes_per_token(default), activation_bytes_per_token(whole)
+    assert saved_whole - saved_default >= 4 * vocab, (saved_default, saved_whole, vocab)
+    default.sharded = True  # FSDP2 (nip_like.lm.sharding): the output layer cannot run apart from the forward pass
+    assert default.scoring_chunks() is None
 
 
 def _peak_bytes_while(action) -> int:

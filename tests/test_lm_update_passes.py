@@ -54,6 +54,8 @@ def test_the_value_read_from_the_scoring_pass_is_the_critics(tmp_path, shared_bo
 
 def test_a_shared_body_runs_once_per_agent_for_scores_and_value(tmp_path):
     agents, rollout = _rollout(tmp_path)
+    for name in agents.policy.agent_names:  # the one-off two-token probe of automatic chunked scoring, before counting
+        assert agents.policy.policy(name).chunkable
     counts = _count_passes(agents.policy)
     score_actions(agents.policy, rollout, with_value=True)
     assert counts == [1] * len(counts)  # before: a scoring pass and the critic's pass

@@ -8,7 +8,10 @@ cannot fit: the weights of every agent's model, plus the larger of
   prompt not counted) and the logits of its last position;
 * the update: each agent's gradients and optimiser state, and the activations
   (:func:`activation_estimate`) and float32 logits (kept three times: logits,
-  log-softmax, their gradient) of one micro-batch of the agent's token budget;
+  log-softmax, their gradient) of one micro-batch of the agent's token budget,
+  or of one chunk of at most :data:`~nip_like.lm.scoring.AUTO_CHUNK_BYTES` when
+  the agent scores in chunks (``score_chunk_tokens``: automatic unless its
+  weights are sharded, or a number);
 
 against the memory available on the run's device: free memory on CUDA
 (``torch.cuda.mem_get_info``), ``MemAvailable`` of ``/proc/meminfo`` on the
@@ -30,6 +33,7 @@ from typing import Mapping, Optional
 import torch
 
 from nip_like.errors import ConfigError
+from nip_like.lm.scoring import AUTO_CHUNK_BYTES
 from nip_like.lm.shared_models import base_owners, policy_owners
 
 GIB = 1024**3
@@ -156,6 +160,7 @@ def check_lm_memory(
     batch_fields: str = "trainer.num_envs / trainer.test_batch_episodes",
     autocast_dtype: Optional[str] = None,
     limit_gib: Optional[float] = None,
+    sharded: bool = False,
 ) -> None:
     """Refuse, in one line, LM agents whose memory clearly cannot fit (see the module docstring).
 
@@ -184,6 +189,8 @@ def check_lm_memory(
         ``run.autocast_dtype``: activations of two bytes an element.
     limit_gib : float, optional
         ``run.memory_limit_gib``: plan for no more than this.
+    sharded : bool
+        ``run.fsdp``: the agents' weights are sharded, so automatic chunked scoring is off.
 
     Raises
     ------
@@ -217,6 +224,9 @@ def check_lm_memory(
         scored = int(budget) if budget else (2 * tokens if budget is None else minibatch_size * tokens)
         per_token = activation_estimate(shape, element, bool(getattr(agent, "gradient_checkpointing", False)))
         logits = 3 * 4 * shape.vocab_size * (scored if budget else minibatch_size * tokens if budget == 0 else tokens)
+        chunks = getattr(agent, "score_chunk_tokens", 0)
+        if chunks or (chunks is None and not sharded):  # one chunk's logits at a time (the automatic size's bound)
+            logits = min(logits, 3 * AUTO_CHUNK_BYTES)
         scoring = 0 if name in frozen else state + per_token * scored + logits  # a frozen co-player only samples
         needed = weights + max(sampling, scoring)
         if needed <= free:
@@ -238,6 +248,8 @@ def check_lm_memory(
                 settings.append(f"{where}.gradient_checkpointing=true")
             if not autocast_dtype:
                 settings.append("run.autocast_dtype=bfloat16")
+            if getattr(agent, "score_chunk_tokens", None) == 0:
+                settings.append(f"{where}.score_chunk_tokens (0: all logits at once; null: automatic chunks)")
             advice = ", ".join(settings) or f"the model's size ({where}.pretrained_path)"
         if weights > free:  # nothing else can help
             advice = f"the models' sizes ({where}.pretrained_path, hidden_size, num_layers, vocab_size)"
@@ -300,9 +312,15 @@ def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tok
     return sum(seen.values()) / (2 * half)
 
 
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes that ``tensor`` takes on this rank: a sharded parameter's (DTensor's) local shard, else all of it."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
 def trainable_bytes(policy) -> int:
-    """Bytes of the update's state per trainable parameter: its gradient and Adam's two moments (float32)."""
-    return sum(p.numel() for p in policy.parameters() if p.requires_grad) * 3 * 4
+    """Bytes of the update's state per trainable parameter on this rank: its gradient and Adam's two moments (float32)."""
+    return sum(local_bytes(p) // p.element_size() for p in policy.parameters() if p.requires_grad) * 3 * 4
 
 
 def automatic_budget(per_token: float, free: int, reserved: int) -> int:

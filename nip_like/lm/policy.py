@@ -19,22 +19,27 @@ left-padded row gets the same logits as the same row unpadded.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from functools import partial
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nip_like.errors import ConfigError
 from nip_like.lm.decoding import cache_argument, forward_parameters, sampled_messages
 from nip_like.lm.micro_batches import micro_batches, scores_by_micro_batch
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding, trim_padding_columns
 from nip_like.lm.sampling import SamplingSettings
-from nip_like.lm.scoring import check_chunking, score_rows
+from nip_like.lm.scoring import check_chunking, score_rows, scores_in_chunks
 from nip_like.lm.static_decoding import DECODING_MODES, SAMPLING_DTYPES, Decoder
 from nip_like.lm.value import LMValueHead
+
+if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
 
 #: The policy, the helpers defined here, and the names that moved to the modules above (still importable from here).
 __all__ = [
@@ -110,8 +115,14 @@ class LMPolicy(nn.Module):
         and each chunk's logits are recomputed in the backward pass instead
         of kept, so the float32 logits (``rows x T x vocabulary``, three
         times over) are never held whole. For models whose logits are their
-        output embeddings applied to their last hidden state (checked once,
-        on the first scoring pass); None computes all logits at once.
+        output embeddings applied to their last hidden state (checked once by
+        a forward pass of two tokens: for a number when the policy is built,
+        which refuses another model; for the default at the first scoring
+        pass with gradients, see :attr:`chunkable`). None (the default): automatic, i.e.
+        in passes with gradients, chunks of at most 256 MiB of logits
+        (:func:`~nip_like.lm.scoring.auto_chunk_positions`) for a model that
+        allows it and is not sharded (:attr:`sharded`), all logits at once
+        otherwise (logged once); 0: all logits at once.
     deferred_lora : LoraOptions, optional
         LoRA adapters to add after the warm start (:meth:`after_warm_start`)
         instead of now.
@@ -172,8 +183,8 @@ class LMPolicy(nn.Module):
         if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
             raise ConfigError(f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}")
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        if score_chunk_tokens is not None and score_chunk_tokens < 1:
-            raise ConfigError(f"score_chunk_tokens must be at least 1, got {score_chunk_tokens}")
+        if score_chunk_tokens is not None and score_chunk_tokens < 0:
+            raise ConfigError(f"score_chunk_tokens must be at least 0 (0: all logits at once; null: automatic), got {score_chunk_tokens}")
         self.score_chunk_tokens = score_chunk_tokens
         if decoding not in DECODING_MODES:
             raise ConfigError(f"decoding must be one of {', '.join(DECODING_MODES)}, got {decoding!r}")
@@ -189,6 +200,9 @@ class LMPolicy(nn.Module):
         #: Whether every rank must run this policy's model the same number of times (its FSDP2 update,
         #: :mod:`nip_like.lm.sharding`): :meth:`evaluate` then takes as many micro-batches as the rank with most.
         self.lockstep = False
+        #: Whether the model's weights are sharded across ranks (FSDP2, :mod:`nip_like.lm.sharding`): its output
+        #: layer then cannot run apart from its forward pass, so automatic chunked scoring is off.
+        self.sharded = False
         #: The agent whose base model this policy's model shares (:mod:`nip_like.lm.shared_models`); None: its own.
         self.base_owner: Optional[str] = None
         #: Whether the model's base weights are no longer its folder's: LoRA adapters added after a warm start that
@@ -206,10 +220,11 @@ class LMPolicy(nn.Module):
         banned[len(tokenizer) :] = True
         # (vocab,) booleans on the model's device: the tokens that are never sampled.
         self.register_buffer("banned", banned, persistent=False)
-        if score_chunk_tokens is not None:  # a model that cannot be scored in chunks is refused now, before any work
-            with torch.no_grad():
-                probe = model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device), use_cache=False, output_hidden_states=True)
-            check_chunking(model, probe)
+        # Whether the logits are the output layer on the last hidden state (None: not probed yet; see chunkable).
+        self._chunkable: Optional[bool] = None
+        if score_chunk_tokens:  # a model that cannot be scored in chunks is refused now, before any work
+            check_chunking(model, self._probe_output())
+            self._chunkable = True
 
     @torch.no_grad()
     def sample(
@@ -331,6 +346,42 @@ class LMPolicy(nn.Module):
         """
         return self.evaluate(prompt_ids, prompt_mask, tokens, token_mask, with_log_probs=False, with_value=True)["value"]
 
+    def _probe_output(self):
+        """The model's output on two tokens, with its hidden states: what :func:`~nip_like.lm.scoring.check_chunking` compares."""
+        tokens = torch.zeros((1, 2), dtype=torch.long, device=self.banned.device)
+        with torch.no_grad():
+            return self.model(input_ids=tokens, use_cache=False, output_hidden_states=True)
+
+    @property
+    def chunkable(self) -> bool:
+        """Whether the model's logits are its output layer on its last hidden state, so that a message can be scored in chunks.
+
+        Probed once, by a forward pass of two tokens, when first asked (the
+        first scoring pass with gradients under the automatic setting); a model
+        that fails is scored with all its logits at once, which is logged once.
+        """
+        if self._chunkable is None:
+            self._chunkable = scores_in_chunks(self.model, self._probe_output())
+            if not self._chunkable:
+                log.info(
+                    "%s: the logits are not the output layer on the last hidden state; automatic chunked scoring is off "
+                    "(each scoring pass holds the message's logits whole)", type(self.model).__name__
+                )
+        return self._chunkable
+
+    def scoring_chunks(self) -> Optional[int | str]:
+        """How :meth:`evaluate`'s passes score a message: chunks of this many positions, ``"auto"`` or None (all at once).
+
+        ``score_chunk_tokens`` as given, with the automatic default resolved
+        for this model: ``"auto"`` (chunks sized per pass, with gradients only)
+        when its logits can be scored in chunks and its weights are not
+        sharded, None otherwise.
+        """
+        if self.score_chunk_tokens is None:
+            # Without gradients automatic scoring takes all logits at once: no need to probe the model.
+            return "auto" if not self.sharded and torch.is_grad_enabled() and self.chunkable else None
+        return self.score_chunk_tokens or None
+
     def evaluate(
         self,
         prompt_ids: torch.Tensor,
@@ -395,7 +446,7 @@ class LMPolicy(nn.Module):
             banned=self.banned,
             settings=self.settings,
             keeps_logits=self._keeps_logits,
-            score_chunk_tokens=self.score_chunk_tokens,
+            score_chunk_tokens=self.scoring_chunks(),
         )
         return scores_by_micro_batch(
             one_pass,

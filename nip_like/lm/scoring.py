@@ -7,7 +7,10 @@ the logits that predict the message give each token's log-probability under
 tokens were sampled from) and its entropy; the value head reads the last
 hidden state at the last real token. With ``score_chunk_tokens``, the logits
 are computed a chunk of positions at a time (:func:`chunked_scores`), so the
-float32 logits are never held whole.
+float32 logits are never held whole; ``"auto"`` (the default of an agent whose
+model allows it) does so in passes with gradients only, in chunks of at most
+:data:`AUTO_CHUNK_BYTES` of logits, since with gradients the last hidden state
+is kept for the backward pass anyway while without them it would be extra.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from nip_like.lm.padding import position_ids
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
 from nip_like.lm.value import LMValueHead
 
+#: Automatic chunking's limit on one chunk's float32 logits (rows x positions x vocabulary x 4 bytes): 256 MiB.
+AUTO_CHUNK_BYTES = 2**28
+
+
+def auto_chunk_positions(rows: int, vocab_size: int, message_length: int) -> int:
+    """Positions per chunk under automatic chunking: as many as keep a chunk's logits within :data:`AUTO_CHUNK_BYTES`."""
+    return max(1, min(message_length, AUTO_CHUNK_BYTES // max(1, rows * vocab_size * 4)))
+
 
 def score_rows(
     model: nn.Module,
@@ -39,7 +50,7 @@ def score_rows(
     banned: torch.Tensor,
     settings: SamplingSettings,
     keeps_logits: bool,
-    score_chunk_tokens: Optional[int],
+    score_chunk_tokens: Optional[int | str],
 ) -> dict[str, torch.Tensor]:
     """One teacher-forced pass over the given rows.
 
@@ -64,8 +75,10 @@ def score_rows(
         Temperature, top-k and top-p.
     keeps_logits : bool
         Whether the model's ``forward`` takes ``logits_to_keep``.
-    score_chunk_tokens : int, optional
-        Score this many positions at a time (:func:`chunked_scores`); None: all at once.
+    score_chunk_tokens : int or "auto", optional
+        Score this many positions at a time (:func:`chunked_scores`); ``"auto"``:
+        in chunks of :func:`auto_chunk_positions` when gradients are enabled,
+        all at once otherwise; None: all at once.
 
     Returns
     -------
@@ -77,6 +90,11 @@ def score_rows(
     attention_mask = torch.cat([prompt_mask, token_mask], dim=-1).long()
     positions = position_ids(attention_mask)
     shared_hidden = with_value and value_head.shared_body
+    if score_chunk_tokens == "auto":
+        vocab_size = banned.shape[0]
+        score_chunk_tokens = (
+            auto_chunk_positions(tokens.shape[0], vocab_size, message_length) if torch.is_grad_enabled() else None
+        )
     chunked = with_log_probs and score_chunk_tokens is not None
     result: dict[str, torch.Tensor] = {}
     if with_log_probs or shared_hidden:
@@ -147,8 +165,8 @@ def chunk_scores(
     return log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), entropy(log_probs)
 
 
-def check_chunking(model: nn.Module, output) -> None:
-    """Refuse ``score_chunk_tokens`` for a model whose logits are not its output layer on its last hidden state.
+def scores_in_chunks(model: nn.Module, output) -> bool:
+    """Whether ``model``'s logits are its output layer applied to its last hidden state (so it can be scored in chunks).
 
     Parameters
     ----------
@@ -156,18 +174,31 @@ def check_chunking(model: nn.Module, output) -> None:
         The causal LM.
     output
         Its output on a probe input, with ``output_hidden_states=True``.
+    """
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        if head is None:
+            return False
+        expected = output.logits[:, -1].float()
+        if expected.device.type == "meta":  # nothing to compare: a model on the meta device is only being laid out
+            return True
+        found = head(output.hidden_states[-1][:, -1]).float()
+    return found.shape == expected.shape and torch.allclose(found, expected, rtol=1e-4, atol=1e-4)
+
+
+def check_chunking(model: nn.Module, output) -> None:
+    """Refuse ``score_chunk_tokens`` for a model whose logits are not its output layer on its last hidden state.
+
+    The model and its probe output are those of :func:`scores_in_chunks`.
 
     Raises
     ------
     ConfigError
         If the logits differ from the output layer applied to the last hidden state.
     """
-    with torch.no_grad():
-        head = model.get_output_embeddings()
-        expected = output.logits[:, -1].float()
-        found = head(output.hidden_states[-1][:, -1]).float() if head is not None else None
-    if found is None or not torch.allclose(found, expected, rtol=1e-4, atol=1e-4):
+    if not scores_in_chunks(model, output):
         raise ConfigError(
             f"score_chunk_tokens: the logits of {type(model).__name__} are not its output layer applied to its "
-            "last hidden state (a soft cap or scale between them); set score_chunk_tokens=null"
+            "last hidden state (a soft cap or scale between them); set score_chunk_tokens=null (automatic: off for such a "
+            "model) or 0 (all logits at once)"
         )

@@ -100,6 +100,7 @@ class ShardedAgents:
                     self.units += shard_module(head.body, mesh)
                 self.units += shard_module(head.linear, mesh)
             policy.lockstep = True
+            policy.sharded = True
 
     @contextmanager
     def gathered(self) -> Iterator[None]:

@@ -333,6 +333,7 @@ class TensorDictTrainer(Trainer, ABC):
         check_lm_memory(
             agents, batch, int(trainer.get("minibatch_size", 1)), str(config.run.device),
             autocast_dtype=config.run.get("autocast_dtype"), limit_gib=config.run.get("memory_limit_gib"),
+            sharded=bool(config.run.get("fsdp", False)),
         )
         from nip_like.lm.server import check_sampler, check_server_sharing, probe_server, server_agents
 

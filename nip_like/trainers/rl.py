@@ -120,13 +120,15 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         self.pretrain_metrics = self.warm_start()
         # The initial policy, frozen: the common reference of objective/kl.
         self.reference_policy = ReferencePolicy(self.policy)
+        # A sharded agent's automatic token budget is probed before sharding (its passes are then collectives).
+        token_bytes = self.probe_token_bytes(sharded=True) if self.config.run.get("fsdp") and self.distributed.enabled else None
         self.sharded = self.shard_agents()
         self._build_loss()
         self._build_optimiser()
         self.opponent_pool = build_opponent_pool(self.trainer_config.opponent_pool, self)
         with self.whole_weights():  # the collector runs the policy once to read its outputs
             self._build_collection()
-        self.memory_metrics = self.set_token_budgets()
+        self.memory_metrics = self.set_token_budgets(token_bytes)
         self.buffer: TensorDictReplayBuffer | None = None
         self.state = TrainState()
         self.final_metrics: dict[str, float] = {}

@@ -9,6 +9,7 @@ sets the attributes the loop uses.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from torch import nn
 from torchrl.collectors import Collector
@@ -55,34 +56,68 @@ class RlBuildSteps(TensorDictTrainer):
         self.distributed.release_others()
         return ShardedAgents({name: self.policy.policy(name) for name in self.agent_names})
 
-    def set_token_budgets(self) -> dict[str, float]:
+    def probe_token_bytes(self, sharded: bool = False) -> dict[str, float]:
+        """Activation bytes that a token of each LM agent's update keeps, for the agents whose budget is automatic.
+
+        One probe pass per agent whose config leaves ``max_tokens_per_micro_batch``
+        null (:func:`~nip_like.lm.memory.activation_bytes_per_token`, under the
+        run's autocast). Sharded runs take it before sharding (``sharded``: a
+        forward pass of a sharded model is a collective); sharding splits the
+        weights, not a pass's activations, but it turns automatic chunked
+        scoring off, so the probe scores as the sharded agent will.
+        """
+        from nip_like.lm.memory import activation_bytes_per_token
+
+        configs = self.scenario.lm_agent_configs()
+        if not configs or not hasattr(self.policy, "policy"):
+            return {}
+        measured = {}
+        for name, (_, agent, _) in configs.items():
+            if agent.get("max_tokens_per_micro_batch") is not None:
+                continue
+            policy = self.policy.policy(name)
+            was_sharded, policy.sharded = policy.sharded, sharded or policy.sharded
+            try:
+                measured[name] = activation_bytes_per_token(policy, self.config.run.get("autocast_dtype"))
+            finally:
+                policy.sharded = was_sharded
+        return measured
+
+    def set_token_budgets(self, token_bytes: Optional[dict[str, float]] = None) -> dict[str, float]:
         """The build order's last step: each LM agent's automatic ``max_tokens_per_micro_batch``, from a probe pass.
 
         For every language-model agent whose config leaves the budget null,
         one probe pass measures the activation bytes a token of its update
-        keeps (:func:`~nip_like.lm.memory.activation_bytes_per_token`, under
-        the run's autocast), and the memory free on the device (at most
-        ``run.memory_limit_gib``), less every agent's gradients and optimiser
-        state, sets the budget (:func:`~nip_like.lm.memory.automatic_budget`).
-        A number in the config wins. Returns ``lm/memory/<agent>/...`` metrics
-        (logged with the first iteration); nothing for other agents or sharded ones.
+        keeps (:meth:`probe_token_bytes`; ``token_bytes`` when it was measured
+        before sharding), and the memory free on the device (at most
+        ``run.memory_limit_gib``; on the CPU, shared by the ranks of the
+        machine), less every agent's gradients and optimiser state (this
+        rank's shards when sharded), sets the budget
+        (:func:`~nip_like.lm.memory.automatic_budget`). A number in the config
+        wins. Returns ``lm/memory/<agent>/...`` metrics (logged with the first
+        iteration); nothing for other agents.
         """
-        from nip_like.lm.memory import activation_bytes_per_token, automatic_budget, available_memory, size, trainable_bytes
+        from nip_like.lm.memory import automatic_budget, available_memory, local_bytes, size, trainable_bytes
 
         configs = self.scenario.lm_agent_configs()
-        if not configs or self.sharded is not None or not hasattr(self.policy, "policy"):
+        if not configs or not hasattr(self.policy, "policy"):
             return {}
-        held = sum(t.numel() * t.element_size() for t in (*self.policy.parameters(), *self.policy.buffers()))
+        held = sum(local_bytes(t) for t in (*self.policy.parameters(), *self.policy.buffers()))
         available = available_memory(self.device, self.config.run.get("memory_limit_gib"), held)
+        if available is not None and self.device.type == "cpu" and self.distributed.local_world_size > 1:
+            # The ranks of one machine share its memory (a GPU is each rank's own).
+            available = (available[0] // self.distributed.local_world_size, f"{available[1]}, shared by {self.distributed.local_world_size} ranks")
         # Each trainable parameter once: one model playing several roles (share_policy_with) trains once.
         reserved = trainable_bytes(nn.ModuleList([self.policy.policy(name) for name in configs]))
         width = int(getattr(self.train_env, "prompt_length", 0)) + int(self.policy.message_tokens)
         metrics: dict[str, float] = {}
+        if token_bytes is None and available is not None:
+            token_bytes = self.probe_token_bytes()
         for name, (where, agent, _) in configs.items():
             policy = self.policy.policy(name)
             if agent.get("max_tokens_per_micro_batch") is not None or available is None:
                 continue
-            per_token = activation_bytes_per_token(policy, self.config.run.get("autocast_dtype"))
+            per_token = token_bytes[name]
             budget = automatic_budget(per_token, available[0], reserved)
             if budget < width:
                 raise ConfigError(
