@@ -65,13 +65,13 @@ def tiered(names: list[str], fast: list[str]) -> list:
     return [pytest.param(name, marks=() if name in fast else pytest.mark.slow) for name in names]
 
 
-def fast_trainers(names: list[str]) -> list[str]:
-    """Of trainer ``names``, those the fast tier trains: every standard objective and the first learning-aware trainer."""
+def fast_trainers(names: list[str], learning_aware: int = 1) -> list[str]:
+    """Of trainer ``names``, those the fast tier trains: every standard objective and the first ``learning_aware`` learning-aware trainers."""
     from nip_like.registry import TRAINERS
     from nip_like.trainers.learning_aware import LearningAwareTrainer
 
-    learning_aware = [name for name in names if issubclass(TRAINERS.get(name), LearningAwareTrainer)]
-    return [name for name in names if name not in learning_aware] + learning_aware[:1]
+    aware = [name for name in names if issubclass(TRAINERS.get(name), LearningAwareTrainer)]
+    return [name for name in names if name not in aware] + aware[:learning_aware]
 
 
 def make_config(*overrides: str) -> DictConfig:

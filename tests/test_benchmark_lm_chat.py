@@ -104,6 +104,7 @@ def test_smoke_run_reports_every_ratio(benchmark, tmp_path, capsys, monkeypatch)
     assert "Summary" in printed and "rollout_ratio" in printed and "Activation bytes per token" in printed
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_decoding_part_compares_the_paths_with_generate_against_the_copy_bandwidth(benchmark, tmp_path, capsys):
     results = benchmark.main(["--smoke", "--parts", "decoding", "--cache-dir", str(tmp_path / "cache"), "--skip-trl"])
     decoding = results["decoding"]

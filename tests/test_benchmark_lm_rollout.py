@@ -32,6 +32,7 @@ def benchmark():
         yield module
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_rollout_against_generate(benchmark, tmp_path, capsys):
     output = tmp_path / "rollout.json"
     result = benchmark.main([*TINY, "--output", str(output)])

@@ -102,7 +102,7 @@ class Interrupted(Exception):
 @pytest.mark.parametrize(
     "objective",
     [
-        (),
+        pytest.param((), marks=pytest.mark.slow),  # 2 s; test_reliability resumes a signalled run in the fast tier
         # DPO's moving reference (an EMA step every 3 iterations) and its count live in the loss's state.
         pytest.param(
             ("trainer=dpo", "trainer.objective.ref_sync_every=3", "trainer.objective.ref_mixup_alpha=0.5", "trainer.minibatch_size=4"),
@@ -143,6 +143,7 @@ def _interrupt_and_resume(tmp_path, monkeypatch, objective) -> None:
         assert read_csv_metric(tmp_path / "resumed", metric) == read_csv_metric(tmp_path / "reference", metric)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_resume_refuses_other_hyper_parameters_and_settings(tmp_path):
     run_experiment(smoke_config(), tmp_path)
     with pytest.raises(CheckpointError, match="hyper-parameters differ"):

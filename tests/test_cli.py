@@ -85,6 +85,7 @@ def test_bad_config_exits_with_status_2_and_one_line(tmp_path, override, fragmen
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_bad_checkpoints_give_one_line_and_lose_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = smoke_config()

@@ -298,6 +298,7 @@ def test_a_text_trainer_iteration_runs_end_to_end_with_a_local_model_folder(cach
     assert record["turns"][0]["chat"][1]["content"].startswith("## Problem")
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_a_text_trainer_iteration_runs_through_an_openai_compatible_server(cache, tmp_path):
     def reply(body: dict) -> str:
         system = body["messages"][0]["content"]

@@ -96,6 +96,7 @@ def test_main_job_default_is_the_graph_isomorphism_quick_preset():
     assert "max_rounds" not in make_config("preset=quick", "protocol=adp").protocol
 
 
+@pytest.mark.slow  # a composition per registered component (about 4 s in all): the fast tier keeps tests under ~0.8 s
 @pytest.mark.parametrize("kind", sorted(REGISTRIES))
 def test_schema_defaults_are_the_defaults_in_effect(kind):
     """No YAML repeats or changes a schema's default: each component's composed section equals its schema."""

@@ -273,6 +273,7 @@ def test_preference_trainers_run_end_to_end_and_log_trl_names(tmp_path, trainer,
     assert metrics["test/reward"] == pytest.approx(sum(agents) / 2)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_pairs_of_episodes_of_different_lengths_train(tmp_path):
     # Graph isomorphism's episodes end when the verifier decides: a pair's two episodes, and the longest episode
     # of one iteration and the next, differ in length (the sides are padded alike; the buffer is rebuilt).

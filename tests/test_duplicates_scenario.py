@@ -205,7 +205,9 @@ RL_TRAINERS = [
 ]
 
 
-@pytest.mark.parametrize("trainer", tiered(RL_TRAINERS, fast=fast_trainers(RL_TRAINERS)))
+#: The fast tier trains two standard objectives (test_gi_scenario trains each of them fast on graph agents); the full
+#: run trains them all, the learning-aware trainers too.
+@pytest.mark.parametrize("trainer", tiered(RL_TRAINERS, fast=fast_trainers(RL_TRAINERS, learning_aware=0)[:2]))
 def test_every_objective_trains_lm_agents(tmp_path, trainer):
     group = ["trainer.group_size=4"]  # for the objectives that compare episodes; the others do not mind
     config = lm_smoke_config(
@@ -247,6 +249,7 @@ def test_best_agents_reload_with_from_pretrained_and_reproduce_the_dev_metric(tm
     assert metrics["eval/reward"] == pytest.approx(trainer.state.best_metric, abs=1e-6)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_evaluations_and_the_test_write_readable_transcripts(tmp_path):
     import json
 
@@ -286,6 +289,7 @@ def test_per_agent_pretraining_epochs_are_checked_and_used(tmp_path):
         build_trainer(bad, tmp_path / "run")
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_per_agent_restarts_fit_that_agent_again_and_leave_the_others_cache_keys(tmp_path):
     from nip_like.checkpoint import load_checked
     from nip_like.pretrain import pretrain_key
@@ -366,6 +370,7 @@ def test_per_agent_pretraining_learning_rates_are_checked_and_keep_other_agents_
         build_trainer(bad, tmp_path / "run")
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_early_stopping_on_the_dev_metric_stops_an_lm_run_and_tests_the_best_agents(tmp_path):
     config = lm_smoke_config(
         tmp_path, "trainer.num_iterations=20", "trainer.eval.every=1", "trainer.eval.early_stopping_patience=1",
@@ -379,6 +384,7 @@ def test_early_stopping_on_the_dev_metric_stops_an_lm_run_and_tests_the_best_age
     assert metrics["test/episodes"] == 64
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_solo_agent_trainer_fine_tunes_an_lm_agent_on_its_demonstrations(tmp_path):
     from nip_like.lm.pretrain import held_out_scores
 
@@ -398,6 +404,7 @@ def test_the_solo_agent_trainer_fine_tunes_an_lm_agent_on_its_demonstrations(tmp
                                       "protocol=debate"), tmp_path / "bad").train()
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_transcripts_also_go_to_the_loggers_text_channel(tmp_path):
     run_experiment(
         lm_smoke_config(tmp_path, "logger=csv", "trainer.eval.every=2", "trainer.eval.transcripts=3", *DEV_EVAL),

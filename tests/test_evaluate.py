@@ -30,7 +30,7 @@ def graph_config(tmp_path, *overrides):
     "kind",
     tiered(
         ["hidden_bits", "graph_isomorphism", "graph_isomorphism_best", "solo_agent", "language_models"],
-        fast=["hidden_bits", "language_models"],
+        fast=["hidden_bits"],
     ),
 )
 def test_the_tested_checkpoint_reproduces_the_logged_test_metrics(tmp_path, kind):

@@ -107,6 +107,7 @@ def test_a_from_config_lora_run_exports_to_folders_that_give_its_logits(lora_run
         assert check_manifest(exported)  # an exported folder is checked when a run starts from it
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_folders_of_older_runs_without_their_base_export_with_the_base_rebuilt(lora_run, run_logits, tmp_path):
     # As nip_like wrote a from-config LoRA agent before: no base/, no manifest, and no base named.
     run = tmp_path / "run"

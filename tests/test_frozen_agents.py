@@ -169,6 +169,7 @@ def test_adapters_added_after_a_full_warm_start_are_saved_with_their_base(chat_m
     torch.testing.assert_close(logits(frozen_run.policy.policy("verifier").model), live, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_with_a_frozen_first_agent_each_gradient_norm_is_logged_under_its_own_agent(earlier_run, tmp_path):
     folder, run = earlier_run
     config = chat_config(folder, tmp_path, "scenario.default_agent.lora.r=4", f"+scenario.agents.prover={{frozen_from: {run}, max_new_tokens: 12}}")

@@ -62,6 +62,7 @@ def decided_correctly(probe, num_episodes: int = 64) -> tuple[torch.Tensor, torc
     return accepted, accepted == torch.tensor(isomorphic), decisions["state", "round"] + 1
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_test_rollouts_play_each_datapoint_side_by_side(tmp_path, cache_dir):
     trainer = build_trainer(gi_config(cache_dir, "protocol=nip", "trainer.test_rollouts=4"), tmp_path)
     episodes = trainer.play_test_episodes()
@@ -72,7 +73,7 @@ def test_test_rollouts_play_each_datapoint_side_by_side(tmp_path, cache_dir):
     assert metrics["test/episodes_per_datapoint"] >= 4 and 0 <= metrics["test/always_wrong"] <= 1
 
 
-@pytest.mark.parametrize("protocol", tiered(PROTOCOLS, fast=PROTOCOLS[:3]))  # the first three registered in the fast tier
+@pytest.mark.parametrize("protocol", tiered(PROTOCOLS, fast=PROTOCOLS[:1]))  # the first registered in the fast tier
 def test_every_protocol_trains_end_to_end_under_ppo(tmp_path, cache_dir, protocol, run_probe):
     # Protocols whose schema limits the rounds get four (the others have fixed turns or their own count).
     takes_turns = "max_rounds" in {field.name for field in dataclasses.fields(REGISTERED_PROTOCOLS.entry(protocol).schema)}
@@ -217,6 +218,7 @@ def test_pretraining_fits_once_then_loads_from_the_cache(tmp_path, cache_dir):
     assert rebuilt.pretrain_metrics["pretrain/verifier/from_cache"] == 0.0
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_keep_best_pretraining_keeps_the_weights_of_its_reported_validation_accuracy(tmp_path, cache_dir):
     from nip_like.pretrain import agent_data, held_out_accuracy, split_data
 
@@ -230,6 +232,7 @@ def test_keep_best_pretraining_keeps_the_weights_of_its_reported_validation_accu
     assert held_out_accuracy(trainer.scenario, trainer.agent_modules, "verifier", val) == pytest.approx(kept)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_pretraining_restarts_keep_the_best_fit_and_leave_the_global_generators_alone(tmp_path, cache_dir):
     from nip_like.checkpoint import load_checked
 
@@ -289,8 +292,8 @@ def test_decision_and_message_entropies_closed_form(tmp_path, cache_dir):
 OBJECTIVES = [name for name in TRAINERS.names(subclass_of=TensorDictRlTrainer) if name != "ppo"]
 
 
-#: The fast tier trains one learning-aware trainer beside the standard objectives; the full run trains them all.
-@pytest.mark.parametrize("trainer", tiered(OBJECTIVES, fast=fast_trainers(OBJECTIVES)))
+#: The fast tier trains the standard objectives (test_learning_aware and test_device_guard train a learning-aware trainer fast); the full run trains them all.
+@pytest.mark.parametrize("trainer", tiered(OBJECTIVES, fast=fast_trainers(OBJECTIVES, learning_aware=0)))
 def test_every_objective_trains_end_to_end_on_graph_isomorphism(tmp_path, cache_dir, trainer, run_probe):
     config = gi_config(cache_dir, f"trainer={trainer}", "protocol=nip", "protocol.max_rounds=4", "logger=csv")
     metrics = run_experiment(config, tmp_path)
@@ -395,6 +398,7 @@ def test_protocol_results_time_to_target_and_claims(tmp_path):
         script.main(["--require", "nip:0.85", "--out", str(tmp_path / "none")])
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_protocol_results_plots_the_curves_each_protocol_logs(tmp_path):
     import json
 

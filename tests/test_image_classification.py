@@ -419,6 +419,7 @@ def test_every_rl_trainer_runs_on_it(tmp_path, cache_dir, trainer):
     assert "test/accuracy" in metrics
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_solo_agent_and_the_warm_start_run(tmp_path, cache_dir):
     solo = ("trainer=solo_agent", "scenario.verifier_view=full")
     metrics = run_experiment(ic_config(cache_dir, *solo, protocol="solo_verifier"), tmp_path / "solo")

@@ -302,6 +302,7 @@ def test_agents_without_second_derivatives_are_refused_in_one_line(tmp_path, mon
         build_trainer(smoke_config("trainer=lola", *MATRIX), tmp_path / "declared")
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_protocols_declare_who_leads():
     assert len(LEARNING_AWARE) == 6  # SPG, LOLA, SOS and their PPO-clipped forms
     from nip_like.experiment import build_protocol

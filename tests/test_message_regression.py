@@ -80,6 +80,7 @@ def test_bad_inputs_are_refused_in_one_line():
         fit_and_score("p", "vector", torch.zeros(1, 2), torch.ones(1, dtype=torch.bool), torch.ones(1, dtype=torch.bool), FAST)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_command_regresses_a_graph_isomorphism_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = smoke_config(

@@ -35,6 +35,7 @@ def assert_none_repeated(counts: Counter) -> None:
     assert not repeated, f"warnings shown more than once: {repeated}"
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_a_graph_run_shows_no_warning_twice(tmp_path):
     config = smoke_config(
         "scenario=graph_isomorphism",

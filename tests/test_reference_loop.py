@@ -65,6 +65,7 @@ def identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_plain_loop_ends_with_the_frameworks_parameters_bit_for_bit(tmp_path, plain_ppo_loop):
     config = make_config(*SMALL)
     framework = framework_parameters(config, tmp_path)

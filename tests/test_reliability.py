@@ -49,7 +49,8 @@ def default_sigint():
     finally:
         signal.signal(signal.SIGINT, previous)
 
-SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
+#: SIGTERM in the fast tier, SIGINT too in the full run.
+SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.slow), pytest.param(signal.SIGTERM, id="SIGTERM")]
 
 
 # ------------------------------------------------------------------ helpers
@@ -299,6 +300,7 @@ def test_a_signal_in_the_test_loop_stops_it_and_resume_tests_again(tmp_path, mon
     assert_one_row_per_step(run_dir, 2)
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_solo_agent_loop_stops_on_a_signal_too(tmp_path, monkeypatch):
     overrides = (
         "scenario=graph_isomorphism", "scenario.num_pairs=80", "scenario.min_nodes=7", "scenario.max_nodes=8",
@@ -324,6 +326,7 @@ def test_the_solo_agent_loop_stops_on_a_signal_too(tmp_path, monkeypatch):
     assert run_experiment(smoke_config(*overrides), run_dir, resume=True) == reference
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "run"
     overrides = ("trainer.num_iterations=3", "run.checkpoint_every=0", "trainer.eval.every=0", "logger=csv")

@@ -46,7 +46,7 @@ def trained_state(trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(
     "objective",
     [
-        pytest.param(("trainer=ppo",), id="ppo"),
+        pytest.param(("trainer=ppo",), id="ppo", marks=pytest.mark.slow),  # 5 s: every case is in the slow tier
         pytest.param(("trainer=grpo", "trainer.group_size=2"), id="grpo", marks=pytest.mark.slow),
         pytest.param(("trainer=dpo", "trainer.group_size=2", "trainer.minibatch_size=4"), id="dpo", marks=pytest.mark.slow),
         # Recomputation in the backward pass (gradient checkpointing, micro-batches of at most two 172-token sequences).

@@ -23,7 +23,7 @@ def one_policy(folder, tmp_path, *overrides: str, lora: int = 4):
     )
 
 
-@pytest.mark.parametrize("lora", [4, pytest.param(0, marks=pytest.mark.slow)], ids=["lora", "full"])
+@pytest.mark.parametrize("lora", [pytest.param(4, marks=pytest.mark.slow), pytest.param(0, marks=pytest.mark.slow)], ids=["lora", "full"])  # 2 s and more
 def test_one_model_plays_both_roles_and_trains_on_both_roles_tokens(chat_model, tmp_path, lora):
     folder = chat_model("qwen2")
     trainer = experiment.build_trainer(one_policy(folder, tmp_path, "trainer.num_iterations=2", lora=lora), tmp_path / "run")
@@ -61,6 +61,7 @@ def test_one_model_plays_both_roles_and_trains_on_both_roles_tokens(chat_model, 
     assert all(not torch.equal(head.linear.weight, old) for head, old in zip((prover.value_head, verifier.value_head), heads))
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_advantages_are_normalised_per_role_as_by_hand(chat_model, tmp_path, monkeypatch):
     folder = chat_model("qwen2")
     trainer = experiment.build_trainer(one_policy(folder, tmp_path), tmp_path / "run")
@@ -130,6 +131,7 @@ def test_the_owners_warm_start_fits_every_role_and_both_play_the_adapters_added_
     trainer.train()
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_model_trains_in_its_owners_group_whichever_agent_comes_first(chat_model, tmp_path):
     folder = chat_model("qwen2")
     config = chat_config(

@@ -176,6 +176,7 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_sft_learns_the_assistant_replies_only(tmp_path, model_folder):
     data = write_jsonl(tmp_path / "sft.jsonl", sft_records(48))
     steps = []

@@ -152,6 +152,7 @@ TEXT_RUN = (
 )
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_a_server_failing_mid_run_stops_it_in_one_line_keeps_its_files_and_resumes(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     with fake_server("ok") as server:

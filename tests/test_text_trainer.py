@@ -50,6 +50,14 @@ def config(*overrides: str):
     return compose_config([*TINY, *overrides])
 
 
+@pytest.fixture(scope="module")
+def keep_all_run(tmp_path_factory) -> tuple[Path, dict]:
+    """A finished run of ``config(KEEP_ALL)`` and its test metrics (read only): the reference of the resume and retry tests."""
+    run_dir = tmp_path_factory.mktemp("keep_all") / "run"
+    return run_dir, run_experiment(config(KEEP_ALL), run_dir)
+
+
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_text_trainers_loop_is_their_own_the_rl_loops_fields_are_refused_and_not_in_the_run_id(tmp_path):
     loop = config().trainer
     assert "num_envs" not in loop and "optimizer" not in loop and "frames_per_batch" not in loop
@@ -69,9 +77,8 @@ def test_on_the_command_line_a_field_the_text_loop_does_not_have_is_one_line():
 
 
 @pytest.mark.slow
-def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(tmp_path):
-    run_dir = tmp_path / "run"
-    metrics = run_experiment(config(KEEP_ALL), run_dir)
+def test_a_run_goes_through_every_stage_and_leaves_a_readable_folder(keep_all_run):
+    run_dir, metrics = keep_all_run
     assert set(metrics) >= {"test/accuracy", "test/agents/verifier/reward", "test/decided"}
     state = json.loads((run_dir / "checkpoints" / "state.json").read_text())
     assert state["iteration"] == 2 and state["stage"] == "final_test"
@@ -115,8 +122,8 @@ def stop_after_stages(monkeypatch, count: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, monkeypatch):
-    reference = run_experiment(config(KEEP_ALL), tmp_path / "reference")
+def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, monkeypatch, keep_all_run):
+    reference_dir, reference = keep_all_run
     run_dir = tmp_path / "run"
     stages_seen = []
     # The warm start, the five stages of the first iteration, then sampling, statistics and the test of the
@@ -135,13 +142,11 @@ def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, m
     # per iteration.
     for job in (run_dir / "fine_tune").iterdir():
         assert len(attempts(job)) == 1, job
-    assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == (
-        tmp_path / "reference" / "rollouts" / "iteration_0000.jsonl"
-    ).read_text()
+    assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == (reference_dir / "rollouts" / "iteration_0000.jsonl").read_text()
 
 
 @pytest.mark.slow
-def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollouts(tmp_path, monkeypatch):
+def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollouts(tmp_path, monkeypatch, keep_all_run):
     run_dir = tmp_path / "run"
     original = SubmititFineTuneBackend.submit
 
@@ -164,7 +169,7 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
     rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text()
     monkeypatch.undo()
     metrics = run_experiment(config(KEEP_ALL), run_dir, resume=True)
-    assert metrics == run_experiment(config(KEEP_ALL), tmp_path / "reference")
+    assert metrics == keep_all_run[1]
     assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == rollouts
     assert len(attempts(log.parent)) == 2  # the retry ran the job again, with a log of its own
 
@@ -244,6 +249,7 @@ def test_malt_pairs_the_better_sibling_over_the_worse_for_dpo(tmp_path):
         assert pair["chosen"][0]["content"] == sound != pair["rejected"][0]["content"]
 
 
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_a_jobs_seed_hangs_on_the_seed_and_its_place_in_the_run_not_on_the_run_id(tmp_path):
     # Runs whose ids differ (another length, a scenario cache elsewhere) train their shared jobs the same way.
     specs = {}

@@ -221,6 +221,7 @@ def test_zero_knowledge_metrics_closed_form():
 
 
 # ----------------------------------------------------------------- training
+@pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_zk_nip_trains_on_graph_isomorphism_under_ppo(tmp_path, cache_dir, run_probe):
     metrics = run_experiment(gi_config(cache_dir, "logger=csv"), tmp_path)
     assert run_probe.changed() == {"prover", "verifier", ADVERSARIAL_VERIFIER, SIMULATOR}  # PPO updated every agent
