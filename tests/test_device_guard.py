@@ -100,6 +100,38 @@ def test_a_policy_built_around_a_model_on_another_device_keeps_everything_there(
     assert not elsewhere, f"not on the model's device: {elsewhere}"
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_sharded_agent_keeps_every_shard_and_buffer_on_its_models_device(chat_model, tmp_path, lora):
+    """FSDP2 as ``run.fsdp`` applies it (nip_like.lm.sharding.shard_module: each decoder layer, the model, the value head's
+    body and linear layer), on a model on the meta device standing in for a GPU: no shard or buffer lands elsewhere."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nip_like.lm.lora import LoraOptions, add_lora
+    from nip_like.lm.models import LMAgentConfig, build_lm
+    from nip_like.lm.policy import LMPolicy
+    from nip_like.lm.sharding import is_sharded, shard_module
+    from nip_like.lm.value import LMValueHead
+
+    model, tokenizer = build_lm(LMAgentConfig(pretrained_path=str(chat_model("qwen2"))))
+    if lora:
+        model = add_lora(model, LoraOptions(r=4))
+    model = model.to("meta")
+    policy = LMPolicy(model, tokenizer, max_new_tokens=4, value_head=LMValueHead.for_model(model, shared_body=False))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for module in (policy.model, policy.value_head.body, policy.value_head.linear):
+            shard_module(module, mesh)
+        tensors = {**dict(policy.named_parameters()), **dict(policy.named_buffers())}
+        assert any(is_sharded(tensor) for tensor in tensors.values())
+        local = {name: tensor.to_local() if is_sharded(tensor) else tensor for name, tensor in tensors.items()}
+        elsewhere = sorted(name for name, tensor in local.items() if tensor.device.type != "meta")
+        assert not elsewhere, f"not on the model's device: {elsewhere}"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_an_agent_left_out_of_a_step_gets_a_norm_on_its_own_device():
     """torch's norm of an empty gradient list is a CPU tensor; the step's norms must stack with the others' (meta here)."""
     from nip_like.trainers.update import optimizer_step
