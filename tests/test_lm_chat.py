@@ -197,6 +197,9 @@ def test_automatic_chunks_score_with_gradients_only_and_bound_a_chunks_logits(ch
     monkeypatch.setattr(scoring, "AUTO_CHUNK_BYTES", 5 * policy.banned.shape[0] * 4 * 3)  # room for 3 positions of the 5 rows
     policy.evaluate(prompts, mask, tokens, token_mask)
     assert chunks == [7, 3]
+    # A pass whose messages have no positions (a micro-batch trimmed to its prompts) has nothing to chunk.
+    empty = policy.evaluate(prompts, mask, tokens[:, :0], token_mask[:, :0])
+    assert empty["token_log_probs"].shape == (5, 0) and chunks == [7, 3]
 
 
 def test_scoring_in_chunks_is_refused_when_the_policy_is_built(chat_model, monkeypatch):

@@ -95,7 +95,7 @@ def score_rows(
         score_chunk_tokens = (
             auto_chunk_positions(tokens.shape[0], vocab_size, message_length) if torch.is_grad_enabled() else None
         )
-    chunked = with_log_probs and score_chunk_tokens is not None
+    chunked = with_log_probs and score_chunk_tokens is not None and message_length > 0  # no positions: nothing to chunk
     result: dict[str, torch.Tensor] = {}
     if with_log_probs or shared_hidden:
         extra = {}
