@@ -35,6 +35,7 @@ import torch
 from nip_like.errors import ConfigError
 from nip_like.lm.scoring import AUTO_CHUNK_BYTES
 from nip_like.lm.shared_models import base_owners, policy_owners
+from nip_like.lm.sharding import is_sharded
 
 GIB = 1024**3
 #: Bytes of one element of each parameter dtype an agent may use.
@@ -224,7 +225,7 @@ def check_lm_memory(
         scored = int(budget) if budget else (2 * tokens if budget is None else minibatch_size * tokens)
         per_token = activation_estimate(shape, element, bool(getattr(agent, "gradient_checkpointing", False)))
         logits = 3 * 4 * shape.vocab_size * (scored if budget else minibatch_size * tokens if budget == 0 else tokens)
-        chunks = getattr(agent, "score_chunk_tokens", 0)
+        chunks = getattr(agent, "score_chunk_tokens", 0)  # an agent without the option keeps its logits whole
         if chunks or (chunks is None and not sharded):  # one chunk's logits at a time (the automatic size's bound)
             logits = min(logits, 3 * AUTO_CHUNK_BYTES)
         scoring = 0 if name in frozen else state + per_token * scored + logits  # a frozen co-player only samples
@@ -248,7 +249,7 @@ def check_lm_memory(
                 settings.append(f"{where}.gradient_checkpointing=true")
             if not autocast_dtype:
                 settings.append("run.autocast_dtype=bfloat16")
-            if getattr(agent, "score_chunk_tokens", None) == 0:
+            if chunks == 0 and hasattr(agent, "score_chunk_tokens"):
                 settings.append(f"{where}.score_chunk_tokens (0: all logits at once; null: automatic chunks)")
             advice = ", ".join(settings) or f"the model's size ({where}.pretrained_path)"
         if weights > free:  # nothing else can help
@@ -314,7 +315,7 @@ def activation_bytes_per_token(policy, autocast_dtype: Optional[str] = None, tok
 
 def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes that ``tensor`` takes on this rank: a sharded parameter's (DTensor's) local shard, else all of it."""
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    local = tensor.to_local() if is_sharded(tensor) else tensor
     return local.numel() * local.element_size()
 
 

@@ -121,7 +121,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         # The initial policy, frozen: the common reference of objective/kl.
         self.reference_policy = ReferencePolicy(self.policy)
         # A sharded agent's automatic token budget is probed before sharding (its passes are then collectives).
-        token_bytes = self.probe_token_bytes(sharded=True) if self.config.run.get("fsdp") and self.distributed.enabled else None
+        token_bytes = self.probe_token_bytes(sharded=True) if self.runs_sharded else None
         self.sharded = self.shard_agents()
         self._build_loss()
         self._build_optimiser()

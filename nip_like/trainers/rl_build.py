@@ -44,13 +44,18 @@ class RlBuildSteps(TensorDictTrainer):
             }
         )
 
+    @property
+    def runs_sharded(self) -> bool:
+        """Whether this run shards its LM agents over the ranks (``run.fsdp`` under torchrun): :meth:`shard_agents` does."""
+        return bool(self.config.run.get("fsdp")) and self.distributed.enabled
+
     def shard_agents(self) -> ShardedAgents | None:
         """The build order's FSDP2 step (``run.fsdp``): shard the LM agents over the ranks, after the reference is taken.
 
         None when the run does not shard (the default). The optimiser is built
         after this step, on the sharded parameters.
         """
-        if not self.config.run.get("fsdp") or not self.distributed.enabled:
+        if not self.runs_sharded:
             return None
         # Rank 0 builds first (it writes the caches); from here on the build needs every rank at once.
         self.distributed.release_others()
