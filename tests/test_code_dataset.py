@@ -369,10 +369,15 @@ def bad(record: dict, **changes) -> dict:
         (bad(CALL_RECORD, input_output={"inputs": [3], "outputs": ["3"]}),
          r"line 2: field 'input_output.inputs\[0\]' must be text"),
         (bad(STDIN_RECORD), r"line 2: problem_id '7' is already used"),
+        (bad(CALL_RECORD, input_output={"fn_name": "double", "inputs": [[[1]], [[2]]], "outputs": [3, None]}),
+         r"line 2: field 'input_output.outputs\[1\]' is null: every test needs the answer it expects \(1 of 2"),
+        (b"\xff\xfe{}".decode("latin-1"), r"line 2 is not UTF-8 text"),
     ],
 )
 def test_a_bad_buggy_apps_line_is_refused_naming_the_line_and_the_field(tmp_path, line, message):
     path = write_lines(tmp_path / "apps.jsonl", [STDIN_RECORD, line])
+    if "UTF-8" in message:  # written as bytes that are not UTF-8
+        path.write_bytes(path.read_text().encode("latin-1"))
     with pytest.raises(DatasetFileError, match=rf"^{re.escape(str(tmp_path))}/apps.jsonl {message}[^\n]*$"):
         read_buggy_apps(path)
 
@@ -383,6 +388,58 @@ def test_an_empty_or_missing_buggy_apps_file_is_refused(tmp_path):
         read_buggy_apps(tmp_path / "empty.jsonl")
     with pytest.raises(DatasetFileError, match="cannot read the Buggy-APPS file"):
         load_buggy_apps(tmp_path / "missing.jsonl")
+
+
+def test_a_buggy_apps_file_without_programs_is_refused_saying_so(tmp_path):
+    path = write_lines(tmp_path / "apps.jsonl", [bad(CALL_RECORD, solutions=[], buggy_solutions="[]")] * 1)
+    with pytest.raises(DatasetFileError) as error:
+        read_buggy_apps(path)
+    assert str(error.value) == (
+        f"the Buggy-APPS file {path} holds 1 problems but no program: the fields 'solutions' and 'buggy_solutions' "
+        "are empty on every line"
+    )
+    assert "num_problems" not in str(error.value)
+
+
+def test_a_buggy_apps_line_or_file_over_its_size_limit_is_refused_before_it_is_held(tmp_path, monkeypatch):
+    from nip_like.scenarios.code_validation import buggy_apps
+
+    monkeypatch.setattr(buggy_apps, "MAX_LINE_BYTES", 300)
+    long_question = bad(CALL_RECORD, question="x" * 400)
+    path = write_lines(tmp_path / "apps.jsonl", [CALL_RECORD, long_question])
+    assert len(json.dumps(CALL_RECORD)) <= 300  # the first line fits
+    read_lines = []
+    real_readline = buggy_apps._numbered_lines
+
+    def counting(path):
+        for number, line in real_readline(path):
+            read_lines.append(len(line))
+            yield number, line
+
+    monkeypatch.setattr(buggy_apps, "_numbered_lines", counting)
+    with pytest.raises(DatasetFileError, match=rf"^{re.escape(str(path))} line 2 is over the limit of 0.000286102 MiB "
+                                              r"\(MAX_LINE_BYTES in nip_like.scenarios.code_validation.buggy_apps\)$"):
+        read_buggy_apps(path)
+    assert max(read_lines) <= 300
+    monkeypatch.setattr(buggy_apps, "MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(buggy_apps, "MAX_FILE_BYTES", 100)
+    with pytest.raises(DatasetFileError, match=r"the Buggy-APPS file .*apps.jsonl \(0.0 MiB\) is over the limit .*MAX_FILE_BYTES"):
+        read_buggy_apps(path)
+    assert buggy_apps.file_sha256(path) == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_buggy_apps_file_whose_solutions_all_fail_is_refused_naming_the_problem(tmp_path):
+    wrong_outputs = bad(CALL_RECORD, problem_id="wrong",
+                        input_output={"fn_name": "double", "inputs": [[[1, 2]]], "outputs": [[[1, 2, 1, 2]]]})
+    path = write_lines(tmp_path / "apps.jsonl", [STDIN_RECORD, wrong_outputs])
+    with pytest.raises(DatasetFileError) as error:
+        label_buggy_apps(path, BuggyAppsSpec(test_time_limit=0.5, time_limit=2.0))
+    assert str(error.value).startswith(
+        f"{path}: problem 'wrong': none of its 1 solutions passes its own tests (the first: test 0: wrong answer"
+    )
+    assert str(error.value).endswith("1 of 2 problems with solutions fail so") and "\n" not in str(error.value)
+    # Trusting the file runs nothing and checks nothing.
+    assert len(label_buggy_apps(path, BuggyAppsSpec(label_by="field"))) == 6
 
 
 def test_the_package_imports_nothing():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +26,16 @@ from nip_like.scenarios.datasets import DatasetFileError, DatasetSpec, is_real
 
 #: The fields every line of a Buggy-APPS file has.
 BUGGY_APPS_FIELDS = ("question", "solutions", "buggy_solutions", "input_output")
+
+#: The largest Buggy-APPS file read, in bytes (1 GiB); a larger one is refused before any line is read.
+MAX_FILE_BYTES = 1 << 30
+
+#: The longest line of a Buggy-APPS file, in bytes (16 MiB, the newline not counted); a longer one is
+#: refused once that much of it is read, so that reading a file never holds more than one such line.
+MAX_LINE_BYTES = 16 << 20
+
+#: How much of a file :func:`file_sha256` reads at once.
+_HASH_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,13 @@ def _tests_of(record: Mapping[str, Any], where: str) -> tuple[list[Any], list[An
         )
     if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
         raise DatasetFileError(f"{where}: field 'input_output.fn_name' must be a function name, got {fn_name!r}")
+    if fn_name is not None:
+        missing = [position for position, item in enumerate(outputs) if item is None]
+        if missing:
+            raise DatasetFileError(
+                f"{where}: field 'input_output.outputs[{missing[0]}]' is null: every test needs the answer it expects "
+                f"({len(missing)} of {len(outputs)} are null)"
+            )
     if fn_name is None:
         for key, items in (("inputs", inputs), ("outputs", outputs)):
             for position, item in enumerate(items):
@@ -117,6 +134,49 @@ def _tests_of(record: Mapping[str, Any], where: str) -> tuple[list[Any], list[An
     return inputs, outputs, fn_name
 
 
+def _size_refusal(what: str, limit: int, constant: str) -> str:
+    """The one line refusing ``what`` for being over ``limit`` bytes, the module constant named ``constant``."""
+    return f"{what} is over the limit of {limit / 2**20:g} MiB ({constant} in {__name__})"
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Each line of ``path`` with its number (from 1), decoded; at most :data:`MAX_LINE_BYTES` held at once.
+
+    Raises
+    ------
+    DatasetFileError
+        If the file cannot be read, is over :data:`MAX_FILE_BYTES`, or has a
+        line over :data:`MAX_LINE_BYTES` or one that is not UTF-8 text.
+    """
+    try:
+        size = path.stat().st_size
+        handle = path.open("rb")
+    except OSError as error:
+        raise DatasetFileError(f"cannot read the Buggy-APPS file {path} ({error.strerror or error})") from None
+    with handle:
+        if size > MAX_FILE_BYTES:
+            raise DatasetFileError(
+                _size_refusal(f"the Buggy-APPS file {path} ({size / 2**20:.1f} MiB)", MAX_FILE_BYTES, "MAX_FILE_BYTES")
+            )
+        number = 0
+        while True:
+            try:
+                raw = handle.readline(MAX_LINE_BYTES + 1)
+            except OSError as error:
+                raise DatasetFileError(f"cannot read the Buggy-APPS file {path} ({error.strerror or error})") from None
+            if not raw:
+                return
+            number += 1
+            raw = raw.removesuffix(b"\n")
+            if len(raw) > MAX_LINE_BYTES:
+                raise DatasetFileError(_size_refusal(f"{path} line {number}", MAX_LINE_BYTES, "MAX_LINE_BYTES"))
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DatasetFileError(f"{path} line {number} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+            yield number, line
+
+
 def read_buggy_apps(path: Path) -> list[tuple[CodeProblem, list[str], list[str]]]:
     """Read and check a JSONL file in the Buggy-APPS layout, without running anything.
 
@@ -125,8 +185,9 @@ def read_buggy_apps(path: Path) -> list[tuple[CodeProblem, list[str], list[str]]
     program sources, or strings holding such a JSON list, as in the APPS
     files), ``input_output`` (an object, or a string holding one, with
     ``inputs`` and ``outputs``, lists of equal length, and for call-style
-    problems ``fn_name``), and optionally ``problem_id`` (else
-    ``"line-<n>"``).
+    problems ``fn_name``; no expected output may be null), and optionally
+    ``problem_id`` (else ``"line-<n>"``). The file is read line by line: at
+    most :data:`MAX_FILE_BYTES` in all and :data:`MAX_LINE_BYTES` per line.
 
     Returns
     -------
@@ -138,18 +199,15 @@ def read_buggy_apps(path: Path) -> list[tuple[CodeProblem, list[str], list[str]]
     ------
     DatasetFileError
         In one line naming the file, the line number and the missing or bad
-        field: the file is unreadable, a line is not a JSON object, a field is
-        missing or of the wrong type, the tests are malformed, or two lines
-        have the same ``problem_id``.
+        field: the file is unreadable or too large, a line is too long, not
+        UTF-8 or not a JSON object, a field is missing or of the wrong type,
+        the tests are malformed or expect null, two lines have the same
+        ``problem_id``, or the file holds no problem or no program.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DatasetFileError(f"cannot read the Buggy-APPS file {path} ({error})") from None
     records = []
     seen: set[str] = set()
-    for number, line in enumerate(lines, start=1):
+    for number, line in _numbered_lines(path):
         if not line.strip():
             continue
         where = f"{path} line {number}"
@@ -175,6 +233,11 @@ def read_buggy_apps(path: Path) -> list[tuple[CodeProblem, list[str], list[str]]
         records.append((problem, solutions, buggy))
     if not records:
         raise DatasetFileError(f"the Buggy-APPS file {path} holds no problems")
+    if not any(solutions or buggy for _, solutions, buggy in records):
+        raise DatasetFileError(
+            f"the Buggy-APPS file {path} holds {len(records)} problems but no program: the fields 'solutions' "
+            "and 'buggy_solutions' are empty on every line"
+        )
     return records
 
 
@@ -208,15 +271,54 @@ def label_buggy_apps(path: Path, spec: BuggyAppsSpec | None = None, workers: int
             CodeProgram(problem_id, text, run.passed, origin, run.reason)
             for (problem_id, origin, text), run in zip(drawn, runs)
         ]
+        check_solutions_pass(path, programs)
     return CodeValidationData(problems, tuple(programs))
+
+
+def check_solutions_pass(path: Path, programs: Sequence[CodeProgram]) -> None:
+    """Refuse labels in which every ``solution`` of a problem failed its own tests, naming the problem.
+
+    A problem whose correct solutions all fail has tests that expect what no
+    program gives (wrong or malformed expected outputs) or limits too tight
+    for it; labelling by those tests would call every one of its programs
+    buggy. Problems without solutions are not checked.
+
+    Raises
+    ------
+    DatasetFileError
+        Naming the file, the first such problem (in the file's order), how
+        many solutions it has and why the first failed, and how many problems
+        fail so.
+    """
+    passed: dict[str, bool] = {}
+    first_reason: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for program in programs:
+        if program.origin != "solution":
+            continue
+        passed[program.problem_id] = passed.get(program.problem_id, False) or program.label
+        first_reason.setdefault(program.problem_id, program.reason)
+        counts[program.problem_id] = counts.get(program.problem_id, 0) + 1
+    failing = [problem_id for problem_id, ok in passed.items() if not ok]
+    if failing:
+        name = failing[0]
+        raise DatasetFileError(
+            f"{path}: problem {name!r}: none of its {counts[name]} solutions passes its own tests (the first: "
+            f"{first_reason[name]}), so its tests or expected outputs are wrong or its time limits too short; "
+            f"{len(failing)} of {len(passed)} problems with solutions fail so"
+        )
 
 
 def file_sha256(path: Path) -> str:
     """Return the SHA-256 of a file's bytes; :class:`~nip_like.scenarios.datasets.DatasetFileError` if unreadable."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with Path(path).open("rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK_BYTES):
+                digest.update(chunk)
     except OSError as error:
         raise DatasetFileError(f"cannot read the Buggy-APPS file {path} ({error.strerror or error})") from None
+    return digest.hexdigest()
 
 
 def write_buggy_apps(data: CodeValidationData, path: Path) -> None:

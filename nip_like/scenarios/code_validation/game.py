@@ -191,9 +191,10 @@ class CodeValidationGame(GeneratedData):
             empty = [name for name, split in splits.items() if len(split) == 0]
             if empty:
                 problems = len({p.problem_id for split in splits.values() for p in split.programs})
+                more = "scenario.num_problems" if self.config.data_file is None else "the problems of scenario.data_file"
                 raise ConfigError(
                     f"the code-validation data has {problems} problems, too few for a {empty[0]} split of "
-                    f"{self.split_fractions()[empty[0]]:g} of them: raise scenario.num_problems or the split's fraction"
+                    f"{self.split_fractions()[empty[0]]:g} of them: raise {more} or the split's fraction"
                 )
             self._splits = splits
         return self._splits
