@@ -186,6 +186,7 @@ class LoggerConfig:
     mlflow_tracking_uri: Optional[str] = None  # MLflow URI; null = a folder inside the run folder
     print_metrics: bool = True  # print the final test metrics to standard output
     diagnostics_every: int = checked(1, ge=0)  # measure objective/kl and objective/entropy every N iterations; 0 = never
+    log_every: int = checked(10, ge=0)  # write a summary line to the job log every N iterations (to the console too when it has no progress bar); 0 = never
 
 
 @dataclass

@@ -13,17 +13,50 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torchrl.record.loggers import CSVLogger, Logger
 
 from nip_like.errors import ConfigError, WriteError
+from nip_like.job_log import FINAL_PREFIX, JobLog
 
 #: Optional logger backends and the package each needs.
 BACKEND_PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+#: Iterations between two summary lines of the job log when the config does not say (``logger.log_every``).
+DEFAULT_LOG_EVERY = 10
+
+#: The hyper-parameter that names the run (:func:`nip_like.config.run_id`), beside the config's keys.
+RUN_ID_KEY = "run_id"
+
+
+def flat_hyper_parameters(config: DictConfig | Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """Return the resolved config as ``{"trainer.optimizer.lr": 0.001, ...}`` plus ``run_id``.
+
+    Values stay numbers, strings and booleans; ``null`` becomes the string
+    ``"null"`` and a list its JSON text, the types every backend accepts.
+    """
+    tree = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
+    flat: dict[str, Any] = {}
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, item in node.items():
+                visit(item, f"{prefix}{key}.")
+        elif node is None:
+            flat[prefix[:-1]] = "null"
+        elif isinstance(node, (bool, int, float, str)):
+            flat[prefix[:-1]] = node
+        else:
+            flat[prefix[:-1]] = json.dumps(node, default=str)
+
+    visit(tree, "")
+    flat[RUN_ID_KEY] = run_id
+    return flat
 
 class MetricLogger:
     """Send scalar metrics to one or more TorchRL loggers.
@@ -42,6 +75,8 @@ class MetricLogger:
         self.run_dir = Path(run_dir)
         self.loggers: dict[str, Logger] = {}
         self._write_failed = False
+        self.hyper_parameters: dict[str, Any] = {}
+        self.job_log = JobLog(int(config.get("log_every", DEFAULT_LOG_EVERY)))
         for backend in config.backends:
             if backend not in BACKEND_PACKAGES:
                 raise ConfigError(f"unknown logger backend {backend!r}; choose from {sorted(BACKEND_PACKAGES)}")
@@ -99,6 +134,9 @@ class MetricLogger:
             for name, value in metrics.items():
                 for logger in self.loggers.values():
                     logger.log_scalar(name, float(value), step=step)
+            final = {name: float(value) for name, value in metrics.items() if name.startswith(FINAL_PREFIX)}
+            if final:
+                self.log_summary(final)
         except OSError as error:
             self._write_failed = True
             reason = error.strerror or " ".join(str(error).split()) or type(error).__name__
@@ -106,19 +144,73 @@ class MetricLogger:
                 f"could not write the metrics of step {step} under {self.run_dir}: {reason}; the rows of the steps "
                 f"before are kept"
             ) from error
+        self.job_log.observe(metrics, step)
+
+    def log_hyper_parameters(self, config: DictConfig, run_id: str) -> None:
+        """Send the resolved config and the run id to the backends, at the start of a session.
+
+        CSV: ``metrics/texts/hparams0.txt`` (``key: value`` lines);
+        TensorBoard: the config as YAML and the run id as texts (``config``,
+        ``run_id``), and the hyper-parameters themselves with the final
+        metrics (:meth:`log_summary`); W&B: the run's config (nested, plus
+        ``run_id``); MLflow: the run's parameters (flattened keys).
+
+        Parameters
+        ----------
+        config : DictConfig
+            The whole experiment config.
+        run_id : str
+            The run id (:func:`nip_like.config.run_id`).
+        """
+        self.hyper_parameters = flat_hyper_parameters(config, run_id)
+        for backend, logger in self.loggers.items():
+            if backend == "csv":
+                logger.log_hparams(self.hyper_parameters)
+            elif backend == "tensorboard":
+                yaml_text = OmegaConf.to_yaml(config, resolve=True)
+                # Indented four spaces: TensorBoard renders text as Markdown, and this keeps it a code block.
+                logger.experiment.add_text("config", "".join(f"    {line}\n" for line in yaml_text.splitlines()), 0)
+                logger.experiment.add_text(RUN_ID_KEY, run_id, 0)
+            elif backend == "wandb":
+                logger.log_hparams({**OmegaConf.to_container(config, resolve=True), RUN_ID_KEY: run_id})
+            else:
+                logger.log_hparams({key: str(value) for key, value in self.hyper_parameters.items()})
+
+    def log_summary(self, metrics: Mapping[str, float]) -> None:
+        """Record the final test metrics as the run's summary values.
+
+        :meth:`log` calls it with the ``test/...`` metrics, which a run logs
+        once, at the end. TensorBoard: the hyper-parameters of
+        :meth:`log_hyper_parameters` with these metrics (its HParams
+        dashboard); W&B: the run summary. CSV and MLflow keep them as the
+        last value of each metric (and ``summary.json``).
+        """
+        for backend, logger in self.loggers.items():
+            if backend == "tensorboard" and self.hyper_parameters:
+                from torch.utils.tensorboard.summary import hparams
+
+                writer = logger.experiment.file_writer
+                for summary in hparams(self.hyper_parameters, dict(metrics)):
+                    writer.add_summary(summary)
+                logger.experiment.flush()
+            elif backend == "wandb":
+                logger.experiment.summary.update(dict(metrics))
 
     def log_text(self, name: str, text: str, step: int) -> None:
         """Send ``text`` to the backends that have a text channel.
 
         CSV: ``metrics/texts/<name><step>.txt``; TensorBoard: ``add_text``;
-        W&B: ``log_str`` (a table). MLflow has none here: its runs keep the
-        JSONL files of the run folder.
+        W&B: ``log_str``; MLflow: the artifact ``<name>_<step>.txt``.
         """
         for backend, logger in self.loggers.items():
             if backend in ("csv", "tensorboard"):
                 logger.experiment.add_text(name, text, global_step=step)
             elif backend == "wandb":
                 logger.log_str(name, text, step=step)
+            else:
+                import mlflow
+
+                mlflow.log_text(text, f"{name}_{step}.txt")
 
     def truncate_after(self, step: int, drop: tuple[str, ...] = ("test",)) -> None:
         """Drop CSV rows logged after ``step`` (used when a run resumes).

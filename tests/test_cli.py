@@ -150,7 +150,7 @@ def test_main_job_in_test_run_mode_prints_test_metrics(tmp_path):
     # The main job: graph isomorphism (NIP protocol, PPO), one iteration of each loop.
     result = run_cli(["run.test_run=true", f"scenario.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert result.returncode == 0, result.stderr
-    assert "Training" in result.stderr and "Testing" in result.stderr  # the progress bars
+    assert "Training" not in result.stderr  # standard error is a pipe, not a terminal: no progress bar noise
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["trainer_type"], summary["iterations"], summary["frames"]) == ("ppo", 1, 1024)
     assert summary["gradient_steps"] > 0

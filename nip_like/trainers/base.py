@@ -44,7 +44,7 @@ class IterationContext:
     initial : int
         Iterations already done (a resumed run starts its bar there).
     enabled : bool
-        Whether to draw a tqdm bar.
+        Whether to draw a tqdm bar (drawn only when standard error is a terminal).
     on_step : callable, optional
         Called with the number of iterations after each :meth:`step`, for an
         outer progress bar (a sweep's).
@@ -54,12 +54,15 @@ class IterationContext:
         self, total: int, initial: int = 0, enabled: bool = True, on_step: Callable[[int], None] | None = None
     ) -> None:
         self.total = total
-        self.bar = tqdm(total=total, initial=initial, disable=not enabled, dynamic_ncols=True, leave=True)
+        # disable=None: tqdm stays silent when standard error is not a terminal (a job's log file).
+        self.bar = tqdm(total=total, initial=initial, disable=None if enabled else True, dynamic_ncols=True, leave=True)
         self.on_step = on_step
 
     def step(self, iterations: int = 1) -> None:
         """Advance the bar by ``iterations``."""
         self.bar.update(iterations)
+        if self.bar.disable:  # a silent tqdm counts nothing; bar.n still tells the loop how far it got
+            self.bar.n += iterations
         if self.on_step is not None:
             self.on_step(iterations)
 
