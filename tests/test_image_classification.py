@@ -1,6 +1,7 @@
 """The image-classification scenario: sources, binarisations, the cache, who sees what, and training end to end."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -110,9 +111,10 @@ def test_random_labels_ignore_the_classes():
 
 
 def test_the_built_dataset_balances_subsamples_and_keeps_the_labels(tmp_path):
-    # 30 images of class 0, 10 of class 1, 20 of class 2; image i is filled with the value i.
+    # 30 images of class 0, 10 of class 1, 20 of class 2; image i is filled with the value i but for its last pixel.
     labels = np.array([0] * 30 + [1] * 10 + [2] * 20)
     images = np.arange(60, dtype=np.uint8)[:, None, None].repeat(4, 1).repeat(4, 2)
+    images[:, 3, 3] = 255
     np.savez(tmp_path / "toy.npz", images=images, labels=labels)
     source = resolve_source(str(tmp_path / "toy.npz"))
     spec = ImageSpec(source=source, binarisation="select_two", selected_classes=(2, 1), make_balanced=False)
@@ -209,6 +211,81 @@ def test_bad_sources_fail_in_one_line_naming_the_file(tmp_path, cache_dir):
         load_source(str(tmp_path / "one_class.npz"))
 
 
+def varied_images(count: int, size: int = 4) -> np.ndarray:
+    """``count`` grey images of ``size x size`` floats in [0, 1), none constant."""
+    return np.random.default_rng(1).random((count, size, size))
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"images": np.full((4, 3, 3), np.nan), "labels": np.array([0, 1, 0, 1])},
+         r"'images' has NaN or infinite pixels in 4 of 4 images \(the first: image 0\); every pixel must be a finite"),
+        ({"images": np.where(np.arange(4)[:, None, None] == 2, np.inf, varied_images(4, 3)), "labels": np.array([0, 1, 0, 1])},
+         r"'images' has NaN or infinite pixels in 1 of 4 images \(the first: image 2\)"),
+        ({"images": np.zeros((4, 3, 3)), "labels": np.array([0, 1, 0, 1])},
+         r"'images' has only constant images \(each of the 4 is one value throughout\): they carry nothing"),
+        ({"images": np.zeros((0, 4, 4)), "labels": np.zeros(0, dtype=int)}, r"'images' holds no images \(shape \(0, 4, 4\)\)$"),
+    ],
+    ids=["nan", "infinite", "constant", "empty"],
+)
+def test_npz_pixels_are_checked_for_what_they_mean(tmp_path, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DatasetFileError) as error:
+        load_source(str(path))
+    assert re.search(rf"^{re.escape(str(path))}: {message}", one_line(error)), str(error.value)
+
+
+def test_a_few_constant_images_are_kept(tmp_path):
+    images = varied_images(4)
+    images[1] = 0.5
+    np.savez(tmp_path / "some_flat.npz", images=images, labels=np.array([0, 1, 0, 1]))
+    assert load_source(str(tmp_path / "some_flat.npz")).images.shape == (4, 1, 4, 4)
+
+
+def test_a_file_that_is_not_an_npz_is_refused_saying_so(tmp_path, cache_dir):
+    (tmp_path / "text.npz").write_text("label,pixels\n1,0 0 0\n")
+    np.save(tmp_path / "array.npy", np.zeros((2, 2)))
+    (tmp_path / "array.npy").rename(tmp_path / "array.npz")
+    for name in ("text.npz", "array.npz"):
+        with pytest.raises(DatasetFileError) as error:
+            load_source(str(tmp_path / name))
+        assert one_line(error) == f"{tmp_path / name} is not an .npz file (a zip archive of NumPy arrays, as numpy.savez writes)"
+        assert "allow_pickle" not in str(error.value)
+    with pytest.raises(DatasetFileError, match="text.npz is not an .npz file"):  # before the run folder is made
+        build_scenario(ic_config(cache_dir, f"scenario.source={tmp_path / 'text.npz'}")).preflight()
+
+
+def test_an_image_folder_of_blank_images_is_refused(tmp_path):
+    for name in ("cat", "dog"):
+        save_png(tmp_path / "blank" / name / "a.png", np.full((3, 3), 7, dtype=np.uint8))
+    with pytest.raises(DatasetFileError, match=rf"^the ImageFolder {re.escape(str(tmp_path / 'blank'))} has only constant images"):
+        load_source(str(tmp_path / "blank"))
+
+
+@pytest.mark.slow  # three scenarios built and one dataset made: over a second on a busy machine
+def test_preflight_reads_a_path_source_and_caches_it(tmp_path):
+    cache = tmp_path / "cache"
+    np.savez(tmp_path / "nan.npz", images=np.full((4, 3, 3), np.nan), labels=np.array([0, 1, 0, 1]))
+    with pytest.raises(DatasetFileError, match="nan.npz: 'images' has NaN or infinite pixels"):
+        build_scenario(ic_config(cache, f"scenario.source={tmp_path / 'nan.npz'}")).preflight()
+    # Labels of one class once binarised: two images, random labels drawn equal.
+    seed = next(seed for seed in range(100) if len(set(torch.randint(0, 2, (2,), generator=torch.Generator().manual_seed(seed)).tolist())) == 1)
+    np.savez(tmp_path / "two.npz", images=varied_images(2), labels=np.array([0, 1]))
+    one_label = ic_config(cache, f"scenario.source={tmp_path / 'two.npz'}", "scenario.binarisation=random",
+                          f"scenario.binarisation_seed={seed}")
+    with pytest.raises(ConfigError) as error:
+        build_scenario(one_label).preflight()
+    assert re.search(r"scenario.binarisation=random leaves (0 negative and 2|2 negative and 0) positive images of .*two.npz", one_line(error))
+    # A good file is made into the dataset once, before the run folder; the run reads the cache.
+    np.savez(tmp_path / "good.npz", images=varied_images(40), labels=np.arange(40) % 2)
+    scenario = build_scenario(ic_config(cache, f"scenario.source={tmp_path / 'good.npz'}"))
+    assert not scenario.data_cache_path().is_file()
+    scenario.preflight()
+    assert scenario.data_cache_path().is_file()
+
+
 def test_bad_options_fail_in_one_line(cache_dir):
     with pytest.raises(ConfigError) as error:
         build_scenario(ic_config(cache_dir, "scenario.binarisation=select_two", "scenario.selected_classes=[4,4]"))
@@ -237,11 +314,13 @@ def test_the_cache_is_keyed_by_the_spec_and_reused(tmp_path, monkeypatch):
     # Another spec, or changed files, is another file.
     other = dataclasses.replace(spec, binarisation_seed=1)
     load_or_build_images(other, tmp_path / "cache")
-    np.savez(tmp_path / "toy.npz", images=np.zeros((10, 2, 2), dtype=np.uint8), labels=np.arange(10) % 2)
+    changed_images = np.zeros((10, 2, 2), dtype=np.uint8)
+    changed_images[:, 0, 0] = 1
+    np.savez(tmp_path / "toy.npz", images=changed_images, labels=np.arange(10) % 2)
     changed = dataclasses.replace(spec, fingerprint=source_fingerprint(source))
     assert changed.fingerprint != spec.fingerprint
     assert len({cache_path(s, tmp_path / "cache") for s in (spec, other, changed)}) == 3
-    assert int(load_or_build_images(changed, tmp_path / "cache").images.sum()) == 0
+    assert int(load_or_build_images(changed, tmp_path / "cache").images.sum()) == 10
     assert len(list((tmp_path / "cache").glob("images_*.pt"))) == 3
 
 

@@ -20,6 +20,7 @@ channels first. This module registers nothing.
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from nip_like.errors import ConfigError
+from nip_like.interrupts import stop_point
 from nip_like.scenarios.datasets import DatasetFileError, DatasetSpec, TensorDataset, apportion, load_or_build
 
 #: Version of :func:`build_images`; it enters :meth:`ImageSpec.key`, so a change to
@@ -224,14 +226,56 @@ def check_source(source: str) -> None:
                 f"({', '.join(IMAGE_EXTENSIONS)}), found {len(found)} {found}"
             )
         return
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            names = list(archive.files)
-    except (OSError, ValueError) as error:
-        raise DatasetFileError(f"{path}: cannot read the .npz file ({error})") from error
+    with open_npz(path) as archive:
+        names = list(archive.files)
     if not any(x in names and y in names for x, y in NPZ_KEYS):
         expected = " or ".join(f"'{x}' and '{y}'" for x, y in NPZ_KEYS)
         raise DatasetFileError(f"{path}: an .npz source needs the arrays {expected}, found {names}")
+
+
+def open_npz(path: Path) -> np.lib.npyio.NpzFile:
+    """Open an ``.npz`` file for reading its arrays (no pickled objects); close it after use.
+
+    Raises
+    ------
+    DatasetFileError
+        If the file is not an ``.npz`` archive (a zip file of NumPy arrays) or cannot be read.
+    """
+    try:
+        if not zipfile.is_zipfile(path):
+            raise DatasetFileError(f"{path} is not an .npz file (a zip archive of NumPy arrays, as numpy.savez writes)")
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise DatasetFileError(f"{path}: cannot read the .npz file ({error})") from error
+
+
+def check_pixels(images: np.ndarray, where: str) -> None:
+    """Refuse, in one line, pixels that are not finite numbers, or images that are all constant.
+
+    ``images`` is ``(N, ...)`` with ``N >= 1``; ``where`` names the file and
+    the array (or the folder) in the message. A few constant images are
+    kept; when every image is one value throughout, the images carry
+    nothing a verifier could read, and are refused.
+
+    Raises
+    ------
+    DatasetFileError
+        If a pixel is NaN or infinite (naming how many images hold one, and
+        the first), or every image is constant.
+    """
+    flat = images.reshape(len(images), -1)
+    if np.issubdtype(flat.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(flat).all(axis=1))
+        if len(bad):
+            raise DatasetFileError(
+                f"{where} has NaN or infinite pixels in {len(bad)} of {len(flat)} images (the first: image {bad[0]}); "
+                "every pixel must be a finite number"
+            )
+    if flat.shape[1] and bool((flat.min(axis=1) == flat.max(axis=1)).all()):
+        raise DatasetFileError(
+            f"{where} has only constant images (each of the {len(flat)} is one value throughout): "
+            "they carry nothing to classify"
+        )
 
 
 def source_fingerprint(source: str) -> str:
@@ -295,6 +339,7 @@ def _load_folder(root: Path, image_size: int) -> SourceImages:
     first_file, _, _, first_size = headers[0]
     images, classes = [], []
     for file, index, _, size in headers:
+        stop_point("the reading of the images")
         if not image_size and size != first_size:
             raise DatasetFileError(
                 f"{file} is {size[0]}x{size[1]} pixels and {first_file} {first_size[0]}x{first_size[1]}; "
@@ -310,7 +355,9 @@ def _load_folder(root: Path, image_size: int) -> SourceImages:
             raise DatasetFileError(f"{file}: cannot read the image ({error})") from error
         images.append(array[None] if grey else array.transpose(2, 0, 1))
         classes.append(index)
-    return SourceImages(np.stack(images), np.asarray(classes, dtype=np.int64), [name for name, _ in found])
+    stacked = np.stack(images)
+    check_pixels(stacked, f"the ImageFolder {root}")
+    return SourceImages(stacked, np.asarray(classes, dtype=np.int64), [name for name, _ in found])
 
 
 def _channels_first(images: np.ndarray, path: Path) -> np.ndarray:
@@ -328,11 +375,7 @@ def _channels_first(images: np.ndarray, path: Path) -> np.ndarray:
 
 
 def _load_npz(path: Path) -> SourceImages:
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise DatasetFileError(f"{path}: cannot read the .npz file ({error})") from error
-    with archive:
+    with open_npz(path) as archive:
         names = list(archive.files)
         pair = next(((x, y) for x, y in NPZ_KEYS if x in names and y in names), None)
         if pair is None:
@@ -344,6 +387,8 @@ def _load_npz(path: Path) -> SourceImages:
                 labels = np.concatenate([labels, archive["y_test"]])
         except (OSError, ValueError) as error:
             raise DatasetFileError(f"{path}: cannot read the arrays {list(pair)} ({error})") from error
+    if images.ndim == 0 or len(images) == 0:
+        raise DatasetFileError(f"{path}: '{pair[0]}' holds no images (shape {tuple(images.shape)})")
     labels = labels.reshape(-1) if labels.ndim == 2 and 1 in labels.shape else labels
     if labels.ndim != 1 or len(labels) != len(images) or not len(labels):
         raise DatasetFileError(
@@ -355,6 +400,8 @@ def _load_npz(path: Path) -> SourceImages:
     if not (np.issubdtype(images.dtype, np.integer) or np.issubdtype(images.dtype, np.floating)):
         raise DatasetFileError(f"{path}: '{pair[0]}' must hold numbers, got {images.dtype}")
     values, classes = np.unique(labels, return_inverse=True)
+    if len(values) >= 2:  # one class is refused by load_source, before the pixels are looked at
+        check_pixels(images, f"{path}: '{pair[0]}'")
     return SourceImages(to_uint8(_channels_first(images, path)), classes.astype(np.int64), [str(v) for v in values])
 
 
@@ -377,7 +424,9 @@ def load_source(source: str, image_size: int = 0) -> SourceImages:
     DatasetFileError
         In one line naming the file and what is expected: an ImageFolder with
         fewer than two classes or an unreadable image, images of different
-        sizes, an ``.npz`` without the arrays or with arrays of the wrong shape.
+        sizes, a file that is not an ``.npz`` archive, an ``.npz`` without the
+        arrays, without images or with arrays of the wrong shape, NaN or
+        infinite pixels, or images that are all constant (:func:`check_pixels`).
     """
     resolved = resolve_source(source)
     if resolved == DIGITS:

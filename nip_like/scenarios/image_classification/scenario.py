@@ -135,8 +135,18 @@ class ImageClassificationScenario(GeneratedData, TensorGame, Demonstrating, Labe
         )
 
     def preflight(self) -> None:
-        """Refuse, before the run folder is made, a source without two classes (its files listed, no pixel read)."""
+        """Refuse, before the run folder is made, a source that cannot make the dataset.
+
+        First its layout (its files listed, no pixel read: two classes, the
+        arrays of an ``.npz``); then, for a path source whose dataset is not
+        cached yet, the dataset is made, checked and cached here (:meth:`splits`:
+        its pixels, its labels, both binary labels, non-empty splits), so that
+        what is wrong with the files is said before the run folder exists and
+        the run itself reads the cache. ``digits`` is bundled and checked by the tests.
+        """
         check_source(self.spec.source)
+        if self.spec.source != DIGITS and not self.data_cache_path().is_file():
+            self.splits()
 
     def generate(self, spec: ImageSpec) -> LabelledImages:
         """The whole dataset of ``spec``, before the splits (:func:`~nip_like.scenarios.image_classification.data.build_images`)."""
