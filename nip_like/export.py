@@ -12,9 +12,12 @@ copy of a full agent, with the tokenizer and the value head. Load it with
 ``AutoModelForCausalLM.from_pretrained``, or start a run from it
 (``scenario.agents.<name>.pretrained_path``).
 
-Every agent folder (and base folder) is first compared with its
-``checksums.json``: a file that differs is refused in one line naming it, and
-nothing is written. The agent folders of runs before nip_like saved a
+The checkpoint file itself (``checkpoints/<best|last>.pt``), when the run
+has it, is checked first (its size and SHA-256, as a resume checks it): a
+damaged one is refused in one line, since the agent folders beside it belong
+to that checkpoint; its contents are not otherwise used. Every agent folder
+(and base folder) is then compared with its ``checksums.json``: a file that
+differs is refused in one line naming it, and nothing is written. The agent folders of runs before nip_like saved a
 from-config base beside the adapters name no base: for them the base is
 rebuilt from the run's config and seed, as ``python -m nip_like.evaluate``
 rebuilds it. Bad input is one line ``error: ...`` with exit status 2; nothing
@@ -33,7 +36,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from nip_like.checkpoint import check_manifest
+from nip_like.checkpoint import check_manifest, load_checked
 from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.checkpoints import (
@@ -62,6 +65,23 @@ def agent_folders(run_dir: Path, checkpoint: str) -> list[Path]:
     if not agents:
         raise ConfigError(f"{folder} holds no agent folders")
     return agents
+
+
+def check_checkpoint_file(run_dir: Path, checkpoint: str) -> None:
+    """Refuse, in one line, a damaged ``checkpoints/<checkpoint>.pt`` (cut short, changed, not nip_like's); none is not refused.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file and what is wrong with it, and that nothing was exported.
+    """
+    path = run_dir / "checkpoints" / f"{checkpoint}.pt"
+    if not path.is_file():
+        return
+    try:
+        load_checked(path, what="checkpoint")
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; nothing was exported (its agent folders belong to it)") from error
 
 
 def names_no_base(folder: Path) -> bool:
@@ -112,13 +132,15 @@ def export_run(run_dir: Path, checkpoint: str = "last", out: Path | None = None)
         If the run has no such checkpoint folder, or an adapter folder names
         a base that is not a local folder.
     CheckpointError
-        If a file of an agent or base folder differs from its
+        If the checkpoint file is damaged (:func:`check_checkpoint_file`) or
+        a file of an agent or base folder differs from its
         ``checksums.json``; nothing is written then.
     """
     if checkpoint not in CHECKPOINTS:
         raise ConfigError(f"--checkpoint must be best or last, got {checkpoint!r}")
     run_dir = Path(run_dir)
     folders = agent_folders(run_dir, checkpoint)
+    check_checkpoint_file(run_dir, checkpoint)
     out = Path(out) if out is not None else run_dir / "exported" / checkpoint
     for folder in folders:  # every agent folder is whole before any of its files is read
         check_manifest(folder, "agent folder")

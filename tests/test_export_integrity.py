@@ -95,8 +95,8 @@ def test_a_from_config_lora_run_exports_to_folders_that_give_its_logits(lora_run
         saved = lora_run / "checkpoints" / "last" / name
         # The adapter folder names a base a user can load: the from-config base the run trained on, saved beside it.
         base = json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"]
-        assert base == str((saved / "base").resolve()) and not (saved / "model.safetensors").exists()
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, local_files_only=True), saved)
+        assert base == "base" and not (saved / "model.safetensors").exists()  # relative to the adapter folder
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(saved / base, local_files_only=True), saved)
         torch.testing.assert_close(logits(model), live, atol=1e-5, rtol=1e-5)
         assert check_manifest(saved) and check_manifest(saved / "base")
     assert export_main([str(lora_run), "--out", str(tmp_path / "exported")]) == 0
@@ -105,6 +105,32 @@ def test_a_from_config_lora_run_exports_to_folders_that_give_its_logits(lora_run
         exported = tmp_path / "exported" / name
         torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(exported, local_files_only=True)), live, atol=1e-5, rtol=1e-5)
         assert check_manifest(exported)  # an exported folder is checked when a run starts from it
+
+
+def test_a_moved_run_s_adapters_still_name_their_base(lora_run, run_logits, tmp_path):
+    run = copied(lora_run, tmp_path)
+    moved = run.rename(tmp_path / "moved")
+    for name, live in run_logits.items():
+        saved = moved / "checkpoints" / "last" / name
+        named = json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"]
+        assert (saved / named).resolve() == (saved / "base").resolve()  # the moved folder's own base, not the old one's
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(saved / named, local_files_only=True), saved)
+        torch.testing.assert_close(logits(model), live, atol=1e-5, rtol=1e-5)
+
+
+def test_export_refuses_a_run_whose_checkpoint_file_is_cut_short(lora_run, tmp_path, capsys):
+    run = copied(lora_run, tmp_path)
+    checkpoint = run / "checkpoints" / "last.pt"
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SystemExit) as exit_info:
+        export_main([str(run), "--out", str(tmp_path / "exported")])
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and error.count("\n") == 0, error
+    assert error.startswith(f"error: checkpoint {checkpoint} is damaged: it holds ") and error.endswith(
+        "(truncated or extended); it was not loaded; nothing was exported (its agent folders belong to it)"
+    ), error
+    assert not (tmp_path / "exported").exists()
 
 
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s

@@ -75,7 +75,8 @@ def save_agent(
         For a LoRA model whose base is no longer its folder's (adapters added
         after a warm start that fitted every weight): also write the base,
         without adapters, as a model folder ``base/`` (with the tokenizer),
-        and name it in ``adapter_config.json``, so that
+        and name it in ``adapter_config.json`` by the path ``"base"``,
+        relative to the agent folder (so it holds when the run is moved), so that
         ``PeftModel.from_pretrained`` over it, ``nip_like.export`` and
         ``frozen_from`` rebuild the agent. A LoRA model whose base has no
         local folder (built from config) gets its ``base/`` without being
@@ -134,8 +135,10 @@ def _names_local_base(staging: Path) -> bool:
     config_path = staging / ADAPTER_CONFIG
     config = json.loads(config_path.read_text())
     base = config.get("base_model_name_or_path")
-    if not base or not Path(base).expanduser().is_dir():
-        return False  # built from config (peft writes None), or a hub name: the base is written beside the adapters
+    if not base or base == BASE_FOLDER or not Path(base).expanduser().is_dir():
+        # Built from config (peft writes None), a hub name, or the base/ beside the adapters of the agent folder
+        # the model was read from: the base is written beside the adapters.
+        return False
     absolute = str(Path(base).expanduser().resolve())
     if absolute != base:  # a relative path holds only from the folder the run started in
         config["base_model_name_or_path"] = absolute
@@ -144,7 +147,12 @@ def _names_local_base(staging: Path) -> bool:
 
 
 def _save_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, staging: Path, folder: Path, model_state: Optional[dict]) -> None:
-    """Write a LoRA model's base (its adapters left out) to ``staging/base`` and name ``folder/base`` in its adapter config."""
+    """Write a LoRA model's base (its adapters left out) to ``staging/base`` and name it in its adapter config.
+
+    The adapter config names it by the path ``"base"``, relative to the
+    adapter folder, so that it still holds after the run folder is moved:
+    :func:`adapter_base_folder` (and a user) joins it to the folder.
+    """
     # The base's own names in the LoRA model's state (whole tensors of a sharded agent when given): no copy is made.
     state = model_state if model_state is not None else model.state_dict()
     prefix = "base_model.model."
@@ -158,7 +166,7 @@ def _save_base(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, stagi
     write_manifest(staging / BASE_FOLDER)  # a model folder of its own: checked when it is loaded alone too
     config_path = staging / ADAPTER_CONFIG
     config = json.loads(config_path.read_text())
-    config["base_model_name_or_path"] = str((folder / BASE_FOLDER).resolve())
+    config["base_model_name_or_path"] = BASE_FOLDER
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
@@ -200,10 +208,15 @@ def load_saved_base(model: PreTrainedModel, folder: Path) -> None:
 
 
 def adapter_base_folder(folder: Path) -> Optional[str]:
-    """The base an adapter folder's adapters go on: its own ``base/`` if it has one, else the one its adapter config names."""
+    """The base an adapter folder's adapters go on: its own ``base/`` if it has one, else the one its adapter config names.
+
+    A config naming ``"base"`` (what :func:`save_agent` writes) means the
+    folder's own ``base/``, wherever the folder now lies.
+    """
     if (folder / BASE_FOLDER / "config.json").is_file():
         return str(folder / BASE_FOLDER)
-    return json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    named = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    return str(folder / BASE_FOLDER) if named == BASE_FOLDER else named
 
 
 @contextmanager
