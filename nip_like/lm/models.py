@@ -20,7 +20,9 @@ from torch import nn
 from nip_like.allowed import checked
 from nip_like.checkpoint import check_manifest
 from nip_like.errors import ConfigError
+from nip_like.lm.chat_templates import apply_chat_template, resolve_chat_template
 from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
+from nip_like.lm.gguf import converted_folder, is_gguf
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.sampling import MIN_TEMPERATURE
@@ -37,7 +39,8 @@ class LMAgentConfig:
     """One language-model agent: its model, how it samples, its value head."""
 
     architecture: str = "llama"  # transformers model type built from a config (AutoConfig.for_model) when no pretrained_path
-    pretrained_path: Optional[str] = None  # local save_pretrained folder (model + tokenizer) to start from; null builds from config
+    pretrained_path: Optional[str] = None  # local save_pretrained folder (model + tokenizer) or .gguf file (dequantized once into a cached folder) to start from; null builds from config
+    chat_template: Optional[str] = None  # the chat template the agent's tokenizer renders chats with: chatml, llama3, gemma, plain or a Jinja file's path; null = the model folder's own; its turn end ends the agent's messages
     hidden_size: int = checked(64, ge=1)  # width of the transformer (from-config models)
     num_layers: int = checked(2, ge=1)  # transformer blocks (from-config models)
     num_heads: int = checked(4, ge=1)  # attention heads, also key-value heads (from-config models)
@@ -70,12 +73,25 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
+def source_folder(path: str | Path, field_name: str = "pretrained_path") -> Path:
+    """The model folder ``path`` names: the folder itself, or for a ``.gguf`` file its converted folder.
+
+    A GGUF file is checked and, the first time, dequantized into a cached
+    folder (:func:`~nip_like.lm.gguf.converted_folder`); a folder is checked
+    to exist (:func:`~nip_like.lm.checkpoints.local_model_folder`).
+    """
+    if is_gguf(path):
+        return converted_folder(path, field_name)
+    return local_model_folder(path)
+
+
 def check_model_folder(path: str | Path, field_name: str = "pretrained_path") -> Path:
     """``path`` if it looks like a ``save_pretrained`` folder of a causal LM, else a one-line :class:`ConfigError`.
 
     Checks that the folder exists, has a ``config.json`` of a model type
     transformers knows, weights and a tokenizer. Corrupt weights are found
-    when they are loaded (:func:`build_lm`).
+    when they are loaded (:func:`build_lm`). A ``.gguf`` file stands for the
+    folder it converts to (:func:`source_folder`), which is returned.
 
     Parameters
     ----------
@@ -84,7 +100,7 @@ def check_model_folder(path: str | Path, field_name: str = "pretrained_path") ->
     field_name : str
         The config field that named it, for the message.
     """
-    folder = local_model_folder(path)
+    folder = source_folder(path, field_name)
     if not (folder / "config.json").is_file():
         raise ConfigError(f"{field_name}: {folder} has no config.json, so it is not a save_pretrained model folder")
     try:
@@ -129,8 +145,22 @@ def check_causal(config, where: str) -> None:
         )
 
 
-def load_tokenizer(path: str | Path, field_name: str = "pretrained_path") -> PreTrainedTokenizerBase:
-    """The tokenizer of a model folder (checked by :func:`check_model_folder`), padding on the left."""
+def load_tokenizer(
+    path: str | Path, field_name: str = "pretrained_path", chat_template: Optional[str] = None
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder (checked by :func:`check_model_folder`), padding on the left.
+
+    Parameters
+    ----------
+    path : str or Path
+        The model folder (or ``.gguf`` file).
+    field_name : str
+        The config field that named it, for the messages.
+    chat_template : str, optional
+        A chat template to give it (an agent's ``chat_template``:
+        :func:`~nip_like.lm.chat_templates.resolve_chat_template`); where the
+        template's turn end is one token, that token becomes the eos.
+    """
     from transformers import AutoTokenizer
 
     folder = check_model_folder(path, field_name)
@@ -139,7 +169,29 @@ def load_tokenizer(path: str | Path, field_name: str = "pretrained_path") -> Pre
     except Exception as error:  # noqa: BLE001 - any failure is one line for the user
         raise ConfigError(f"{field_name}: the tokenizer in {folder} cannot be loaded: {_first_line(error)}") from error
     tokenizer.padding_side = "left"
+    if chat_template:
+        apply_chat_template(tokenizer, resolve_chat_template(chat_template, _sibling(field_name, "chat_template")))
     return tokenizer
+
+
+def template_stop_strings(path: str | Path, chat_template: Optional[str], field_name: str = "pretrained_path") -> list[str]:
+    """The stop strings an agent needs for its ``chat_template`` on the tokenizer of ``path``.
+
+    Empty without a template, or when the template's turn end is one token
+    of the tokenizer (it is then the eos: :func:`~nip_like.lm.chat_templates.apply_chat_template`).
+    """
+    if not chat_template:
+        return []
+    template = resolve_chat_template(chat_template, _sibling(field_name, "chat_template"))
+    if template.turn_end is None:
+        return []
+    tokenizer = load_tokenizer(path, field_name)
+    return apply_chat_template(tokenizer, template)
+
+
+def _sibling(field_name: str, name: str) -> str:
+    """The config path of field ``name`` beside ``field_name`` (``scenario.agents.x.chat_template`` beside its ``pretrained_path``)."""
+    return f"{field_name.rpartition('.')[0]}.{name}" if "." in field_name else name
 
 
 def model_context(path: str | Path) -> Optional[int]:
@@ -253,7 +305,7 @@ def build_base(
     if config.pretrained_path is not None:
         folder = check_model_folder(config.pretrained_path)
         check_manifest(folder, "model folder")  # a folder nip_like wrote is compared with its checksums.json first
-        folder_tokenizer = load_tokenizer(folder)
+        folder_tokenizer = load_tokenizer(folder, chat_template=agent_option(config, "chat_template", None))
         if tokenizer is not None and tokenizer.get_vocab() != folder_tokenizer.get_vocab():
             raise ConfigError(f"the tokenizer given differs from the one in {folder}: leave it out to use the folder's")
         tokenizer = folder_tokenizer

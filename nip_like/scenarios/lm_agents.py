@@ -34,7 +34,16 @@ from nip_like.lm.agents import lm_agent_modules
 from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
 from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES
 from nip_like.lm.local_models import build_chat_model_folder
-from nip_like.lm.models import LMAgentConfig, architecture_context, load_tokenizer, model_context
+from nip_like.lm.gguf import is_gguf
+from nip_like.lm.models import (
+    LMAgentConfig,
+    agent_option,
+    architecture_context,
+    load_tokenizer,
+    model_context,
+    source_folder,
+    template_stop_strings,
+)
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.shared_models import build_policies, check_shared_models, policy_owners, warm_start_owners, with_shared_base
 from nip_like.registry import typed_entry
@@ -79,6 +88,7 @@ class LMAgents(Scenario):
             for name in self.agent_names
         }
         configs = {name: self._frozen_config(name, agent) if agent.frozen_from else agent for name, agent in configs.items()}
+        configs = {name: self._sourced_config(name, agent) for name, agent in configs.items()}
         if self.config.get("shared_base"):
             configs = with_shared_base(configs)
         return configs
@@ -93,11 +103,36 @@ class LMAgents(Scenario):
         if name not in self._frozen_sources:
             where = self.agent_config_path(name)
             check_frozen_config(where, agent)
+            source = agent.frozen_from
+            if is_gguf(source):  # a GGUF file plays as the folder it converts to
+                source = str(source_folder(source, f"{where}.frozen_from"))
             self._frozen_sources[name] = resolve(
-                agent.frozen_from, name, self.config.cache_dir, agent.frozen_checkpoint, f"{where}.frozen_from"
+                source, name, self.config.cache_dir, agent.frozen_checkpoint, f"{where}.frozen_from"
             )
         agent = copy.deepcopy(agent)
         agent.pretrained_path = str(self._frozen_sources[name][0])
+        return agent
+
+    @cached_property
+    def _sources(self) -> dict[tuple[str, str, str | None], tuple[str, list[str]]]:
+        """Each (agent, model source, chat template) -> the folder it plays from and the stop strings its template adds."""
+        return {}
+
+    def _sourced_config(self, name: str, agent: LMAgentConfig) -> LMAgentConfig:
+        """``agent`` playing from a model folder: a ``.gguf`` source is converted (once, cached), and the
+        stop strings its ``chat_template`` needs are added (:func:`~nip_like.lm.models.template_stop_strings`)."""
+        source, template = agent.pretrained_path, agent_option(agent, "chat_template")
+        if source is None or (not is_gguf(source) and not template):
+            return agent
+        key = (name, str(source), template)
+        if key not in self._sources:
+            where = f"{self.agent_config_path(name)}.pretrained_path"
+            folder = source_folder(source, where)
+            self._sources[key] = (str(folder), template_stop_strings(folder, template, where))
+        folder, stops = self._sources[key]
+        agent = copy.deepcopy(agent)
+        agent.pretrained_path = folder
+        agent.stop_strings = [*agent.stop_strings, *(stop for stop in stops if stop not in agent.stop_strings)]
         return agent
 
     def policy_owners(self) -> dict[str, str]:
@@ -132,6 +167,7 @@ class LMAgents(Scenario):
             if agent.pretrained_path is None:
                 agent = copy.deepcopy(agent)
                 agent.pretrained_path = str(self._built_chat_model(agent, name))
+                agent = self._sourced_config(name, agent)
             configs[name] = agent
         return configs
 
@@ -166,7 +202,7 @@ class LMAgents(Scenario):
     def chat_speakers(self) -> list[ChatSpeaker]:
         """Each agent's tokenizer (from its model folder) and system prompt, for the chat view."""
         return [
-            ChatSpeaker(name, load_tokenizer(agent.pretrained_path), self.system_prompt(name))
+            ChatSpeaker(name, load_tokenizer(agent.pretrained_path, chat_template=agent_option(agent, "chat_template")), self.system_prompt(name))
             for name, agent in self.chat_agent_configs.items()
         ]
 
@@ -178,7 +214,7 @@ class LMAgents(Scenario):
             if agent.pretrained_path is None:
                 context = architecture_context(str(agent.architecture), f"{where}.architecture")
             else:
-                tokenizer = load_tokenizer(agent.pretrained_path, f"{where}.pretrained_path")
+                tokenizer = load_tokenizer(agent.pretrained_path, f"{where}.pretrained_path", agent_option(agent, "chat_template"))
                 if self.chat_view:
                     ChatSpeaker(name, tokenizer, self.system_prompt(name))
                 context = model_context(agent.pretrained_path)
