@@ -8,7 +8,10 @@ tables and the plots), ``summary.csv``, ``final_metrics.csv``,
 Runs are compared within each task (scenario and protocol) at a matched
 budget: equal frames and held-out episodes per run; gradient steps are
 reported (see ``--gradient-steps``). Runs with different budgets are refused
-unless ``--allow-mixed-budgets`` is given. See docs/comparing.rst.
+unless ``--allow-mixed-budgets`` is given. Below 5 runs per objective the
+report says so in its first line and in every table: it gives the range of
+the runs instead of confidence intervals, and estimates no probability of
+improvement. See docs/comparing.rst.
 
 Examples
 --------

@@ -4,17 +4,24 @@ For each task (by default a scenario and a protocol) and each objective (by
 default a trainer type) it gives
 
 * the final held-out metrics (``test/...`` in ``summary.json``) as the IQM and
-  the mean over seeds, each with a percentile-bootstrap confidence interval;
+  the mean over seeds, each with a percentile-bootstrap confidence interval
+  (from :data:`~nip_like.analysis.statistics.MIN_RUNS_FOR_INTERVALS` runs on;
+  below, the range of the runs, labelled as such);
 * the frames and the train-loop wall time each run took to reach a threshold
   on a learning curve (``eval/reward >= 0.9`` by default): the median over
   seeds, a run that never reached it counting as infinitely late;
 * the probability that a run of one objective beats a run of another on the
-  primary metric, with its bootstrap interval;
+  primary metric, with its bootstrap interval (below
+  :data:`~nip_like.analysis.statistics.MIN_RUNS_FOR_INTERVALS` runs on either
+  side, the share of run pairs, marked as not estimated);
 * the budget: frames, held-out episodes and gradient steps per run, checked
   by :func:`nip_like.analysis.budgets.check_budgets`;
 
 and three figures: learning curves against frames and against wall time, and
 reward against KL from the initial policy.
+
+A report on fewer than :data:`~nip_like.analysis.statistics.MIN_RUNS_FOR_INTERVALS`
+runs per objective says so in its first line and in the header of every table.
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ from nip_like.analysis.groups import OBJECTIVE_KEYS, TASK_KEYS, Group, check_see
 from nip_like.analysis.plots import plot_learning_curves, plot_reward_against_kl
 from nip_like.analysis.runs import FRAMES_METRIC, ITERATION_SECONDS_METRIC, FoundRuns
 from nip_like.analysis.statistics import (
+    MIN_RUNS_FOR_INTERVALS,
     first_crossing,
     interquartile_mean,
     mean,
     probability_of_improvement,
     probability_of_improvement_ci,
+    score_range,
     stratified_bootstrap_ci,
 )
 from nip_like.errors import ReportError
@@ -162,13 +171,36 @@ class Report:
         """``{task: groups}``, as the plots take them."""
         return {task.task: task.groups for task in self.tasks}
 
+    @property
+    def run_counts(self) -> list[int]:
+        """The number of runs of every group, in order."""
+        return [len(group.runs) for task in self.tasks for group in task.groups]
 
-def _score_columns(scores: list[float], options: ReportOptions) -> dict[str, float]:
-    """IQM and mean of ``scores``, each with its bootstrap interval, as table columns."""
-    columns = {}
+    @property
+    def few_runs(self) -> bool:
+        """Whether some objective has fewer runs than intervals need (:data:`MIN_RUNS_FOR_INTERVALS`)."""
+        return min(self.run_counts) < MIN_RUNS_FOR_INTERVALS
+
+
+def interval_label(runs: int, confidence: float) -> str:
+    """What the interval of a statistic over ``runs`` runs is: a bootstrap interval, or the range of a few runs."""
+    return f"{confidence:.0%} bootstrap CI" if runs >= MIN_RUNS_FOR_INTERVALS else f"range of {runs} runs"
+
+
+def _score_columns(scores: list[float], options: ReportOptions) -> dict[str, Any]:
+    """IQM and mean of ``scores``, each with its interval, and what the interval is, as table columns.
+
+    The interval is a bootstrap confidence interval from
+    :data:`MIN_RUNS_FOR_INTERVALS` runs on, and the range of the runs below.
+    """
+    columns: dict[str, Any] = {}
     for name, statistic in (("iqm", interquartile_mean), ("mean", mean)):
-        low, high = stratified_bootstrap_ci([scores], statistic, options.reps, options.confidence, options.seed)
+        if len(scores) >= MIN_RUNS_FOR_INTERVALS:
+            low, high = stratified_bootstrap_ci([scores], statistic, options.reps, options.confidence, options.seed)
+        else:
+            low, high = score_range(scores)
         columns.update({name: statistic(scores), f"{name}_low": low, f"{name}_high": high})
+    columns["interval"] = interval_label(len(scores), options.confidence)
     return columns
 
 
@@ -241,7 +273,11 @@ def _improvement_rows(task: str, groups: list[Group], options: ReportOptions) ->
         for second in groups[index + 1 :]:
             x = [float(run.test_metrics[metric]) for run in first.runs]
             y = [float(run.test_metrics[metric]) for run in second.runs]
-            low, high = probability_of_improvement_ci(x, y, options.reps, options.confidence, options.seed)
+            estimated = min(len(x), len(y)) >= MIN_RUNS_FOR_INTERVALS
+            if estimated:
+                low, high = probability_of_improvement_ci(x, y, options.reps, options.confidence, options.seed)
+            else:
+                low, high = math.nan, math.nan
             rows.append(
                 {
                     "task": task,
@@ -253,6 +289,7 @@ def _improvement_rows(task: str, groups: list[Group], options: ReportOptions) ->
                     "high": high,
                     "runs_x": len(x),
                     "runs_y": len(y),
+                    "interval": f"{options.confidence:.0%} bootstrap CI" if estimated else "not estimated",
                 }
             )
     return rows
@@ -314,10 +351,21 @@ def _value(value: float) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
-def _with_interval(value: float, low: float, high: float) -> str:
+def _with_interval(value: float, low: float, high: float, interval: str = "") -> str:
+    if interval.startswith("range"):
+        return f"{_value(value)} ({interval}: {_value(low)} to {_value(high)})"
     if math.isnan(low):
         return f"{_value(value)} [n/a]"
     return f"{_value(value)} [{_value(low)}, {_value(high)}]"
+
+
+def _interval_header(rows: list[dict[str, Any]], options: ReportOptions) -> str:
+    """The interval part of a column header: what the cells' intervals are."""
+    ranges = [row for row in rows if row["interval"].startswith("range")]
+    if not ranges:
+        return f"[{options.confidence:.0%} CI]"
+    few = f"(range of the runs: fewer than {MIN_RUNS_FOR_INTERVALS}, no CI)"
+    return few if len(ranges) == len(rows) else f"[{options.confidence:.0%} CI] or {few}"
 
 
 def _count(value: float) -> str:
@@ -353,12 +401,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def summary_table(task: TaskReport, options: ReportOptions) -> str:
     """The per-objective summary of one task, as a Markdown table."""
     level = f"{options.crossing_metric} {'≥' if options.threshold_mode == 'max' else '≤'} {options.threshold:g}"
-    percent = f"{options.confidence:.0%}"
+    interval = _interval_header(task.summary, options)
     header = [
         "objective",
         "seeds",
-        f"{options.primary_metric} IQM [{percent} CI]",
-        f"{options.primary_metric} mean [{percent} CI]",
+        f"{options.primary_metric} IQM {interval}",
+        f"{options.primary_metric} mean {interval}",
         f"runs reaching {level}",
         "frames to reach (median)",
         "seconds to reach (median)",
@@ -370,8 +418,8 @@ def summary_table(task: TaskReport, options: ReportOptions) -> str:
         [
             row["objective"],
             str(row["runs"]),
-            _with_interval(row["iqm"], row["iqm_low"], row["iqm_high"]),
-            _with_interval(row["mean"], row["mean_low"], row["mean_high"]),
+            _with_interval(row["iqm"], row["iqm_low"], row["iqm_high"], row["interval"]),
+            _with_interval(row["mean"], row["mean_low"], row["mean_high"], row["interval"]),
             f"{row['reached']}/{row['runs']}",
             _count(row["frames_to_threshold_median"]),
             _seconds(row["seconds_to_threshold_median"]),
@@ -386,8 +434,8 @@ def summary_table(task: TaskReport, options: ReportOptions) -> str:
 
 def metrics_table(task: TaskReport, options: ReportOptions) -> str:
     """Every final metric of one task, IQM and mean per objective, as a Markdown table."""
-    percent = f"{options.confidence:.0%}"
-    header = ["metric", "objective", f"IQM [{percent} CI]", f"mean [{percent} CI]"]
+    interval = _interval_header(task.metrics, options)
+    header = ["metric", "objective", "runs", f"IQM {interval}", f"mean {interval}"]
     rows = sorted(task.metrics, key=lambda row: (row["metric"] != options.primary_metric, row["metric"]))
     return _table(
         header,
@@ -395,8 +443,9 @@ def metrics_table(task: TaskReport, options: ReportOptions) -> str:
             [
                 row["metric"],
                 row["objective"],
-                _with_interval(row["iqm"], row["iqm_low"], row["iqm_high"]),
-                _with_interval(row["mean"], row["mean_low"], row["mean_high"]),
+                str(row["runs"]),
+                _with_interval(row["iqm"], row["iqm_low"], row["iqm_high"], row["interval"]),
+                _with_interval(row["mean"], row["mean_low"], row["mean_high"], row["interval"]),
             ]
             for row in rows
         ],
@@ -404,29 +453,69 @@ def metrics_table(task: TaskReport, options: ReportOptions) -> str:
 
 
 def improvement_table(task: TaskReport, options: ReportOptions) -> str:
-    """The probability of improvement between each pair of objectives, as a Markdown table."""
-    header = ["X", "Y", f"P(X > Y) on {options.primary_metric} [{options.confidence:.0%} CI]"]
-    rows = [
-        [row["x"], row["y"], _with_interval(row["probability"], row["low"], row["high"])] for row in task.improvement
-    ]
+    """The probability of improvement between each pair of objectives, as a Markdown table.
+
+    A pair with fewer than :data:`MIN_RUNS_FOR_INTERVALS` runs on either side
+    gets the share of run pairs in which X scored higher, marked as not
+    estimated.
+    """
+    few = [row for row in task.improvement if row["interval"] == "not estimated"]
+    label = f"P(X > Y) on {options.primary_metric}"
+    if not few:
+        label += f" [{options.confidence:.0%} CI]"
+    elif len(few) == len(task.improvement):
+        label += f" (not estimated: fewer than {MIN_RUNS_FOR_INTERVALS} runs; share of run pairs)"
+    else:
+        label += f" [{options.confidence:.0%} CI] or (not estimated: fewer than {MIN_RUNS_FOR_INTERVALS} runs)"
+    header = ["X", "Y", "runs", label]
+    rows = [[row["x"], row["y"], f"{row['runs_x']} vs {row['runs_y']}", _improvement_cell(row)] for row in task.improvement]
     return _table(header, rows)
+
+
+def _improvement_cell(row: dict[str, Any]) -> str:
+    if row["interval"] != "not estimated":
+        return _with_interval(row["probability"], row["low"], row["high"])
+    pairs = row["runs_x"] * row["runs_y"]
+    return f"{_value(row['probability'])} ({row['probability'] * pairs:g} of {pairs} run pairs; not estimated)"
+
+
+def few_runs_line(report: Report) -> str:
+    """The report's first line: its title, and a warning when some objective has too few runs for intervals."""
+    if not report.few_runs:
+        return "# Objective comparison"
+    counts = sorted(set(report.run_counts))
+    shown = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    return (
+        f"# Objective comparison: only {shown} runs per objective, too few for confidence intervals "
+        f"(at least {MIN_RUNS_FOR_INTERVALS} needed)"
+    )
 
 
 def format_markdown(report: Report, plot_files: dict[str, str] | None = None) -> str:
     """Return the whole report as Markdown."""
     options = report.options
     runs = sum(len(group.runs) for task in report.tasks for group in task.groups)
-    lines = ["# Objective comparison", ""]
+    lines = [few_runs_line(report), ""]
     if report.roots:
         lines.append(f"Runs from {', '.join(f'`{root}`' for root in report.roots)}: {runs} finished runs.")
     if report.unfinished:
         shown = ", ".join(f"`{folder.name}`" for folder in report.unfinished[:5])
         more = f" and {len(report.unfinished) - 5} more" if len(report.unfinished) > 5 else ""
         lines.append(f"Left out: {len(report.unfinished)} unfinished run folders ({shown}{more}).")
+    if report.few_runs:
+        lines += [
+            *([""] if lines[-1] else []),
+            f"**Fewer than {MIN_RUNS_FOR_INTERVALS} runs per objective.** Where an objective has fewer, its IQM "
+            f"(the mean below 4 runs) and mean come with the range of its runs (lowest to highest), not a "
+            f"confidence interval, and a probability of improvement is only the share of run pairs in which X "
+            f"scored higher, not an estimate; every table says which. Differences at this size can be chance: "
+            f"run more seeds before drawing a conclusion.",
+        ]
     lines += [
         "",
         f"Statistics over seeds: interquartile mean (IQM) and mean, each with a {options.confidence:.0%} "
-        f"percentile-bootstrap confidence interval ({options.reps:,} resamples of the runs; n/a with one run). "
+        f"percentile-bootstrap confidence interval ({options.reps:,} resamples of the runs) from "
+        f"{MIN_RUNS_FOR_INTERVALS} runs on. "
         f"P(X > Y) is the probability that a run of X scores higher than a run of Y on "
         f"{options.primary_metric}, ties counting one half. Frames and seconds to reach the threshold are "
         f"medians over seeds of the first evaluation at which {options.crossing_metric} reached it "

@@ -154,8 +154,12 @@ class Run:
         return self._curves[metric]
 
     def frames_at(self, steps: np.ndarray) -> np.ndarray:
-        """Return the frames collected by the end of each of ``steps`` (iterations)."""
-        frame_steps, frames = self.curve(FRAMES_METRIC)
+        """Return the frames collected by the end of each of ``steps`` (iterations).
+
+        Step 0, before the first iteration (an evaluation of the initial
+        policy), is at 0 frames.
+        """
+        frame_steps, frames = _from_zero(*self.curve(FRAMES_METRIC))
         return np.interp(steps, frame_steps, frames)
 
     def seconds_at(self, steps: np.ndarray) -> np.ndarray:
@@ -163,10 +167,17 @@ class Run:
 
         It is the running sum of ``timers/iteration`` (each iteration's
         collection, update and evaluation), so it leaves out start-up and the
-        final test loop.
+        final test loop; step 0 is at 0 seconds.
         """
         timer_steps, seconds = self.curve(ITERATION_SECONDS_METRIC)
-        return np.interp(steps, timer_steps, np.cumsum(seconds))
+        return np.interp(steps, *_from_zero(timer_steps, np.cumsum(seconds)))
+
+
+def _from_zero(steps: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A running total by step, starting from 0 at step 0 if it has no value there."""
+    if len(steps) and steps[0] <= 0:
+        return steps, totals
+    return np.concatenate([[0.0], steps]), np.concatenate([[0.0], totals])
 
 
 @dataclass

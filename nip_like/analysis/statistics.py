@@ -15,6 +15,12 @@ the Statistical Precipice" (NeurIPS 2021) and its library rliable:
   ``X`` scores higher than a run of ``Y``, ties counting one half (the
   Mann-Whitney U statistic divided by ``m n``).
 
+Below :data:`MIN_RUNS_FOR_INTERVALS` runs a group is too small for either: a
+bootstrap of two runs resamples only their minimum and maximum, and the
+probability of improvement of 2 runs against 2 is the share of 4 pairs. A
+report then gives the range of the runs (:func:`score_range`), labelled as
+such, and says that it estimates no interval and no probability.
+
 Every random draw comes from a generator seeded by the caller, so a report is
 the same every time it is made from the same runs.
 """
@@ -27,6 +33,23 @@ import numpy as np
 
 #: Fraction cut from each end by the interquartile mean.
 IQM_CUT = 0.25
+
+#: Runs per group below which a report estimates no confidence interval and no probability of improvement.
+MIN_RUNS_FOR_INTERVALS = 5
+
+
+def score_range(scores: np.ndarray | Sequence[float]) -> tuple[float, float]:
+    """Return the lowest and the highest of ``scores``: what a few runs can say about their spread.
+
+    Parameters
+    ----------
+    scores : array_like
+        One score per run, at least one.
+    """
+    values = np.asarray(scores, dtype=float).ravel()
+    if len(values) == 0:
+        raise ValueError("score_range needs at least one score")
+    return (float(values.min()), float(values.max()))
 
 
 def interquartile_mean(scores: np.ndarray | Sequence[float], axis: int = -1) -> np.ndarray | float:
