@@ -27,13 +27,32 @@ def twice_differentiable():
 
 
 # ------------------------------------------------------- vector helpers
-def _dot(a: Vector, b: Vector) -> torch.Tensor:
+def _empty_like(like: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """Zeros of ``shape`` on the device and of the dtype of ``like``: the value of an empty vector's dot or flattening.
+
+    An empty vector (an agent without parameters) holds no tensor to take a
+    device from, so the caller names one; the package's callers filter such
+    agents out before they get here.
+
+    Raises
+    ------
+    ValueError
+        If ``like`` is None.
+    """
+    if like is None:
+        raise ValueError("an empty parameter vector has no device or dtype: pass like= (a tensor of the data it meets)")
+    return like.new_zeros(shape)
+
+
+def _dot(a: Vector, b: Vector, like: torch.Tensor | None = None) -> torch.Tensor:
+    """The dot product of two vectors (a scalar); zero on ``like``'s device and dtype if they are empty."""
     products = [(x * y).sum() for x, y in zip(a, b)]
-    return torch.stack(products).sum() if products else torch.zeros(())
+    return torch.stack(products).sum() if products else _empty_like(like, ())
 
 
-def _flat(vector: Vector) -> torch.Tensor:
-    return torch.cat([v.reshape(-1) for v in vector]) if vector else torch.zeros(0)
+def _flat(vector: Vector, like: torch.Tensor | None = None) -> torch.Tensor:
+    """The vector's tensors flattened into one; an empty one on ``like``'s device and dtype if there are none."""
+    return torch.cat([v.reshape(-1) for v in vector]) if vector else _empty_like(like, (0,))
 
 
 def _unflat(flat: torch.Tensor, like: Vector) -> Vector:
