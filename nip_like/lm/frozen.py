@@ -17,6 +17,13 @@ policy (no copy). Its weights are not written into the run's checkpoints; the
 checkpoints record where they came from and a checksum of the files read
 (:class:`FrozenSource`), and resuming refuses, in one line, a source whose
 files have changed since.
+
+A frozen co-player may also be played by an OpenAI-compatible chat server
+(:class:`ServedConfig`, ``served: {base_url, model, ...}``): its chat goes out
+as a chat-completions request through the client the text models and the
+inference-server sampler share, and the answer's text is its reply
+(:func:`served_player`; :func:`check_served` before the run). The stress
+test's target is one (``scenario.target.served``).
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
+from nip_like.allowed import checked
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.checkpoints import ADAPTER_CONFIG, checked_agent_folder
 from nip_like.lm.lora import lora_enabled
@@ -161,3 +169,66 @@ def check_frozen_config(where: str, config: Any) -> None:
         raise ConfigError(f"{where}.frozen_from: a frozen agent trains nothing, so it takes no LoRA adapters: set {where}.lora.r=0")
     if get("share_base_with"):
         raise ConfigError(f"{where}.frozen_from and {where}.share_base_with do not go together: a frozen agent plays from its own folder")
+
+
+# ---------------------------------------------------------------------- co-players served remotely
+@dataclass
+class ServedConfig:
+    """A frozen co-player played by an OpenAI-compatible chat server (``served:`` in the co-player's config).
+
+    The co-player's chat (the messages a local co-player would read through
+    its chat template) is sent as one ``/v1/chat/completions`` request, and
+    the answer's text is its reply, read as a local co-player's reply text
+    is. Requests go through :class:`~nip_like.openai_client.OpenAIClient`,
+    the client of the text models and of the inference-server sampler: at
+    most ``max_concurrency`` in flight, each waiting ``timeout`` seconds,
+    retried ``max_retries`` times with backoff, and a stop request (SIGINT,
+    SIGTERM) answered while the run waits. A server that fails for good stops
+    the run with one :class:`~nip_like.errors.ModelServerError` line; the
+    run's last checkpoint resumes it.
+    """
+
+    base_url: Optional[str] = None  # the server's API root, e.g. http://127.0.0.1:8000/v1; null = not served (played locally)
+    model: Optional[str] = None  # the served model's name, sent with each request
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the server's key (a local server needs none)
+    max_concurrency: int = checked(8, ge=1)  # requests in flight at once
+    max_retries: int = checked(3, ge=0)  # retries of a request that could not connect, met a 429/5xx or got malformed JSON
+    retry_backoff: float = checked(0.5, gt=0)  # seconds before the first retry, doubled for each next one
+    timeout: float = checked(60.0, gt=0)  # seconds a request may wait for its answer; one that gets none fails the run at once
+
+
+def is_served(served: Any) -> bool:
+    """Whether a ``served`` entry names a server (its ``base_url`` is set)."""
+    return served is not None and bool(getattr(served, "base_url", None))
+
+
+def served_player(served: Any, where: str):
+    """The chat client of a served co-player (``served``: its :class:`ServedConfig` entry at config path ``where``).
+
+    Returns
+    -------
+    OpenAIChatModel
+        A :class:`~nip_like.text.interface.TextModel`: ``reply(chats, sampling, seed)``
+        answers each chat with the server's text.
+
+    Raises
+    ------
+    ConfigError
+        ``base_url`` or ``model`` missing, or the URL not ``http(s)://host``, in one line naming ``where``.
+    """
+    from nip_like.openai_client import check_base_url
+    from nip_like.text.remote import OpenAIChatModel
+
+    for name in ("base_url", "model"):
+        if not getattr(served, name, None):
+            raise ConfigError(f"{where}.{name} is missing: a served co-player needs the server's base_url and model")
+    check_base_url(str(served.base_url), f"{where}.base_url")
+    return OpenAIChatModel.from_config(served, default_model=str(served.model))
+
+
+def check_served(served: Any, where: str) -> None:
+    """Refuse, in one line, a served co-player whose server does not answer ``GET /models`` (after its retries)."""
+    from nip_like.text.remote import check_text_model_server
+
+    served_player(served, where).close()  # base_url and model given, the URL well-formed
+    check_text_model_server(served, where)
