@@ -74,7 +74,12 @@ class ObjectiveConfig:
 
     A subclass's fields are exactly the keyword arguments of its loss's
     constructor, so that the trainer builds the loss as
-    ``Loss(policy, ..., **options)``.
+    ``Loss(policy, ..., **options)``. Each option is written once, here: the
+    loss names the schema as its :attr:`RolloutLoss.options_schema`, its
+    constructor's defaults are the fields' (``beta: float = DPOConfig.beta``),
+    and it checks its arguments against the fields' declared ranges
+    (:func:`~nip_like.objectives.options.check_options`), so a loss built
+    directly is the objective the config names.
     """
 
     #: The field that names the objective's variant (``"variant"``, ``"loss_type"``), if it has one.
@@ -112,6 +117,8 @@ class RolloutLoss(LossModule):
     needs_groups: ClassVar[bool] = False
     #: Logged names of this loss's output keys, beyond :func:`default_metric_name`.
     metric_names: ClassVar[Mapping[str, str]] = {}
+    #: The schema whose fields are this loss's keyword options: the constructor's defaults and ranges are its.
+    options_schema: ClassVar[type[ObjectiveConfig] | None] = None
 
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
         """Turn a collected ``(env, time)`` batch into buffer items, one per first-dimension entry.

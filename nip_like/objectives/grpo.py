@@ -15,6 +15,7 @@ from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, group_relative
 from nip_like.objectives.masking import set_per_agent
+from nip_like.objectives.options import check_options
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
 from nip_like.objectives.reference import ReferencePolicy
 from nip_like.objectives.scoring import AGGREGATIONS, aggregate, sampler_weights, token_kl
@@ -29,6 +30,8 @@ class GRPOConfig(ObjectiveConfig):
 
     clip_epsilon: float = checked(0.2, gt=0)  # clip range of the probability ratio
     kl_coeff: float = checked(0.0, ge=0)  # weight of the KL(pi || initial policy) penalty; 0 disables it
+    # 0.01 (TorchRL's A2C/PPO default; TRL's GRPO has no entropy term): every documented GRPO run used it.
+    # GRPOLoss's constructor reads it from here (it once said 0.0).
     entropy_coeff: float = checked(0.01, ge=0)  # weight of the entropy bonus
     loss_aggregation: str = checked("token_mean", choices=AGGREGATIONS)  # token_mean | sequence_mean over a message's tokens
 
@@ -46,6 +49,10 @@ class GRPOLoss(RolloutLoss):
     with an optional penalty ``kl_coeff * KL(pi || pi_ref)`` to a reference
     policy, estimated per token on the sampled tokens
     (:func:`~nip_like.objectives.scoring.token_kl`, TRL's estimator).
+
+    The keyword options and their defaults are :class:`GRPOConfig`'s; a
+    value outside a field's declared range is refused with a
+    :class:`~nip_like.errors.ConfigError`.
 
     Parameters
     ----------
@@ -77,6 +84,7 @@ class GRPOLoss(RolloutLoss):
     default_keys = _AcceptedKeys
     needs_groups = True
     metric_names: ClassVar = {"kl_reference": "policy/kl_reference"}
+    options_schema = GRPOConfig
 
     def __init__(
         self,
@@ -84,11 +92,19 @@ class GRPOLoss(RolloutLoss):
         agent_names: tuple[str, ...],
         reference: ReferencePolicy | None = None,
         *,
-        clip_epsilon: float = 0.2,
-        kl_coeff: float = 0.0,
-        entropy_coeff: float = 0.0,
-        loss_aggregation: str = "token_mean",
+        clip_epsilon: float = GRPOConfig.clip_epsilon,
+        kl_coeff: float = GRPOConfig.kl_coeff,
+        entropy_coeff: float = GRPOConfig.entropy_coeff,
+        loss_aggregation: str = GRPOConfig.loss_aggregation,
     ) -> None:
+        check_options(
+            self,
+            GRPOConfig,
+            clip_epsilon=clip_epsilon,
+            kl_coeff=kl_coeff,
+            entropy_coeff=entropy_coeff,
+            loss_aggregation=loss_aggregation,
+        )
         if kl_coeff > 0 and reference is None:
             raise ValueError("GRPOLoss needs a reference policy when kl_coeff > 0")
         super().__init__()

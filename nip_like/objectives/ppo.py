@@ -18,6 +18,7 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
+from nip_like.objectives.options import check_options
 from nip_like.objectives.reference import categorical_kl
 from nip_like.objectives.scoring import (
     AGGREGATIONS,
@@ -63,7 +64,9 @@ class MultiAgentPPOLoss(RolloutLoss):
     log-probability, ratio, entropy or loss. The value loss averages over every
     step: a state's value does not depend on who acts in it. Each total loss is
     the sum of the agents' terms, so that one agent's share of the batch does not
-    scale another's gradient.
+    scale another's gradient. The keyword options and their defaults are
+    :class:`PPOConfig`'s; a value outside a field's declared range is refused
+    with a :class:`~nip_like.errors.ConfigError`.
 
     Parameters
     ----------
@@ -122,6 +125,7 @@ class MultiAgentPPOLoss(RolloutLoss):
 
     default_keys = _AcceptedKeys
     default_value_estimator = ValueEstimators.GAE
+    options_schema = PPOConfig
 
     def __init__(
         self,
@@ -129,25 +133,33 @@ class MultiAgentPPOLoss(RolloutLoss):
         critic_network: TensorDictModule,
         agent_names: tuple[str, ...],
         *,
-        variant: str = "clip",
-        clip_epsilon: float = 0.2,
-        kl_beta: float = 1.0,
-        kl_target: float = 0.01,
-        kl_adaptive: bool = True,
-        entropy_coeff: float = 0.01,
-        critic_coeff: float = 0.5,
-        normalize_advantage: bool = True,
-        loss_critic_type: str = "smooth_l1",
-        gamma: float = 0.99,
-        lmbda: float = 0.95,
-        loss_aggregation: str = "token_mean",
+        variant: str = PPOConfig.variant,
+        clip_epsilon: float = PPOConfig.clip_epsilon,
+        kl_beta: float = PPOConfig.kl_beta,
+        kl_target: float = PPOConfig.kl_target,
+        kl_adaptive: bool = PPOConfig.kl_adaptive,
+        entropy_coeff: float = PPOConfig.entropy_coeff,
+        critic_coeff: float = PPOConfig.critic_coeff,
+        normalize_advantage: bool = PPOConfig.normalize_advantage,
+        loss_critic_type: str = PPOConfig.loss_critic_type,
+        gamma: float = PPOConfig.gamma,
+        lmbda: float = PPOConfig.lmbda,
+        loss_aggregation: str = PPOConfig.loss_aggregation,
     ) -> None:
-        if variant not in PPO_VARIANTS:
-            raise ValueError(f"{type(self).__name__}: variant must be one of {list(PPO_VARIANTS)}, got {variant!r}")
-        if loss_critic_type not in CRITIC_LOSS_TYPES:
-            raise ValueError(
-                f"{type(self).__name__}: loss_critic_type must be one of {list(CRITIC_LOSS_TYPES)}, got {loss_critic_type!r}"
-            )
+        check_options(
+            self,
+            PPOConfig,
+            variant=variant,
+            clip_epsilon=clip_epsilon,
+            kl_beta=kl_beta,
+            kl_target=kl_target,
+            entropy_coeff=entropy_coeff,
+            critic_coeff=critic_coeff,
+            loss_critic_type=loss_critic_type,
+            gamma=gamma,
+            lmbda=lmbda,
+            loss_aggregation=loss_aggregation,
+        )
         super().__init__()
         self.actor_network = actor_network
         self.critic_network = critic_network

@@ -15,6 +15,7 @@ from nip_like.allowed import checked
 from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
+from nip_like.objectives.options import check_options
 from nip_like.objectives.scoring import critic_value, sampler_weights, score_actions
 
 RETURN_KEY = ("agents", "return")
@@ -53,6 +54,8 @@ class ReinforceConfig(ObjectiveConfig):
 
     baseline: bool = True  # subtract a learned value baseline (the agents' value networks)
     gamma: float = checked(0.99, ge=0, le=1)  # discount factor of the returns
+    # 0.01 (TorchRL's A2C default; its ReinforceLoss has no entropy term): every documented REINFORCE run used it.
+    # MultiAgentReinforceLoss's constructor reads it from here (it once said 0.0).
     entropy_coeff: float = checked(0.01, ge=0)  # weight of the entropy bonus
     critic_coeff: float = checked(0.5, ge=0)  # weight of the baseline's regression loss
     normalize_advantage: bool = True  # standardise advantages per agent over its active steps
@@ -67,6 +70,9 @@ class MultiAgentReinforceLoss(RolloutLoss):
     value when a critic is given (the critic then learns the returns by
     regression over every step). Only episodes that start and end inside the
     collected batch are used, so every return is a true Monte-Carlo return.
+    The keyword options and their defaults are :class:`ReinforceConfig`'s;
+    a value outside a field's declared range is refused with a
+    :class:`~nip_like.errors.ConfigError`.
 
     Parameters
     ----------
@@ -96,6 +102,7 @@ class MultiAgentReinforceLoss(RolloutLoss):
         reward: NestedKey = keys.REWARD_KEY
 
     default_keys = _AcceptedKeys
+    options_schema = ReinforceConfig
 
     def __init__(
         self,
@@ -103,12 +110,13 @@ class MultiAgentReinforceLoss(RolloutLoss):
         critic_network: TensorDictModule | None,
         agent_names: tuple[str, ...],
         *,
-        baseline: bool = True,
-        gamma: float = 0.99,
-        entropy_coeff: float = 0.0,
-        critic_coeff: float = 0.5,
-        normalize_advantage: bool = True,
+        baseline: bool = ReinforceConfig.baseline,
+        gamma: float = ReinforceConfig.gamma,
+        entropy_coeff: float = ReinforceConfig.entropy_coeff,
+        critic_coeff: float = ReinforceConfig.critic_coeff,
+        normalize_advantage: bool = ReinforceConfig.normalize_advantage,
     ) -> None:
+        check_options(self, ReinforceConfig, gamma=gamma, entropy_coeff=entropy_coeff, critic_coeff=critic_coeff)
         super().__init__()
         self.actor_network = actor_network
         self.critic_network = critic_network if baseline else None

@@ -47,7 +47,7 @@ messages) and enters every derivative.
 
 Modules: :mod:`~nip_like.objectives.learning_aware.base` (the base loss, its
 options and the episode layout), :mod:`~nip_like.objectives.learning_aware.opponent_shaping`
-(LOLA, SOS), :mod:`~nip_like.objectives.learning_aware.stackelberg` (SPG) and
+(LOLA, SOS and their clipped forms POLA, PSOS), :mod:`~nip_like.objectives.learning_aware.stackelberg` (SPG, PSPG) and
 :mod:`~nip_like.objectives.learning_aware.second_order` (inverse-Hessian-vector
 products and the other second-order helpers). Every public name is importable
 from this package too.
@@ -66,8 +66,11 @@ from nip_like.objectives.learning_aware.opponent_shaping import (
     ANTICIPATE,
     LOLAConfig,
     LOLALoss,
+    OpponentShapingConfig,
     POLAConfig,
+    POLALoss,
     PSOSConfig,
+    PSOSLoss,
     SOSConfig,
     SOSLoss,
 )
@@ -81,6 +84,7 @@ from nip_like.objectives.learning_aware.second_order import (
 from nip_like.objectives.learning_aware.stackelberg import (
     IHVP_METHODS,
     PSPGConfig,
+    PSPGLoss,
     SPGConfig,
     SPGLoss,
 )
@@ -92,9 +96,13 @@ __all__ = [
     "LOLALoss",
     "LearningAwareConfig",
     "LearningAwareLoss",
+    "OpponentShapingConfig",
     "POLAConfig",
+    "POLALoss",
     "PSOSConfig",
+    "PSOSLoss",
     "PSPGConfig",
+    "PSPGLoss",
     "SOSConfig",
     "SOSLoss",
     "SPGConfig",

@@ -33,7 +33,8 @@ from nip_like.objectives.learning_aware.second_order import (
     twice_differentiable,
 )
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
-from nip_like.objectives.ppo import CRITIC_LOSS_TYPES, clipped_surrogate
+from nip_like.objectives.options import check_options
+from nip_like.objectives.ppo import CRITIC_LOSS_TYPES, PPOConfig, clipped_surrogate
 from nip_like.objectives.scoring import behaviour_token_log_probs, critic_value, score_actions
 
 #: ``(episodes, time)`` booleans of the episode layout: the step is part of its episode (not padding).
@@ -110,6 +111,11 @@ class LearningAwareLoss(RolloutLoss):
     A subclass implements :meth:`_corrections`, the part of each agent's
     update beyond its own gradient (see :mod:`nip_like.objectives.learning_aware`).
 
+    The keyword options and their defaults are :class:`LearningAwareConfig`'s
+    (and a subclass's schema's); ``clip_epsilon`` allows what PPO's does. A
+    value outside a field's declared range is refused with a
+    :class:`~nip_like.errors.ConfigError`.
+
     Parameters
     ----------
     actor_network : ProbabilisticActor or an actor with ``score_actions``
@@ -183,6 +189,7 @@ class LearningAwareLoss(RolloutLoss):
     }
     #: Whether the loss needs a leader order whatever its options (SPG).
     needs_leader_order: ClassVar[bool] = False
+    options_schema = LearningAwareConfig
 
     def __init__(
         self,
@@ -192,20 +199,27 @@ class LearningAwareLoss(RolloutLoss):
         *,
         leader_order: tuple[tuple[str, ...], ...] | None = None,
         lr_factors: dict[str, float] | None = None,
-        entropy_coeff: float = 0.01,
-        critic_coeff: float = 0.5,
-        loss_critic_type: str = "l2",
-        normalize_advantage: bool = False,
-        gamma: float = 0.99,
-        lmbda: float = 0.95,
+        entropy_coeff: float = LearningAwareConfig.entropy_coeff,
+        critic_coeff: float = LearningAwareConfig.critic_coeff,
+        loss_critic_type: str = LearningAwareConfig.loss_critic_type,
+        normalize_advantage: bool = LearningAwareConfig.normalize_advantage,
+        gamma: float = LearningAwareConfig.gamma,
+        lmbda: float = LearningAwareConfig.lmbda,
         clip_epsilon: float | None = None,
-        cover_episodes: bool = True,
-        truncated_episodes: bool = False,
+        cover_episodes: bool = LearningAwareConfig.cover_episodes,
+        truncated_episodes: bool = LearningAwareConfig.truncated_episodes,
     ) -> None:
-        if loss_critic_type not in CRITIC_LOSS_TYPES:
-            raise ValueError(f"loss_critic_type must be one of {list(CRITIC_LOSS_TYPES)}, got {loss_critic_type!r}")
-        if clip_epsilon is not None and clip_epsilon <= 0:
-            raise ValueError(f"clip_epsilon must be > 0 or None, got {clip_epsilon}")
+        check_options(
+            self,
+            LearningAwareConfig,
+            entropy_coeff=entropy_coeff,
+            critic_coeff=critic_coeff,
+            loss_critic_type=loss_critic_type,
+            gamma=gamma,
+            lmbda=lmbda,
+        )
+        # The PPO-clipped forms' clip range allows what PPO's does (None: not clipped).
+        check_options(self, PPOConfig, clip_epsilon=clip_epsilon)
         super().__init__()
         self.actor_network = actor_network
         self.critic_network = critic_network

@@ -15,6 +15,7 @@ import torch
 from nip_like.allowed import checked
 from nip_like.objectives.learning_aware.base import LearningAwareConfig, LearningAwareLoss
 from nip_like.objectives.learning_aware.second_order import Vector, _dot, _flat
+from nip_like.objectives.options import check_options
 
 #: Whom an agent anticipates in LOLA and SOS: every other agent, or only the agents that follow it.
 ANTICIPATE = ("all", "followers")
@@ -22,11 +23,17 @@ ANTICIPATE = ("all", "followers")
 
 # ------------------------------------------------------------------ schemas
 @dataclass
-class LOLAConfig(LearningAwareConfig):
-    """Options of LOLA (:class:`LOLALoss`)."""
+class OpponentShapingConfig(LearningAwareConfig):
+    """Options LOLA and SOS share: whom an agent anticipates, and the step size it assumes they take."""
 
     lookahead_lr: Optional[float] = checked(None, gt=0)  # the step size agents assume the others learn with (times each one's agent_lr / lr); null: each one's trainer.optimizer learning rate
     anticipate: str = checked("all", choices=ANTICIPATE)  # all (every other agent) | followers (the protocol's later groups)
+
+
+@dataclass
+class LOLAConfig(OpponentShapingConfig):
+    """Options of LOLA (:class:`LOLALoss`)."""
+
     lookahead_term: bool = False  # also differentiate the own objective at the others' anticipated step (LookAhead, H_o xi)
 
 
@@ -38,11 +45,9 @@ class POLAConfig(LOLAConfig):
 
 
 @dataclass
-class SOSConfig(LearningAwareConfig):
+class SOSConfig(OpponentShapingConfig):
     """Options of stable opponent shaping (:class:`SOSLoss`)."""
 
-    lookahead_lr: Optional[float] = checked(None, gt=0)  # the step size agents assume the others learn with (times each one's agent_lr / lr); null: each one's trainer.optimizer learning rate
-    anticipate: str = checked("all", choices=ANTICIPATE)  # all (every other agent) | followers (the protocol's later groups)
     sos_a: float = checked(0.5, gt=0, lt=1)  # a: the shaping may cancel at most this share of the look-ahead update
     sos_b: float = checked(0.1, gt=0)  # b: below this gradient norm the shaping scales with its square
 
@@ -58,9 +63,16 @@ class PSOSConfig(SOSConfig):
 class _OpponentShapingLoss(LearningAwareLoss):
     """What LOLA and SOS share: anticipated agents, their learning rates, the shaping and look-ahead terms."""
 
-    def __init__(self, *args, lookahead_lr: float | None = None, anticipate: str = "all", **kwargs) -> None:
-        if anticipate not in ANTICIPATE:
-            raise ValueError(f"anticipate must be one of {list(ANTICIPATE)}, got {anticipate!r}")
+    options_schema = OpponentShapingConfig
+
+    def __init__(
+        self,
+        *args,
+        lookahead_lr: float | None = OpponentShapingConfig.lookahead_lr,
+        anticipate: str = OpponentShapingConfig.anticipate,
+        **kwargs,
+    ) -> None:
+        check_options(self, OpponentShapingConfig, lookahead_lr=lookahead_lr, anticipate=anticipate)
         if anticipate == "followers" and kwargs.get("leader_order") is None:
             raise ValueError("anticipate='followers' needs a leader_order")
         super().__init__(*args, **kwargs)
@@ -151,14 +163,17 @@ class LOLALoss(_OpponentShapingLoss):
         Those of :class:`LearningAwareLoss`.
     lookahead_lr : float, optional
         The base step size ``alpha`` agents assume the others take (times
-        their ``lr_factors``); ``None`` is 1.
+        their ``lr_factors``); ``None`` is 1 here (the trainer passes its
+        optimiser's learning rate for the config's ``null``).
     anticipate : str
         ``"all"``: every other agent; ``"followers"``: the agents of later groups of ``leader_order``.
     lookahead_term : bool
         Add the look-ahead term ``(H_o xi)_i`` that Foerster et al. leave out.
     """
 
-    def __init__(self, *args, lookahead_term: bool = False, **kwargs) -> None:
+    options_schema = LOLAConfig
+
+    def __init__(self, *args, lookahead_term: bool = LOLAConfig.lookahead_term, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.lookahead_term = bool(lookahead_term)
 
@@ -197,9 +212,10 @@ class SOSLoss(_OpponentShapingLoss):
         ``b > 0``.
     """
 
-    def __init__(self, *args, sos_a: float = 0.5, sos_b: float = 0.1, **kwargs) -> None:
-        if not 0 < sos_a < 1 or sos_b <= 0:
-            raise ValueError(f"sos_a must be in (0, 1) and sos_b > 0, got {sos_a} and {sos_b}")
+    options_schema = SOSConfig
+
+    def __init__(self, *args, sos_a: float = SOSConfig.sos_a, sos_b: float = SOSConfig.sos_b, **kwargs) -> None:
+        check_options(self, SOSConfig, sos_a=sos_a, sos_b=sos_b)
         super().__init__(*args, **kwargs)
         self.sos_a = float(sos_a)
         self.sos_b = float(sos_b)
@@ -227,3 +243,37 @@ class SOSLoss(_OpponentShapingLoss):
             "lookahead_norm": float(_flat([h for agent in agents for h in looking[agent]]).norm()),
         }
         return corrections, extra
+
+
+class POLALoss(LOLALoss):
+    """POLA: :class:`LOLALoss` with each agent's own term PPO-clipped, ``trainer=pola``'s objective (:class:`POLAConfig`).
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`LOLALoss`.
+    clip_epsilon : float
+        Clip range of the probability ratio of each agent's own term.
+    """
+
+    options_schema = POLAConfig
+
+    def __init__(self, *args, clip_epsilon: float = POLAConfig.clip_epsilon, **kwargs) -> None:
+        super().__init__(*args, clip_epsilon=clip_epsilon, **kwargs)
+
+
+class PSOSLoss(SOSLoss):
+    """PSOS: :class:`SOSLoss` with each agent's own term PPO-clipped, ``trainer=psos``'s objective (:class:`PSOSConfig`).
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`SOSLoss`.
+    clip_epsilon : float
+        Clip range of the probability ratio of each agent's own term.
+    """
+
+    options_schema = PSOSConfig
+
+    def __init__(self, *args, clip_epsilon: float = PSOSConfig.clip_epsilon, **kwargs) -> None:
+        super().__init__(*args, clip_epsilon=clip_epsilon, **kwargs)

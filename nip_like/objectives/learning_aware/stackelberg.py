@@ -21,6 +21,7 @@ from nip_like.objectives.learning_aware.second_order import (
     conjugate_gradient,
     low_rank_inverse,
 )
+from nip_like.objectives.options import check_options
 from nip_like.precision import float32_region
 
 #: Ways to compute inverse-Hessian-vector products.
@@ -73,23 +74,25 @@ class SPGLoss(LearningAwareLoss):
     """
 
     needs_leader_order = True
+    options_schema = SPGConfig
 
     def __init__(
         self,
         *args,
-        ihvp_method: str = "cg",
-        ihvp_iterations: int = 10,
-        ihvp_rank: int = 8,
-        ihvp_damping: float = 0.01,
+        ihvp_method: str = SPGConfig.ihvp_method,
+        ihvp_iterations: int = SPGConfig.ihvp_iterations,
+        ihvp_rank: int = SPGConfig.ihvp_rank,
+        ihvp_damping: float = SPGConfig.ihvp_damping,
         **kwargs,
     ) -> None:
-        if ihvp_method not in IHVP_METHODS:
-            raise ValueError(f"ihvp_method must be one of {list(IHVP_METHODS)}, got {ihvp_method!r}")
-        if ihvp_iterations < 1 or ihvp_rank < 1 or ihvp_damping < 0:
-            raise ValueError(
-                f"ihvp_iterations and ihvp_rank must be >= 1 and ihvp_damping >= 0, "
-                f"got {ihvp_iterations}, {ihvp_rank}, {ihvp_damping}"
-            )
+        check_options(
+            self,
+            SPGConfig,
+            ihvp_method=ihvp_method,
+            ihvp_iterations=ihvp_iterations,
+            ihvp_rank=ihvp_rank,
+            ihvp_damping=ihvp_damping,
+        )
         super().__init__(*args, **kwargs)
         self.ihvp_method = ihvp_method
         self.ihvp_iterations = int(ihvp_iterations)
@@ -159,3 +162,20 @@ class SPGLoss(LearningAwareLoss):
             residuals[leader] = worst
         corrections = self._vjp(reaching, log_ratio, leaders)
         return corrections, {"ihvp_residual": residuals}
+
+
+class PSPGLoss(SPGLoss):
+    """PSPG: :class:`SPGLoss` with each agent's own term PPO-clipped, ``trainer=pspg``'s objective (:class:`PSPGConfig`).
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`SPGLoss`.
+    clip_epsilon : float
+        Clip range of the probability ratio of each agent's own term.
+    """
+
+    options_schema = PSPGConfig
+
+    def __init__(self, *args, clip_epsilon: float = PSPGConfig.clip_epsilon, **kwargs) -> None:
+        super().__init__(*args, clip_epsilon=clip_epsilon, **kwargs)
