@@ -47,6 +47,8 @@ from nip_like.allowed import violations
 from nip_like.distributed import launched_world_size
 from nip_like.config import LOOP_SCHEMAS, ExperimentConfig
 from nip_like.errors import ConfigError, one_line, raise_problems
+from nip_like.lm.models import agent_option
+from nip_like.lm.shared_models import sharing_groups, with_shared_base
 from nip_like.protocols.base import Protocol
 from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS, Entry
 from nip_like.scenarios.base import Scenario
@@ -148,6 +150,8 @@ def validate(config: DictConfig) -> CheckedConfig:
         checks.add("trainer", trainer.cls.validate(config, scenario))
     if trainer is not None and scenario is not None:
         checks.add("scenario", requirement_problems(trainer.cls, scenario, config))
+    if scenario is not None:
+        checks.add("scenario", shared_base_problems(scenario))
     raise_problems(checks.problems)
     assert trainer is not None and scenario is not None  # no problem: both were built
     return CheckedConfig(trainer, scenario, sections, {kind: entries[kind] for kind in ("scenario", "protocol")})
@@ -420,6 +424,35 @@ def requirement_problems(trainer_class: type[Trainer], scenario: Scenario, confi
                 f"{who} needs a scenario with {provides} ({names}); scenario {config.scenario.name!r} has none{hint}"
             )
     return problems
+
+
+def shared_base_problems(scenario: Scenario) -> list[str]:
+    """A line if ``scenario.shared_base=true`` shares no base because of frozen co-players; none otherwise.
+
+    ``shared_base`` builds every agent on the base of the first agent that is
+    not frozen (:func:`~nip_like.lm.shared_models.with_shared_base`); a
+    frozen co-player (``frozen_from``) keeps the model of the run it comes
+    from. When that leaves no two agents on one base, the setting would do
+    nothing, silently: it is refused, naming the frozen agents. Only the
+    config is read (no run folder is resolved).
+    """
+    config = scenario.config
+    if not isinstance(config, DictConfig) or not config.get("shared_base") or "default_agent" not in config:
+        return []
+    agents = {
+        name: config.agents[name] if name in config.get("agents", {}) else config.default_agent
+        for name in scenario.agent_names
+    }
+    frozen = [name for name, agent in agents.items() if agent_option(agent, "frozen_from")]
+    if not frozen or sharing_groups(with_shared_base(agents)):
+        return []
+    free = [name for name in agents if name not in frozen]
+    who = f"the frozen co-player {frozen[0]} keeps" if len(frozen) == 1 else f"the frozen co-players {', '.join(frozen)} keep"
+    left = f"leaving {free[0]} no agent to share its base with" if len(free) == 1 else "leaving no two agents to share a base"
+    return [
+        f"scenario.shared_base=true shares nothing here: {who} the model of the run it comes from (frozen_from), "
+        f"{left}; drop scenario.shared_base"
+    ]
 
 
 def check_requirements(trainer_class: type[Trainer], scenario: Scenario, config: DictConfig) -> None:
