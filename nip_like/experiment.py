@@ -58,6 +58,7 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     if not distributed.current().is_writer:  # under torchrun only rank 0 writes metrics
         logger_config = OmegaConf.merge(config.logger, {"backends": []})
     logger = MetricLogger(logger_config, run_dir, str(config.name))
+    logger.log_hyper_parameters(config, run_id(config))
     return checked.trainer.cls(config, scenario, run_dir, logger)
 
 
