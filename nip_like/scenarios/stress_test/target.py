@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from nip_like.allowed import checked
+from nip_like.errors import ModelServerError
 from nip_like.lm.frozen import ServedConfig, is_served, served_player
 from nip_like.lm.sampling import MIN_TEMPERATURE
 from nip_like.scenarios.stress_test.reward import utterance_likelihood
@@ -90,6 +91,7 @@ class Target:
 
         self.sampling = Sampling(int(config.max_new_tokens), float(config.temperature), float(config.top_p))
         self.local = LocalTextModel(folder, device, batch_size=256) if folder is not None else None
+        self.where = where
         self.served = is_served(config.served)
         self.player = served_player(config.served, f"{where}.served") if self.served else self.local
 
@@ -99,8 +101,11 @@ class Target:
         return self.local is not None
 
     def reply(self, chats: Sequence[Chat], seed: int) -> list[str]:
-        """One response per chat, sampled with the target's settings and ``seed``."""
-        return self.player.reply(list(chats), self.sampling, seed)
+        """One response per chat, sampled with the target's settings and ``seed``; a server that fails names the target."""
+        try:
+            return self.player.reply(list(chats), self.sampling, seed)
+        except ModelServerError as error:
+            raise ModelServerError(f"{self.where}.served: {error}") from None
 
     def likelihood(self, contexts: Sequence[str], utterances: Sequence[str]) -> torch.Tensor:
         """``(B,)`` mean per-token log-probability of each utterance after its context (:func:`~nip_like.scenarios.stress_test.reward.utterance_likelihood`)."""
