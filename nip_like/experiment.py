@@ -161,7 +161,7 @@ def _interrupted(
         state = getattr(trainer, "state", None)
         where = f"during iteration {state.iteration + 1}" if state is not None else "while setting up"
         if waiting is not None:
-            where = f"{where}, waiting for {waiting.what}"
+            where = f"{where}, {waiting.where}"
         if (run_dir / "checkpoints" / "last.pt").is_file():
             message = f"interrupted at once {where}; resume from the last checkpoint with: {command}"
         else:

@@ -18,6 +18,15 @@ through :func:`sleep`, which raise :class:`StopNow` within
 since its last checkpoint dropped; a resume starts that iteration or stage
 again.
 
+Long computations call :func:`stop_point` at each of their steps (a warm
+start's minibatch, an update's minibatch, an episode's step, a token of a
+language model's message, a drawn datapoint of a dataset). It raises
+:class:`StopNow` once :data:`GRACE_SECONDS` have passed since the first
+signal without the run reaching a safe point: an iteration that ends soon
+still ends, and is saved, as before; a long one is dropped, and the run is
+resumed from its last checkpoint (or started again when it has none). Until
+a signal comes, a call costs a look at a list: no system call, no clock.
+
 A signal that the process was started with ignored (a shell's background job
 ignores SIGINT) stays ignored.
 """
@@ -36,7 +45,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: How often a wait looks for a stop request (seconds).
 POLL_SECONDS = 0.1
 
+#: How long after the first signal :func:`stop_point` lets a computation go on toward the next safe point (seconds).
+GRACE_SECONDS = 2.0
+
 _requested: list[int] = []  # the signals received while handle_interrupts is active, in order
+_requested_at: list[float] = []  # time.monotonic() of the first of them
 _active = False
 
 
@@ -66,18 +79,46 @@ class StopNow(BaseException):
     Parameters
     ----------
     what : str
-        What was waited for (``"a reply from the server at <url>"``), for the report.
+        What was waited for (``"a reply from the server at <url>"``), or with
+        ``waiting=False`` the computation that was under way (``"the update"``),
+        for the report.
+    waiting : bool
+        Whether ``what`` was waited for (:func:`raise_if_stop_requested`) or
+        computed (:func:`stop_point`).
+
+    Attributes
+    ----------
+    where : str
+        ``"waiting for <what>"`` or ``"in <what>"``: where the run was, for its one line.
     """
 
-    def __init__(self, what: str) -> None:
-        super().__init__(f"stopped while waiting for {what}")
+    def __init__(self, what: str, waiting: bool = True) -> None:
         self.what = what
+        self.where = f"waiting for {what}" if waiting else f"in {what}"
+        super().__init__(f"stopped while {self.where}")
 
 
 def raise_if_stop_requested(what: str) -> None:
     """Raise :class:`StopNow` if SIGINT or SIGTERM asked the run to stop; ``what`` is being waited for."""
     if _requested:
         raise StopNow(what)
+
+
+def stop_point(phase: str) -> None:
+    """Raise :class:`StopNow` if a stop request has waited :data:`GRACE_SECONDS` for a safe point.
+
+    Long computations call it at each step; ``phase`` names the computation
+    (``"the update"``, ``"the warm start of prover"``) in the run's one line.
+    Pass a fixed string where it is called often (each token): building one
+    costs more than the check.
+    """
+    if _requested and stop_due():
+        raise StopNow(phase, waiting=False)
+
+
+def stop_due() -> bool:
+    """Whether a stop request has waited :data:`GRACE_SECONDS` (a computation should stop now, wherever it is)."""
+    return bool(_requested_at) and time.monotonic() - _requested_at[0] >= GRACE_SECONDS
 
 
 def sleep(seconds: float, what: str) -> None:
@@ -102,6 +143,8 @@ def requested_signal() -> int | None:
 
 
 def _handler(signum: int, frame: object) -> None:
+    if not _requested_at:
+        _requested_at.append(time.monotonic())
     _requested.append(signum)
     if len(_requested) > 1:
         raise KeyboardInterrupt
@@ -136,6 +179,7 @@ def handle_interrupts(enabled: bool = True) -> Iterator[None]:
         signal.signal(signum, _handler)
     _active = True
     _requested.clear()
+    _requested_at.clear()
     try:
         yield
     finally:
@@ -143,3 +187,4 @@ def handle_interrupts(enabled: bool = True) -> Iterator[None]:
             signal.signal(signum, handler)
         _active = False
         _requested.clear()
+        _requested_at.clear()

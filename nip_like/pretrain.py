@@ -30,6 +30,7 @@ from nip_like.checkpoint import derive_seed, load_checked, save_atomic
 from nip_like.config import without_entries, without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
+from nip_like.interrupts import stop_point
 from nip_like.lm.pretrain import demonstration_loss, held_out_scores, sync_value_body
 from nip_like.scenarios.base import Demonstrating, Labelled, code_key
 from nip_like.optimizers import make_optimizer
@@ -137,7 +138,11 @@ def fit_loss(scenario, agents: AgentModules, agent: str, data: TensorDictBase) -
 @torch.no_grad()
 def predicted_decisions(agents: AgentModules, agent_index: int, data: TensorDictBase) -> torch.Tensor:
     """``(E,)`` the most likely target action of one agent on each datapoint of ``data``, in chunks."""
-    return torch.cat([decision_log_probs(agents, agent_index, chunk).argmax(-1) for chunk in data.split(1024)])
+    decisions = []
+    for chunk in data.split(1024):
+        stop_point("the scoring of held-out data")
+        decisions.append(decision_log_probs(agents, agent_index, chunk).argmax(-1))
+    return torch.cat(decisions)
 
 
 def held_out_accuracy(scenario, agents: AgentModules, agent: str, data: TensorDictBase) -> float:
@@ -277,11 +282,13 @@ def _fit(
     generator = torch.Generator().manual_seed(seed)
     best: Optional[Fit] = None
     accuracy, fit_seconds, held_out_seconds = 0.0, 0.0, 0.0
+    phase = f"the warm start of {agent}"
     for _ in _epochs(config, agent):
+        stop_point(phase)
         started = time.perf_counter()
         _, accuracy, _ = supervised_epoch(
             train, fit_loss(scenario, agents, agent, train), optimizer, options.minibatch_size, generator,
-            options.max_grad_norm, scheduler,
+            options.max_grad_norm, scheduler, phase,
         )
         fit_seconds += time.perf_counter() - started
         if held_out is not None:

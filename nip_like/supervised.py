@@ -13,6 +13,8 @@ from typing import Callable, Optional
 import torch
 from tensordict import TensorDictBase
 
+from nip_like.interrupts import stop_point
+
 #: Given a minibatch: its loss (to minimise) and the per-example accuracy (a float tensor).
 StepLoss = Callable[[TensorDictBase], tuple[torch.Tensor, torch.Tensor]]
 
@@ -32,6 +34,7 @@ def supervised_epoch(
     generator: torch.Generator,
     max_grad_norm: float | None = None,
     scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+    phase: str = "a supervised epoch",
 ) -> tuple[float, float, int]:
     """One shuffled pass over ``data`` in minibatches, one optimiser step each.
 
@@ -52,6 +55,9 @@ def supervised_epoch(
         Clip the gradient norm of the optimiser's parameters to this.
     scheduler : LRScheduler, optional
         Stepped after every optimiser step (a warm-up, say).
+    phase : str
+        The fit, as a stop request in the middle of it is reported
+        (:func:`~nip_like.interrupts.stop_point`, before each minibatch).
 
     Returns
     -------
@@ -64,6 +70,7 @@ def supervised_epoch(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     losses, accuracies = [], []
     for start in range(0, count - size + 1, size):
+        stop_point(phase)
         loss, accuracy = step_loss(data[order[start : start + size]])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -6,7 +6,10 @@ token drawn from :func:`~nip_like.lm.sampling.processed_log_probs` (or its
 most likely one), until every row has ended with ``<eos>`` or a stop string
 or has ``max_new_tokens`` tokens. The messages come out dense and padded
 (:func:`sampled_messages`). The KV cache's name in the model's ``forward``
-changed in transformers 5.24 (:func:`cache_argument`).
+changed in transformers 5.24 (:func:`cache_argument`). A stop request
+(:mod:`nip_like.interrupts`) that has waited its grace ends the loop before
+the next token (:func:`~nip_like.interrupts.stop_point`): the messages under
+way are dropped, never returned half-written.
 
 This is the *eager* path: the model's own cache grows by one slot per token
 and each token is a few hundred kernel launches. The static KV cache and the
@@ -22,8 +25,13 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from nip_like.interrupts import stop_point
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
+
+
+#: Decoding, as a stop request in the middle of it is reported.
+DECODING_PHASE = "a language model's decoding"
 
 
 def cache_argument(model: nn.Module) -> str:
@@ -97,6 +105,7 @@ def decode(
     keeps_logits: bool,
     cache_argument: str,
     ends_with_stop: Optional[Callable[[Sequence[int]], bool]] = None,
+    stops: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Sample one message per prompt with the KV cache (the model already in eval mode, gradients off).
 
@@ -124,11 +133,19 @@ def decode(
         The name of the KV cache in the model's ``forward`` (:func:`cache_argument`).
     ends_with_stop : callable, optional
         Whether a row's tokens end with a stop string; None: no stop strings.
+    stops : bool
+        Look for a stop request before each token (:func:`~nip_like.interrupts.stop_point`);
+        False for a sharded model, whose ranks must take every pass together.
 
     Returns
     -------
     dict of str to torch.Tensor
         As :meth:`~nip_like.lm.policy.LMPolicy.sample` returns it (:func:`sampled_messages`).
+
+    Raises
+    ------
+    StopNow
+        If a stop request has waited its grace (:mod:`nip_like.interrupts`): no message is returned.
     """
     check_prompts(prompt_ids, prompt_mask)
     prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
@@ -153,6 +170,8 @@ def decode(
         **last_logits,
     )
     for step in range(length):
+        if stops:
+            stop_point(DECODING_PHASE)
         log_probs = processed_log_probs(output.logits[:, -1], banned, settings)
         token = log_probs.argmax(-1) if greedy else draw_tokens(log_probs, generator)
         token_log_prob = log_probs.gather(-1, token.unsqueeze(-1)).squeeze(-1)

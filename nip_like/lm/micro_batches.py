@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from nip_like import distributed
+from nip_like.interrupts import stop_point
 from nip_like.lm.padding import trim_padding_columns
 
 #: One scoring pass over some rows: ``(prompt_ids, prompt_mask, tokens, token_mask, *options) -> scores``.
@@ -135,7 +137,12 @@ def scores_by_micro_batch(
     # in the backward pass (activation checkpointing per group), so the graph holds one group's activations
     # at a time, while the loss still sees every row: the gradient equals the one-pass gradient.
     parts = []
+    # A stop request that has waited its grace ends the scoring between two micro-batches, in one process only:
+    # under torchrun a rank that stopped there would leave the others waiting in their gradient sums.
+    stops = not lockstep and not distributed.current().enabled
     for rows in groups:
+        if stops:
+            stop_point("a language model's scoring pass")
         group = trim_padding_columns(prompt_ids[rows], prompt_mask[rows])
         width = int(token_mask[rows].sum(-1).max())
         inputs = (*group, tokens[rows, :width], token_mask[rows, :width])

@@ -7,6 +7,7 @@ import math
 import torch
 from tensordict import TensorDictBase
 
+from nip_like.interrupts import stop_point
 from nip_like.lm.policy import LMPolicy
 from nip_like.supervised import StepLoss
 
@@ -58,6 +59,7 @@ def held_out_scores(policy: LMPolicy, data: TensorDictBase, minibatch_size: int 
     """
     total_loss, total_tokens, reproduced = 0.0, 0, 0
     for start in range(0, data.batch_size[0], minibatch_size):
+        stop_point("the scoring of held-out data")
         log_probs, mask = _demonstrated_token_log_probs(policy, data[start : start + minibatch_size])
         total_loss -= float((log_probs * mask).sum())
         total_tokens += int(mask.sum())

@@ -62,7 +62,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from nip_like.lm.decoding import decode, draw_tokens, forward_parameters, rows_ending_with_stop, sampled_messages
+from nip_like.interrupts import stop_point
+from nip_like.lm.decoding import (
+    DECODING_PHASE, decode, draw_tokens, forward_parameters, rows_ending_with_stop, sampled_messages,
+)
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
 from nip_like.lm.sampling_copy import SAMPLING_DTYPES, sampling_model  # noqa: F401 - SAMPLING_DTYPES re-exported
@@ -225,6 +228,7 @@ def static_decode(
     keeps_logits: bool,
     cache_argument: str,
     ends_with_stop: Optional[Callable[[Sequence[int]], bool]] = None,
+    stops: bool = True,
     cache: Any,
     capacity: int,
     step: Callable = decode_step,
@@ -232,9 +236,10 @@ def static_decode(
 ) -> tuple[dict[str, torch.Tensor], int]:
     """Sample one message per prompt with a static KV cache (the model in eval mode, gradients off).
 
-    The arguments up to ``ends_with_stop`` and the messages returned are those
-    of :func:`nip_like.lm.decoding.decode`; so are the left padding, positions,
-    bans, sampling settings, stop strings and ``<eos>``.
+    The arguments up to ``stops`` and the messages returned are those of
+    :func:`nip_like.lm.decoding.decode`; so are the left padding, positions,
+    bans, sampling settings, stop strings, ``<eos>`` and the stop requests
+    (:func:`~nip_like.interrupts.stop_point` before each token).
 
     Parameters
     ----------
@@ -294,6 +299,8 @@ def static_decode(
     on_cuda = device.type == "cuda" and step is not decode_step
     passes = 1
     for index in range(length):
+        if stops:
+            stop_point(DECODING_PHASE)  # a look at a list until a signal comes (see nip_like.interrupts)
         token = log_probs.argmax(-1) if greedy else draw_tokens(log_probs, generator)
         tokens[:, index] = token
         token_mask[:, index] = alive
@@ -462,7 +469,9 @@ class Decoder:
         ``model`` is the policy's model, in eval mode; with
         ``sampling_dtype="bfloat16"`` its bfloat16 copy samples.
         """
-        if self.sampling_dtype != "model" and is_sharded(model):
+        sharded = is_sharded(model)
+        options = {**options, "stops": not sharded}  # the ranks of a sharded model take every pass together
+        if self.sampling_dtype != "model" and sharded:
             self._note(f"sampling_dtype={self.sampling_dtype} ignored: the model's parameters are sharded (FSDP)",
                        fallback=True)
         else:

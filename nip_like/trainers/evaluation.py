@@ -19,7 +19,7 @@ from tensordict import TensorDictBase
 
 from nip_like.checkpoint import write_text_atomic
 from nip_like.errors import ConfigError
-from nip_like.interrupts import StopRequested, stop_requested
+from nip_like.interrupts import StopNow, StopRequested, stop_point, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import TensorGame
 from nip_like.trainers import collection
@@ -28,9 +28,22 @@ from nip_like.trainers.collection import finished_episodes
 from nip_like.trainers.rl_state import TrainState
 
 
+#: Playing evaluation or test episodes, as a stop request in the middle of it is reported.
+EPISODES_PHASE = "the episodes of an evaluation or test"
+
+
+def _episode_stop_point(env, tensordict: TensorDictBase) -> None:
+    """The rollout's callback after each step: :func:`~nip_like.interrupts.stop_point`."""
+    stop_point(EPISODES_PHASE)
+
+
 def run_episodes(env, policy, num_steps: int) -> TensorDictBase:
-    """Play ``num_steps`` steps in every environment of ``env``; each environment's first finished episode."""
-    rollout = env.rollout(num_steps, policy, break_when_any_done=False, auto_reset=True)
+    """Play ``num_steps`` steps in every environment of ``env``; each environment's first finished episode.
+
+    A stop request that has waited its grace (:func:`~nip_like.interrupts.stop_point`)
+    ends the rollout after a step, the episodes dropped.
+    """
+    rollout = env.rollout(num_steps, policy, break_when_any_done=False, auto_reset=True, callback=_episode_stop_point)
     return finished_episodes(rollout, first_only=True)
 
 
@@ -204,7 +217,10 @@ class RlEvaluation(TensorDictTrainer):
             if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
                 raise StopRequested(self.state.iteration, phase="test")
             with dist.rank_rng(int(self.config.seed)):
-                played = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
+                try:
+                    played = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
+                except StopNow:  # in a long batch of episodes: the same stop, the batch dropped
+                    raise StopRequested(self.state.iteration, phase="test") from None
             episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
             iteration_context.step()
         all_episodes = torch.cat(episodes)

@@ -5,7 +5,10 @@ Helpers of :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train_iteration`:
 (:func:`covering` makes its minibatches cover every item in every epoch),
 :func:`optimise` runs the loss over it and steps the optimiser, and the
 divergence guard stops a loss or parameters that left their bound with one
-line naming where.
+line naming where. A stop request that the update would keep from a safe point
+for long stops it between two optimiser steps (:func:`update_stop_point`): the
+update is dropped with the iteration, and the run resumes from its last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -22,9 +25,14 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from nip_like.distributed import Distributed
 from nip_like.errors import ConfigError, TrainingError
+from nip_like.interrupts import StopNow, stop_due, stop_point
 from nip_like.lm.sharding import is_sharded, local_abs_max
 from nip_like.objectives.contract import LossContract
 from nip_like.trainers.data_parallel import LossPasses
+
+
+#: The update, as a stop request in the middle of it is reported.
+UPDATE_PHASE = "the update"
 
 
 @dataclass(frozen=True)
@@ -206,6 +214,8 @@ def optimise(
     for epoch in range(settings.num_epochs):
         position = 0
         for minibatch in range(num_minibatches):
+            if position == 0 or not dist.enabled:  # under torchrun, between two steps (no gradient sum under way)
+                update_stop_point(dist)
             sample = buffer.sample()  # every rank draws every minibatch: the same stream on each
             window = window_of[minibatch]
             if dist.owns(position):  # under torchrun, the ranks take a window's minibatches in turn
@@ -223,6 +233,20 @@ def optimise(
                 norms.append(optimizer_step(optimizer, trained, settings.max_grad_norm))
                 position = 0
     return records, norms
+
+
+def update_stop_point(dist: Distributed) -> None:
+    """Raise :class:`~nip_like.interrupts.StopNow` if a stop request is due (:func:`~nip_like.interrupts.stop_point`).
+
+    :func:`optimise` calls it before each optimiser step's window of
+    minibatches. Under torchrun the ranks decide together there (every rank
+    has summed the last step's gradients): all of them stop before the same
+    step, none is left waiting in a collective for one that stopped.
+    """
+    if not dist.enabled:
+        stop_point(UPDATE_PHASE)
+    elif dist.any(stop_due()):
+        raise StopNow(UPDATE_PHASE, waiting=False)
 
 
 def optimizer_step(optimizer: Optimizer, trained: tuple[str, ...], max_grad_norm: float | None) -> torch.Tensor:

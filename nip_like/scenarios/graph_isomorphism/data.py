@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from nip_like.errors import ConfigError
+from nip_like.interrupts import stop_point
 from nip_like.scenarios.datasets import CacheRebuildWarning as CacheRebuildWarning  # re-exported
 from nip_like.scenarios.datasets import DatasetFileError as DatasetFileError  # re-exported
 from nip_like.scenarios.datasets import (
@@ -347,6 +348,7 @@ def generate_pairs(spec: GraphPairSpec) -> GraphPairs:
     index = 0
     for stratum, count in spec.stratum_counts().items():
         for _ in range(count):
+            stop_point("the generation of the graph pairs")
             graph, partner, rounds, probability = _draw_pair(rng, spec, stratum, seen)
             size = graph.shape[0]
             adjacency[index, 0, :size, :size] = graph

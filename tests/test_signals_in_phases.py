@@ -1,0 +1,319 @@
+"""A stop request (SIGTERM, SIGINT) ends every long phase of a run within seconds, not at its end.
+
+Each test sends the signal in the middle of one phase (a warm start, an update, an evaluation, the test
+loop, a language model's decoding, a dataset's generation) and measures how long the run or the call takes
+to stop. The grace that lets an iteration that ends soon end and be saved
+(:data:`nip_like.interrupts.GRACE_SECONDS`) is shortened in process; the command-line test keeps it. On
+the code before these phases polled for the request, each phase ran to its end: a watchdog's second
+signal stops those runs after :data:`WATCHDOG_SECONDS`, and the tests fail on the time and the line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+import nip_like.pretrain as pretrain
+from nip_like import interrupts
+from nip_like.errors import RunInterrupted
+from nip_like.experiment import run_experiment
+from nip_like.interrupts import StopNow, handle_interrupts
+from nip_like.lm import LMAgentConfig, build_lm_policy
+from nip_like.lm.static_decoding import Decoder
+from nip_like.run_lock import LOCK_FILE
+from nip_like.scenarios.environment import InteractionEnv
+from nip_like.scenarios.graph_isomorphism.data import GraphPairSpec, cache_path, load_or_generate
+from nip_like.trainers import update
+from nip_like.trainers.data_parallel import LossPasses
+from nip_like.trainers.evaluation import RlEvaluation
+from tests.conftest import popen_cli, run_cli, smoke_config
+from tests.test_reliability import iteration_of
+from tests.test_static_decoding import EOS, add_logit_bias, prompts
+from tests.test_static_decoding import tokenizer  # noqa: F401 - the fixture
+
+#: The grace in process: short, so that the tests measure the phase's own delay.
+GRACE = 0.2
+#: How long after the first signal a second one stops a run that did not stop (the code before this change).
+WATCHDOG_SECONDS = 8.0
+#: The longest stop accepted in process, from the first signal (the grace, one step of the phase, the close).
+PROMPT_STOP_SECONDS = 3.0
+
+#: A small graph-isomorphism game whose verifier fits its labels (a tensor agent, fast epochs).
+GI_GAME = (
+    "scenario=graph_isomorphism", "scenario.num_pairs=80", "scenario.min_nodes=7", "scenario.max_nodes=8",
+    "scenario.default_agent.hidden_size=16", "protocol=nip", "protocol.max_rounds=2",
+)
+
+
+@pytest.fixture(autouse=True)
+def short_grace(monkeypatch):
+    monkeypatch.setattr(interrupts, "GRACE_SECONDS", GRACE)
+
+
+class Signals:
+    """SIGTERM to this process at a chosen moment, and a watchdog's second SIGTERM if it does not stop."""
+
+    def __init__(self) -> None:
+        self.sent_at: float | None = None
+        self.watchdog: threading.Timer | None = None
+
+    def send(self) -> None:
+        """Send the first SIGTERM now (from inside the phase) and start the watchdog."""
+        if self.sent_at is not None:
+            return
+        self.sent_at = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.watchdog = threading.Timer(WATCHDOG_SECONDS, os.kill, (os.getpid(), signal.SIGTERM))
+        self.watchdog.daemon = True
+        self.watchdog.start()
+
+    def seconds_since(self) -> float:
+        """Seconds since the first signal; the watchdog is called off."""
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        assert self.sent_at is not None, "the phase was never reached: no signal was sent"
+        return time.monotonic() - self.sent_at
+
+
+@pytest.fixture
+def signals():
+    sender = Signals()
+    yield sender
+    if sender.watchdog is not None:
+        sender.watchdog.cancel()
+
+
+def interrupted(config, run_dir: Path, signals: Signals) -> tuple[RunInterrupted, float]:
+    """Run ``config`` into ``run_dir``, stopped by the signal: the error and the seconds it took after the signal."""
+    with pytest.raises(RunInterrupted) as error:
+        run_experiment(config, run_dir)
+    return error.value, signals.seconds_since()
+
+
+def slowed(monkeypatch, owner, name: str, seconds: float, when: dict, signals: Signals) -> None:
+    """``owner.name`` sleeps ``seconds`` first while ``when["slow"]`` is true (a phase made long without more work).
+
+    The first slow call sends the signal: the run is then in the middle of the phase.
+    """
+    original = getattr(owner, name)
+
+    def slow(*args, **kwargs):
+        if when["slow"]:
+            signals.send()
+            time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+
+
+def on_call(monkeypatch, owner, name: str, action, call: int = 1) -> None:
+    """``owner.name`` runs ``action()`` first on its ``call``-th call."""
+    original = getattr(owner, name)
+    calls = []
+
+    def acting(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            action()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, acting)
+
+
+# ------------------------------------------------------------------ runs, in process
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_warm_start_stops_it_and_leaves_a_run_that_starts_again(tmp_path, monkeypatch, signals):
+    # About 30 ms an epoch: 100,000 epochs would hold the run for most of an hour.
+    config = smoke_config(
+        *GI_GAME, f"scenario.cache_dir={tmp_path / 'data'}", "trainer.pretrain.agents=[verifier]",
+        "trainer.pretrain.epochs=100000", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+    )
+    on_call(monkeypatch, pretrain, "supervised_epoch", signals.send, call=3)
+    run_dir = tmp_path / "run"
+    error, seconds = interrupted(config, run_dir, signals)
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert str(error) == (
+        "interrupted at once while setting up, in the warm start of verifier, before the first checkpoint; "
+        f"start it again with: python -m nip_like.resume {run_dir}"
+    )
+    assert error.exit_status == 128 + signal.SIGTERM
+    # What a resume needs to start the run again (tests/test_reliability.py resumes such a folder), and no half fit cached.
+    assert (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints" / "last.pt").exists()
+    assert not (run_dir / LOCK_FILE).exists() and not (run_dir / "summary.json").exists()
+    assert not list((tmp_path / "warm").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_a_signal_in_a_long_update_drops_it_and_the_run_resumes_from_the_last_checkpoint(
+    tmp_path, monkeypatch, signals
+):
+    overrides = ("trainer.num_iterations=3", "run.checkpoint_every=1", "trainer.eval.every=0", "logger=csv")
+    reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
+    # The second iteration's update is long: each minibatch takes a second (six of them).
+    when = {"slow": False}
+    slowed(monkeypatch, LossPasses, "forward", 1.0, when, signals)
+    on_call(monkeypatch, update, "optimise", lambda: when.update(slow=True), call=2)
+    run_dir = tmp_path / "run"
+    error, seconds = interrupted(smoke_config(*overrides), run_dir, signals)
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert str(error) == (
+        "interrupted at once during iteration 2, in the update; resume from the last checkpoint with: "
+        f"python -m nip_like.resume {run_dir}"
+    )
+    assert iteration_of(run_dir / "checkpoints" / "last.pt") == 1  # the update of iteration 2 was dropped
+    monkeypatch.undo()
+    assert run_experiment(smoke_config(*overrides), run_dir, resume=True) == reference
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_evaluation_before_the_first_iteration_stops_it_within_a_step(tmp_path, monkeypatch, signals):
+    when = {"slow": False}
+    slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)  # each step of every episode takes a second
+    on_call(monkeypatch, RlEvaluation, "evaluate", lambda: when.update(slow=True))
+    run_dir = tmp_path / "run"
+    error, seconds = interrupted(smoke_config("trainer.eval.every=1"), run_dir, signals)
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert str(error) == (
+        "interrupted at once during iteration 1, in the episodes of an evaluation or test, before the first "
+        f"checkpoint; start it again with: python -m nip_like.resume {run_dir}"
+    )
+
+
+@pytest.mark.slow
+def test_a_signal_in_a_long_test_batch_stops_it_and_resume_tests_again(tmp_path, monkeypatch, signals):
+    # One batch of test episodes: the test loop's check between batches never comes.
+    overrides = ("trainer.num_iterations=2", "trainer.eval.every=0", "logger=csv", "trainer.test_batch_episodes=64")
+    reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
+    when = {"slow": False}
+    slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)
+    on_call(monkeypatch, RlEvaluation, "_play_test_loop", lambda: when.update(slow=True))
+    run_dir = tmp_path / "run"
+    error, seconds = interrupted(smoke_config(*overrides), run_dir, signals)
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert str(error) == (
+        f"interrupted in the test loop (training finished at iteration 2); resume with: python -m nip_like.resume {run_dir}"
+    )
+    assert not (run_dir / "summary.json").exists()
+    monkeypatch.undo()
+    assert run_experiment(smoke_config(*overrides), run_dir, resume=True) == reference
+
+
+# ------------------------------------------------------------------ phases, called directly
+
+
+@contextmanager
+def stopped_soon(signals: Signals, delay: float = 0.3):
+    """Expect :class:`StopNow` from the block, under a signal sent ``delay`` seconds in (from another thread).
+
+    Yields pytest's record of the exception. A block still running when the
+    watchdog's second signal comes (its ``KeyboardInterrupt``) fails the test.
+    """
+    timer = threading.Timer(delay, signals.send)
+    try:
+        with handle_interrupts():
+            timer.start()
+            with pytest.raises(StopNow) as stopped:
+                yield stopped
+    except KeyboardInterrupt:
+        pytest.fail(f"still running {WATCHDOG_SECONDS} s after the signal (a second signal stopped it)")
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_a_signal_ends_a_long_decoding_before_its_next_token_and_returns_nothing(tokenizer, signals, mode):
+    torch.manual_seed(0)
+    # 1500 tokens of each of six rows: about 10 s on one free core, and no row ends early.
+    policy = build_lm_policy(LMAgentConfig(max_new_tokens=1500, decoding=mode), tokenizer)
+    add_logit_bias(policy, {EOS: -1e4})
+    ids, mask = prompts(tokenizer)
+    with stopped_soon(signals) as stopped:
+        policy.sample(ids, mask, torch.Generator().manual_seed(0))
+    seconds = signals.seconds_since()
+    assert policy.decoder.last_passes == 0  # no call of the decoder finished
+    assert stopped.value.where == "in a language model's decoding"
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+
+
+@pytest.mark.slow
+def test_a_signal_ends_a_long_dataset_generation_and_caches_nothing(tmp_path, signals):
+    spec = GraphPairSpec(num_pairs=3000, seed=3, min_nodes=7, max_nodes=11)  # 15 s or more of drawing
+    with stopped_soon(signals) as stopped:
+        load_or_generate(spec, tmp_path)
+    seconds = signals.seconds_since()
+    assert stopped.value.where == "in the generation of the graph pairs"
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert not cache_path(spec, tmp_path).exists() and not list(tmp_path.iterdir())
+
+
+def test_stop_point_waits_for_the_grace_and_then_raises(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(interrupts.time, "monotonic", lambda: clock[0])
+    with handle_interrupts():
+        interrupts.stop_point("nothing")  # no request: nothing happens
+        os.kill(os.getpid(), signal.SIGTERM)
+        clock[0] += GRACE / 2
+        interrupts.stop_point("the update")  # within the grace: a safe point may still come
+        clock[0] += GRACE
+        with pytest.raises(StopNow) as stopped:
+            interrupts.stop_point("the update")
+    assert stopped.value.where == "in the update" and str(stopped.value) == "stopped while in the update"
+    interrupts.stop_point("the update")  # the request ends with the block
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def wait_for_text(process, text: str, seconds: float = 240) -> str:
+    """Read the process's standard error until ``text`` shows; what was read."""
+    read = ""
+    deadline = time.monotonic() + seconds
+    while text not in read:
+        assert time.monotonic() < deadline, read
+        chunk = process.stderr.read(1)
+        assert chunk, (read, process.wait())
+        read += chunk
+    return read
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_warm_start_of_the_command_ends_it_in_seconds_and_the_run_starts_again(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        "preset=smoke", *GI_GAME, f"scenario.cache_dir={tmp_path / 'data'}", "trainer.pretrain.agents=[verifier]",
+        "trainer.pretrain.epochs=100000", f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+        "run.progress_bar=true", f"hydra.run.dir={run_dir}",
+    ]
+    process = popen_cli(args)
+    try:
+        wait_for_text(process, "Warm start of verifier")
+        time.sleep(0.5)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    seconds = time.monotonic() - started
+    assert seconds < 10, seconds  # the grace of two seconds, an epoch and the close
+    assert process.returncode == 128 + signal.SIGTERM
+    line = stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert line == (
+        "interrupted at once while setting up, in the warm start of verifier, before the first checkpoint; "
+        f"start it again with: python -m nip_like.resume {run_dir}"
+    ), stderr
+    assert "Traceback" not in stderr
+    # A test run's warm start is one epoch: the restarted run finishes.
+    resumed = run_cli([str(run_dir), "run.test_run=true", "run.progress_bar=false"], module="nip_like.resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"No checkpoint in {run_dir} yet: starting the run again from the beginning" in resumed.stdout
+    assert (run_dir / "summary.json").is_file()
