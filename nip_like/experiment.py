@@ -276,6 +276,10 @@ def _run_locked(
     }
     if distributed.current().enabled:
         summary["ranks"] = distributed.current().world_size
+    from nip_like.scenarios.code_validation.isolation import used as sandbox_isolation  # decided once per process
+
+    if sandbox_isolation() is not None:  # programs ran in the code sandbox here: how they were isolated
+        summary["sandbox_isolation"] = sandbox_isolation().summary()
     if writer:
         _write_json_atomic(summary, run_dir / SUMMARY_FILE)
     return metrics

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from nip_like.scenarios.code_validation.sandbox import (
     text_digest,
     value_digest,
 )
+from tests.test_sandbox_isolation import listener
 
 #: Small limits, so that a looping program costs a fraction of a second.
 FAST = SandboxLimits(time_limit=0.8, test_time_limit=0.2)
@@ -186,8 +186,46 @@ def test_a_program_works_in_a_fresh_temporary_folder_that_is_removed_afterwards(
     assert run_program(source, suite, FAST).passed
     where = TestSuite(inputs=[[]], outputs=[""], fn_name="f")
     first = run_program("import os\ndef f():\n    return os.getcwd()\n", where, FAST).outcomes[0].reason
-    folder = first.removeprefix("wrong answer: got ").strip("'")
-    assert Path(folder).name.startswith("nip_like_sandbox_") and not Path(folder).exists()
+    folder = Path(first.removeprefix("wrong answer: got ").strip("'"))
+    assert folder.name == "program" and folder.parent.name.startswith("nip_like_sandbox_")
+    assert not folder.parent.exists()
+
+
+#: A correct program for each module of the standard library that a solution commonly needs: each reads a line
+#: of standard input, uses its module, and prints the sum of the line's numbers.
+STANDARD_LIBRARY = {
+    "pathlib": "import pathlib\npathlib.Path('numbers.txt').write_text(input())\nprint(sum(map(int, pathlib.Path('numbers.txt').read_text().split())))",
+    "collections": "import collections\nprint(sum(k * v for k, v in collections.Counter(map(int, input().split())).items()))",
+    "itertools": "import itertools\nprint(list(itertools.accumulate(map(int, input().split())))[-1])",
+    "math": "import math\nprint(math.fsum(map(int, input().split())).__int__())",
+    "re": "import re\nprint(sum(int(x) for x in re.findall(r'-?\\d+', input())))",
+    "functools": "import functools, operator\nprint(functools.reduce(operator.add, map(int, input().split())))",
+    "heapq": "import heapq\nh = list(map(int, input().split()))\nheapq.heapify(h)\nprint(sum(heapq.heappop(h) for _ in range(len(h))))",
+    "bisect": "import bisect\ns = []\nfor x in map(int, input().split()):\n    bisect.insort(s, x)\nprint(sum(s))",
+    "string": "import string\nprint(sum(int(x.strip(string.whitespace)) for x in input().split()))",
+    "fractions": "from fractions import Fraction\nprint(int(sum(Fraction(x) for x in input().split())))",
+    "decimal": "from decimal import Decimal\nprint(int(sum(Decimal(x) for x in input().split())))",
+    "statistics": "import statistics\nxs = list(map(int, input().split()))\nprint(round(statistics.mean(xs) * len(xs)))",
+    "operator": "import operator\nprint(sum(map(operator.pos, map(int, input().split()))))",
+    "typing": "from typing import List\ndef total(xs: List[int]) -> int:\n    return sum(xs)\nprint(total(list(map(int, input().split()))))",
+    "dataclasses": "from dataclasses import dataclass\n@dataclass\nclass N:\n    v: int\nprint(sum(N(int(x)).v for x in input().split()))",
+    "copy": "import copy\nxs = list(map(int, input().split()))\nprint(sum(copy.deepcopy(xs)))",
+    "random": "import random\nxs = list(map(int, input().split()))\nrandom.Random(0).shuffle(xs)\nprint(sum(xs))",
+    "sys.stdin": "import sys\nprint(sum(int(x) for line in sys.stdin for x in line.split()))",
+}
+SUMS = TestSuite(inputs=["1 2 3\n", "-4 10\n"], outputs=["6", "6"])
+
+
+def test_a_correct_program_using_the_common_standard_library_passes():
+    modules = [name.partition(".")[0] for name in STANDARD_LIBRARY]
+    source = f"import {', '.join(modules)}\nprint(sum(map(int, sys.stdin.readline().split())))\n"
+    assert run_program(source, SUMS, FAST).passed
+
+
+@pytest.mark.slow  # one program per module: a couple of seconds
+def test_a_correct_program_using_each_module_of_the_common_standard_library_is_labelled_correct():
+    runs = run_programs([(source + "\n", SUMS) for source in STANDARD_LIBRARY.values()], FAST, workers=2)
+    assert {name: run.reason for name, run in zip(STANDARD_LIBRARY, runs)} == {name: "" for name in STANDARD_LIBRARY}
 
 
 def test_the_environment_is_built_from_scratch_without_proxies(monkeypatch):
@@ -200,10 +238,7 @@ def test_the_environment_is_built_from_scratch_without_proxies(monkeypatch):
 
 
 def test_a_socket_cannot_reach_a_listening_port_on_localhost():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        server.setblocking(False)
+    with listener() as server:
         port = server.getsockname()[1]
         body = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nreturn a + b"
         run = run_add(body)

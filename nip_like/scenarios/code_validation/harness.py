@@ -24,8 +24,11 @@ input at ``/dev/null``, its working folder a fresh temporary folder that is
 removed afterwards, and ``HOME`` and ``TMPDIR`` pointing there.
 
 The bootstrap (:data:`BOOTSTRAP`) loads the compiled harness
-(:func:`harness_source`) and the job from a file in that folder; the harness
-(:func:`_child_main`) deletes the file, then, before any line of the program
+(:func:`harness_source`) and the job from a file beside that folder (in its
+parent); the harness (:func:`_child_main`) deletes the file, enters the
+operating system's isolation when the job asks for it
+(:func:`~nip_like.scenarios.code_validation.isolation.enter_view`: a
+read-only view, a fork, user 65534), then, before any line of the program
 runs:
 
 * sets resource limits on itself (``RLIMIT_AS`` memory, ``RLIMIT_CPU``,
@@ -40,7 +43,7 @@ runs:
   ``os`` and ``posix`` (and ``pidfd_send_signal`` from ``_signal``), and
   refuses to import ``socket``, ``ssl``, ``subprocess``,
   ``multiprocessing``, ``concurrent``, ``ctypes``, ``pty``, ``asyncio`` and
-  the network clients (:data:`BLOCKED_MODULES`);
+  the network clients, with their submodules (:data:`BLOCKED_MODULES`);
 * replaces ``open`` and the path functions of ``os`` (``stat``,
   ``listdir``, ``scandir``, ``remove``, ``rename``, ``mkdir``, ``chdir``,
   ...) by versions that refuse, with ``PermissionError``, any path whose
@@ -66,7 +69,10 @@ import inspect
 from hashlib import sha256
 from typing import Any
 
-#: Top-level modules a program may not import (the harness imports none of them).
+from nip_like.scenarios.code_validation.isolation import enter_view
+
+#: Modules a program may not import, with their submodules (the harness imports none of them). Only
+#: ``urllib``'s network parts are listed: ``pathlib`` imports ``urllib.parse``.
 BLOCKED_MODULES = (
     "socket",
     "_socket",
@@ -84,7 +90,8 @@ BLOCKED_MODULES = (
     "_asyncio",
     "socketserver",
     "http",
-    "urllib",
+    "urllib.request",
+    "urllib.robotparser",
     "ftplib",
     "smtplib",
     "poplib",
@@ -229,7 +236,9 @@ def _child_main(job: dict) -> None:
     import resource
     import sys
 
-    os.remove("job.marshal")
+    os.remove("../job.marshal")
+    if job["view"] is not None:
+        enter_view(job["view"])
     write, exit_now, result_fd = os.write, os._exit, job["result_fd"]
     for name, value in job["rlimits"]:
         try:
@@ -267,17 +276,21 @@ def _child_main(job: dict) -> None:
     # ---- guards: imports, processes, signals, paths
     blocked = frozenset(job["blocked"])
 
+    def is_blocked(name):
+        parts = name.split(".")
+        return any(".".join(parts[:end]) in blocked for end in range(1, len(parts) + 1))
+
     class Blocker:
         """A meta-path finder that refuses the blocked modules."""
 
         @staticmethod
         def find_spec(name, path=None, target=None):
-            if name.partition(".")[0] in blocked:
+            if is_blocked(name):
                 raise ImportError(f"the sandbox does not allow importing {name}")
             return None
 
     for name in list(sys.modules):
-        if name.partition(".")[0] in blocked:
+        if is_blocked(name):
             del sys.modules[name]
     sys.meta_path.insert(0, Blocker)
     for module in (os, posix):
@@ -423,7 +436,7 @@ except ImportError:
 """
 
 #: What the interpreter is told to run: load the job file (the harness's compiled code and the job) and run it.
-BOOTSTRAP = 'import marshal; code, job = marshal.loads(open("job.marshal", "rb").read()); exec(code)'
+BOOTSTRAP = 'import marshal; code, job = marshal.loads(open("../job.marshal", "rb").read()); exec(code)'
 
 _harness: str | None = None
 _harness_code: Any = None
@@ -433,7 +446,8 @@ def harness_source() -> str:
     """Return the harness's source: the answer functions above, then :func:`_child_main` called on ``job``."""
     global _harness
     if _harness is None:
-        parts = [inspect.getsource(function) for function in (canonical_value, value_digest, normalise_text, text_digest)]
+        functions = (canonical_value, value_digest, normalise_text, text_digest, enter_view)
+        parts = [inspect.getsource(function) for function in functions]
         _harness = "\n\n".join([_HARNESS_PRELUDE, *parts, inspect.getsource(_child_main), "_child_main(job)\n"])
     return _harness
 

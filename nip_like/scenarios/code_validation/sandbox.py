@@ -1,4 +1,4 @@
-"""Run a Python program's tests in a separate, limited process: a guard against buggy and runaway programs.
+"""Run a Python program's tests in a separate, limited, isolated process: buggy, runaway and hostile programs stay in.
 :func:`run_program` runs every test of one program in one fresh child
 interpreter and returns a :class:`ProgramRun`: one :class:`TestOutcome` per
 test, each passed or failed with a one-line reason. A program that loops,
@@ -9,13 +9,17 @@ several threads (each program still gets a process of its own).
 The child
 ---------
 ``sys.executable -s -S -P -c <bootstrap>`` in a fresh temporary folder, with
-an environment built from scratch, in a session of its own; the harness of
-:mod:`~nip_like.scenarios.code_validation.harness` sets resource limits on
-it, removes the functions that start processes, refuses the network and
-process modules and confines paths to its folder before any line of the
-program runs, then runs the tests one by one and writes one line per test
-on a pipe of its own. The expected answers never enter the child; the
-parent compares digests.
+an environment built from scratch, in a session of its own, and where the
+kernel allows it in namespaces of its own (through ``unshare``: no network,
+a PID namespace that dies with the run, a read-only view of the file system
+whose only writable place is the folder, user 65534; see
+:mod:`~nip_like.scenarios.code_validation.isolation`, decided once per
+process). The harness of :mod:`~nip_like.scenarios.code_validation.harness`
+enters that isolation, sets resource limits, removes the functions that
+start processes, refuses the network and process modules and confines paths
+to its folder before any line of the program runs, then runs the tests one
+by one and writes one line per test on a pipe of its own. The expected
+answers never enter the child; the parent compares digests.
 
 The parent
 ----------
@@ -23,21 +27,23 @@ The parent reads that pipe and the child's own standard output and error
 (where a raw ``os.write(1, ...)`` lands) in chunks, keeping a 2 KiB tail
 only; more than :attr:`SandboxLimits.output_kib` there, or past the
 wall-clock :attr:`SandboxLimits.time_limit`, it kills the child's process
-group and fails every test not yet reported, with the reason.
+group (and with it the PID namespace and every process in it) and fails
+every test not yet reported, with the reason. While it waits it looks for a
+stop request every :data:`~nip_like.interrupts.POLL_SECONDS`
+(:func:`~nip_like.interrupts.raise_if_stop_requested`): the child is killed
+and :class:`~nip_like.interrupts.StopNow` raised.
 
 What it is not
 --------------
-A guard against accidents, not a security boundary. The same user runs the
-program, without namespaces, seccomp or a chroot: a program written to get
-out can (re-load ``_socket`` through ``importlib`` machinery, reach the
-original ``open`` through ``_io``, find the harness's saved functions with
-``gc``, use ``dir_fd`` arguments, forge its result lines, ...). Run code
-from untrusted authors in a container or VM as well. Reading a path is
-refused like writing it, but only through the replaced functions; ``/proc``
-and the standard library remain readable through the import system. The
-number of files a program writes in its folder is not limited (each is at
-most :attr:`SandboxLimits.file_size_kib`), so a program can fill a disk
-until its time is up.
+The in-process guard alone is no security boundary: a program written to
+get out leaves it in a few lines (``sys.meta_path.pop(0)``, ``_imp``,
+``io.FileIO``, ``gc``, ...). The namespaces are what contain such a program;
+where they are unavailable a warning says so once, and untrusted code
+belongs in a container or VM. Even with them, the program shares the
+kernel, has no seccomp filter, can read the public files of ``/usr`` and the
+interpreter's installation, and its CPU and memory are bounded by resource
+limits, not a cgroup (docs: "Running untrusted programs" in
+``guarantees``).
 """
 
 from __future__ import annotations
@@ -57,7 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nip_like import interrupts
 from nip_like.errors import ConfigError, NipLikeError
+from nip_like.scenarios.code_validation import isolation
 from nip_like.scenarios.code_validation.harness import (  # noqa: F401 - the child's side, re-exported where it was
     BLOCKED_MODULES,
     BOOTSTRAP,
@@ -72,6 +80,10 @@ from nip_like.scenarios.code_validation.harness import (  # noqa: F401 - the chi
     text_digest,
     value_digest,
 )
+
+
+#: What a stop request (SIGINT, SIGTERM) finds the run waiting for while the sandbox runs programs.
+WAITING_FOR = "programs running in the code sandbox"
 
 
 class SandboxError(NipLikeError):
@@ -287,11 +299,12 @@ def _read_child(
         selector.register(process.stdout.fileno(), selectors.EVENT_READ, "output")
         selector.register(result_fd, selectors.EVENT_READ, "results")
         while selector.get_map():
+            interrupts.raise_if_stop_requested(WAITING_FOR)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 reading.timed_out = True
                 return reading
-            for key, _ in selector.select(remaining):
+            for key, _ in selector.select(min(remaining, interrupts.POLL_SECONDS)):
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     selector.unregister(key.fd)
@@ -318,6 +331,14 @@ def _read_child(
                         reading.stopped = True
                         return reading
     return reading
+
+
+def _returncode(process: subprocess.Popen, isolated: bool) -> int:
+    """The child's status, a signal as ``-number``: the first process of a PID namespace reports 128 + the signal."""
+    code = process.returncode
+    if isolated and code > 128 and code - 128 in signal.valid_signals():
+        return 128 - code
+    return code
 
 
 def _missing_reason(reading: _Reading, returncode: int, limits: SandboxLimits) -> str:
@@ -389,15 +410,36 @@ def run_program(
     ------
     SandboxError
         If the child interpreter cannot be started at all.
+    nip_like.interrupts.StopNow
+        If SIGINT or SIGTERM asked the run to stop (the child is killed first).
     """
-    limits = limits or SandboxLimits()
+    interrupts.raise_if_stop_requested(WAITING_FOR)
+    isolated = isolation.current(_probe).enabled
+    return _run(source, suite, limits or SandboxLimits(), stop_at_first_failure, isolated)
+
+
+def _probe() -> str:
+    """Run one small program in the namespaces: ``""`` if it passed, else why not (for :func:`isolation.current`)."""
+    try:
+        run = _run("def f():\n    return 1\n", TestSuite([[]], [1], "f"), SandboxLimits(), False, True)
+    except SandboxError as error:
+        return str(error)
+    return "" if run.passed else f"a test program failed in them: {run.reason}"
+
+
+def _run(source: str, suite: TestSuite, limits: SandboxLimits, stop_at_first_failure: bool, isolated: bool) -> ProgramRun:
+    """:func:`run_program`, in the namespaces of :mod:`.isolation` or not."""
     accepted = suite.expected_digests()
     started = time.monotonic()
 
     def stop_on(index: int, report: tuple[str, str, str]) -> bool:
         return stop_at_first_failure and not _outcome(report, accepted[index], limits).passed
 
-    with tempfile.TemporaryDirectory(prefix="nip_like_sandbox_", ignore_cleanup_errors=True) as folder:
+    with tempfile.TemporaryDirectory(prefix="nip_like_sandbox_", ignore_cleanup_errors=True) as parent:
+        folder, view_root = os.path.join(parent, "program"), os.path.join(parent, "view")
+        os.mkdir(folder)
+        os.mkdir(view_root)
+        view = isolation.view_spec(folder, view_root, limits.file_size_kib) if isolated else None
         read_fd, write_fd = os.pipe()
         job = {
             "source": source,
@@ -411,11 +453,13 @@ def run_program(
             "blocked": list(BLOCKED_MODULES),
             "removed": list(REMOVED_FUNCTIONS),
             "guarded": list(GUARDED_PATH_FUNCTIONS),
+            "view": view,
         }
+        argv = [sys.executable, "-s", "-S", "-P", "-c", BOOTSTRAP]
         try:
-            Path(folder, "job.marshal").write_bytes(marshal.dumps((harness_code(), job)))
+            Path(parent, "job.marshal").write_bytes(marshal.dumps((harness_code(), job)))
             process = subprocess.Popen(
-                [sys.executable, "-s", "-S", "-P", "-c", BOOTSTRAP],
+                isolation.command(argv) if isolated else argv,
                 cwd=folder,
                 env=child_environment(folder),
                 stdin=subprocess.DEVNULL,
@@ -437,7 +481,7 @@ def run_program(
             os.close(read_fd)
             assert process.stdout is not None
             process.stdout.close()
-    missing = _missing_reason(reading, process.returncode, limits)
+    missing = _missing_reason(reading, _returncode(process, isolated), limits)
     outcomes = tuple(
         _outcome(reading.reports[index], accepted[index], limits)
         if index in reading.reports
@@ -457,7 +501,11 @@ def run_programs(
     """Run :func:`run_program` on each ``(source, suite)`` of ``jobs``; the results in the same order.
 
     ``workers`` threads start children at once (each program keeps its own
-    process); the results do not depend on it.
+    process); the results do not depend on it. A stop request (SIGINT,
+    SIGTERM under :func:`nip_like.interrupts.handle_interrupts`) raises
+    :class:`~nip_like.interrupts.StopNow` within about
+    :data:`~nip_like.interrupts.POLL_SECONDS`, once the children running
+    are killed and the programs not started are dropped.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
@@ -468,4 +516,9 @@ def run_programs(
     if workers == 1:
         return [run(job) for job in jobs]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(run, jobs))
+        futures = [pool.submit(run, job) for job in jobs]
+        try:
+            return [future.result() for future in futures]
+        finally:
+            for future in futures:
+                future.cancel()
