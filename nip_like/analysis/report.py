@@ -184,7 +184,9 @@ class Report:
 
 def interval_label(runs: int, confidence: float) -> str:
     """What the interval of a statistic over ``runs`` runs is: a bootstrap interval, or the range of a few runs."""
-    return f"{confidence:.0%} bootstrap CI" if runs >= MIN_RUNS_FOR_INTERVALS else f"range of {runs} runs"
+    if runs >= MIN_RUNS_FOR_INTERVALS:
+        return f"{confidence:.0%} bootstrap CI"
+    return "range of 1 run" if runs == 1 else f"range of {runs} runs"
 
 
 def _score_columns(scores: list[float], options: ReportOptions) -> dict[str, Any]:
