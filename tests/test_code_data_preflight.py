@@ -12,7 +12,7 @@ import re
 import pytest
 
 from nip_like.errors import ConfigError
-from nip_like.experiment import preflight
+from nip_like.experiment import build_scenario, preflight
 from tests.conftest import make_config
 
 #: A call-style problem whose first test is sound and whose second expects nothing (``null``).
@@ -24,11 +24,11 @@ NULL_OUTPUT = {
 }
 
 
-def data_file_config(tmp_path, path):
+def data_file_config(tmp_path, path, *overrides: str):
     """Text agents under ``nip`` on the data file ``path``."""
     return make_config(
         "scenario=code_validation", "trainer=expert_iteration", "protocol=nip", f"scenario.cache_dir={tmp_path / 'cache'}",
-        f"scenario.data_file={path}", "run.progress_bar=false",
+        f"scenario.data_file={path}", "run.progress_bar=false", *overrides,
     )
 
 
@@ -57,4 +57,16 @@ def test_problems_without_programs_are_refused_without_naming_num_problems(tmp_p
     config = data_file_config(tmp_path, path)
     with pytest.raises(ConfigError, match=re.escape(f"the Buggy-APPS file {path} holds 1 problems but no program")) as error:
         preflight(config)
+    assert "num_problems" not in str(error.value)
+
+
+def test_a_data_file_too_small_for_its_splits_names_the_file_not_num_problems(tmp_path):
+    path = tmp_path / "apps.jsonl"
+    sound = {**NULL_OUTPUT, "input_output": {"fn_name": "same", "inputs": [[3]], "outputs": [3]}}
+    path.write_text("".join(json.dumps({**sound, "problem_id": index}) + "\n" for index in range(2)))
+    scenario = build_scenario(data_file_config(tmp_path, path, "scenario.label_by=field"))
+    with pytest.raises(ConfigError) as error:
+        scenario.splits()
+    assert str(error.value).startswith("the code-validation data has 2 problems, too few for a ")
+    assert str(error.value).endswith(": raise the problems of scenario.data_file or the split's fraction")
     assert "num_problems" not in str(error.value)
