@@ -133,3 +133,26 @@ def test_metric_logger_feeds_the_job_log_at_the_configured_period(tmp_path, job_
         metric_logger.log({"train/reward": float(step), "timers/iteration": 0.1}, step=step)
     metric_logger.close()
     assert [line.split(":")[0] for line in job_log_file.read_text().splitlines()] == ["iteration 3", "iteration 6"]
+
+
+@pytest.mark.slow  # W&B starts a service process: seconds
+def test_wandb_backend_gets_the_config_and_the_summary(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = smoke_config("logger=wandb")
+    metric_logger = MetricLogger(config.logger, tmp_path, "synthetic")
+    metric_logger.log_hyper_parameters(config, run_id(config))
+    metric_logger.log(FINAL, step=1)
+    run = metric_logger.loggers["wandb"].experiment
+    assert run.config["run_id"] == run_id(config) and run.config["trainer"]["trainer_type"] == "ppo"
+    assert run.summary["test/reward"] == 0.75
+    metric_logger.close()
+
+
+@pytest.mark.slow  # MLflow's file store: seconds
+def test_mlflow_backend_gets_the_parameters_and_the_transcripts(tmp_path):
+    _, identity = logged_run(tmp_path, "mlflow")
+    (params,) = {path.parent for path in (tmp_path / "mlruns").rglob("params/run_id")}
+    assert (params / "run_id").read_text() == identity
+    assert (params / "trainer.num_iterations").read_text() == "3"
+    (transcript,) = (tmp_path / "mlruns").rglob("transcripts/test_2.txt")
+    assert transcript.read_text() == "prover: 1\nverifier: accept\n"
