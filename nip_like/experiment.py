@@ -221,7 +221,8 @@ def _run_locked(
 ) -> dict[str, float]:
     """:func:`run_experiment` once the folder's lock is held."""
     writer = distributed.current().is_writer
-    from_scratch = resume and not (run_dir / "checkpoints" / "last.pt").is_file()
+    # A run stopped before its first checkpoint starts again from the beginning, resumed or run again in its folder.
+    from_scratch = not (run_dir / "checkpoints" / "last.pt").is_file() and (resume or (run_dir / CONFIG_FILE).is_file())
     if writer and resume:
         _remove_stale_temporaries(run_dir)
     elif writer:
@@ -235,7 +236,7 @@ def _run_locked(
         with distributed.current().rank_zero_first():
             trainer = build_trainer(config, run_dir)
         try:
-            if resume:
+            if resume or from_scratch:
                 if not from_scratch:
                     trainer.load_checkpoint("last")
                 if writer:

@@ -33,8 +33,9 @@ from nip_like.scenarios.graph_isomorphism.data import GraphPairSpec, cache_path,
 from nip_like.trainers import update
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.evaluation import RlEvaluation
-from tests.conftest import popen_cli, run_cli, smoke_config
-from tests.test_reliability import iteration_of
+from tests.conftest import popen_cli, smoke_config
+from tests.test_reliability import assert_one_row_per_step, iteration_of, metric_steps
+from tests.test_reliability import default_sigint  # noqa: F401 - the autouse fixture: SIGINT as a terminal gives it
 from tests.test_static_decoding import EOS, add_logit_bias, prompts
 from tests.test_static_decoding import tokenizer  # noqa: F401 - the fixture
 
@@ -58,19 +59,20 @@ def short_grace(monkeypatch):
 
 
 class Signals:
-    """SIGTERM to this process at a chosen moment, and a watchdog's second SIGTERM if it does not stop."""
+    """A signal to this process at a chosen moment, and a watchdog's second one if it does not stop."""
 
-    def __init__(self) -> None:
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        self.signum = signum
         self.sent_at: float | None = None
         self.watchdog: threading.Timer | None = None
 
     def send(self) -> None:
-        """Send the first SIGTERM now (from inside the phase) and start the watchdog."""
+        """Send the first signal now (from inside the phase) and start the watchdog."""
         if self.sent_at is not None:
             return
         self.sent_at = time.monotonic()
-        os.kill(os.getpid(), signal.SIGTERM)
-        self.watchdog = threading.Timer(WATCHDOG_SECONDS, os.kill, (os.getpid(), signal.SIGTERM))
+        os.kill(os.getpid(), self.signum)
+        self.watchdog = threading.Timer(WATCHDOG_SECONDS, os.kill, (os.getpid(), self.signum))
         self.watchdog.daemon = True
         self.watchdog.start()
 
@@ -83,8 +85,10 @@ class Signals:
 
 
 @pytest.fixture
-def signals():
-    sender = Signals()
+def signals(request):
+    """A :class:`Signals` of the test's ``signum`` parameter (SIGTERM without one); its watchdog ends with the test."""
+    callspec = getattr(request.node, "callspec", None)
+    sender = Signals(callspec.params.get("signum", signal.SIGTERM) if callspec is not None else signal.SIGTERM)
     yield sender
     if sender.watchdog is not None:
         sender.watchdog.cancel()
@@ -131,7 +135,8 @@ def on_call(monkeypatch, owner, name: str, action, call: int = 1) -> None:
 
 
 @pytest.mark.slow
-def test_a_signal_in_the_warm_start_stops_it_and_leaves_a_run_that_starts_again(tmp_path, monkeypatch, signals):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_in_the_warm_start_stops_it_and_leaves_a_run_that_starts_again(tmp_path, monkeypatch, signals, signum):
     # About 30 ms an epoch: 100,000 epochs would hold the run for most of an hour.
     config = smoke_config(
         *GI_GAME, f"scenario.cache_dir={tmp_path / 'data'}", "trainer.pretrain.agents=[verifier]",
@@ -145,8 +150,8 @@ def test_a_signal_in_the_warm_start_stops_it_and_leaves_a_run_that_starts_again(
         "interrupted at once while setting up, in the warm start of verifier, before the first checkpoint; "
         f"start it again with: python -m nip_like.resume {run_dir}"
     )
-    assert error.exit_status == 128 + signal.SIGTERM
-    # What a resume needs to start the run again (tests/test_reliability.py resumes such a folder), and no half fit cached.
+    assert error.exit_status == 128 + signum
+    # What a resume needs to start the run again (tests/test_reliability.py resumes such a folder); no half fit cached.
     assert (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints" / "last.pt").exists()
     assert not (run_dir / LOCK_FILE).exists() and not (run_dir / "summary.json").exists()
     assert not list((tmp_path / "warm").glob("*.pt"))
@@ -175,6 +180,28 @@ def test_a_signal_in_a_long_update_drops_it_and_the_run_resumes_from_the_last_ch
 
 
 @pytest.mark.slow
+def test_a_run_stopped_before_its_first_checkpoint_runs_again_in_its_folder_with_one_row_per_step(
+    tmp_path, monkeypatch, signals, capsys
+):
+    overrides = ("trainer.num_iterations=3", "run.checkpoint_every=0", "trainer.eval.every=0", "logger=csv")
+    reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
+    when = {"slow": False}
+    slowed(monkeypatch, LossPasses, "forward", 1.0, when, signals)
+    on_call(monkeypatch, update, "optimise", lambda: when.update(slow=True), call=2)
+    run_dir = tmp_path / "run"
+    error, _ = interrupted(smoke_config(*overrides), run_dir, signals)
+    assert "during iteration 2, in the update, before the first checkpoint; start it again with" in str(error)
+    assert metric_steps(run_dir)["train/iteration.csv"] == [1]
+    monkeypatch.undo()
+    capsys.readouterr()
+    # The same command again (a scheduler's requeue): the folder's rows of the stopped run do not stay.
+    assert run_experiment(smoke_config(*overrides), run_dir) == reference
+    assert f"No checkpoint in {run_dir} yet: starting the run again from the beginning" in capsys.readouterr().out
+    assert metric_steps(run_dir) == metric_steps(tmp_path / "reference")
+    assert_one_row_per_step(run_dir, 3)
+
+
+@pytest.mark.slow
 def test_a_signal_in_the_evaluation_before_the_first_iteration_stops_it_within_a_step(tmp_path, monkeypatch, signals):
     when = {"slow": False}
     slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)  # each step of every episode takes a second
@@ -200,7 +227,8 @@ def test_a_signal_in_a_long_test_batch_stops_it_and_resume_tests_again(tmp_path,
     error, seconds = interrupted(smoke_config(*overrides), run_dir, signals)
     assert seconds < PROMPT_STOP_SECONDS, seconds
     assert str(error) == (
-        f"interrupted in the test loop (training finished at iteration 2); resume with: python -m nip_like.resume {run_dir}"
+        "interrupted in the test loop (training finished at iteration 2); "
+        f"resume with: python -m nip_like.resume {run_dir}"
     )
     assert not (run_dir / "summary.json").exists()
     monkeypatch.undo()
@@ -287,7 +315,7 @@ def wait_for_text(process, text: str, seconds: float = 240) -> str:
 
 
 @pytest.mark.slow
-def test_sigterm_in_the_warm_start_of_the_command_ends_it_in_seconds_and_the_run_starts_again(tmp_path):
+def test_sigterm_in_the_warm_start_of_the_command_ends_it_in_seconds_with_its_line_and_status(tmp_path):
     run_dir = tmp_path / "run"
     args = [
         "preset=smoke", *GI_GAME, f"scenario.cache_dir={tmp_path / 'data'}", "trainer.pretrain.agents=[verifier]",
@@ -312,8 +340,4 @@ def test_sigterm_in_the_warm_start_of_the_command_ends_it_in_seconds_and_the_run
         f"start it again with: python -m nip_like.resume {run_dir}"
     ), stderr
     assert "Traceback" not in stderr
-    # A test run's warm start is one epoch: the restarted run finishes.
-    resumed = run_cli([str(run_dir), "run.test_run=true", "run.progress_bar=false"], module="nip_like.resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"No checkpoint in {run_dir} yet: starting the run again from the beginning" in resumed.stdout
-    assert (run_dir / "summary.json").is_file()
+    assert not (run_dir / LOCK_FILE).exists() and not (run_dir / "checkpoints" / "last.pt").exists()
