@@ -15,7 +15,8 @@ from nip_like.experiment import build_scenario, preflight
 from nip_like.scenarios.stress_test.prompts import default_prompts, load_prompts, split_prompts
 from nip_like.scenarios.stress_test.reward import RewardWeights, turn_reward, utterance_likelihood
 from nip_like.scenarios.stress_test.target import conversation_text, target_chat
-from tests.conftest import make_config
+from tests.conftest import fast_trainers, make_config
+from tests.test_duplicates_scenario import RL_TRAINERS
 from tests.fake_servers import fake_server
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 
@@ -179,6 +180,17 @@ def test_the_tree_branches_every_turn_from_a_prefix_the_siblings_share(folder, c
 
 
 @pytest.mark.slow
+def test_test_rollouts_side_by_side_are_not_trees(folder, cache):
+    scenario = build_scenario(config(folder, cache, "scenario.ppl_weight=0"))
+    env = scenario.make_env(2, "test", 0, "cpu", group_size=2)  # trainer.test_rollouts=2: one prompt, played twice
+    state = env.reset()
+    state["agents", "action"] = utterance_action(scenario.chat_speakers[0].tokenizer, ["calm words", "you idiot"], env.reply_tokens)
+    played = env.step(state)["next", "state"]
+    assert played["prompt_index"][0] == played["prompt_index"][1]
+    assert played["utterance_score"][:, 0].tolist() == [0.0, 1.0]  # each keeps its own conversation
+
+
+@pytest.mark.slow
 def test_episode_metrics_count_attack_success_and_the_first_flagged_turn(folder, cache):
     scenario = build_scenario(config(folder, cache, "protocol.turns=3", "scenario.ppl_weight=0"))
     env = scenario.make_env(3, "test", 0, "cpu")
@@ -240,7 +252,7 @@ def test_the_target_plays_a_frozen_from_folder(folder, cache):
 
 # ------------------------------------------------------------------ every RL trainer
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["ppo", "grpo", "reinforce", "dpo", "ipo"])
+@pytest.mark.parametrize("trainer", fast_trainers(RL_TRAINERS, learning_aware=0))
 def test_every_rl_trainer_trains_the_auditor(folder, cache, tmp_path, trainer):
     run = config(folder, cache, "trainer.num_iterations=1", "trainer.eval.every=0", "trainer.num_test_episodes=4",
                  "trainer.test_batch_episodes=4", "scenario.default_agent.temperature=3", trainer=trainer)
@@ -255,3 +267,12 @@ def test_every_rl_trainer_trains_the_auditor(folder, cache, tmp_path, trainer):
     assert changed and all("lora_" in name or name.startswith("value_head") for name in changed)
     record = json.loads((tmp_path / "run" / "transcripts").glob("*.jsonl").__next__().read_text().splitlines()[0])
     assert [turn["agent"] for turn in record["turns"]] == ["auditor", "target"] * 2
+
+
+@pytest.mark.slow
+def test_the_preset_composes_and_passes_the_checks_without_building_a_model(tmp_path):
+    run = make_config("preset=stress_test_quick", f"scenario.cache_dir={tmp_path}")
+    checked = preflight(run)
+    assert checked.scenario.config.name == "stress_test" and checked.scenario.protocol.num_rounds == 2
+    assert run.trainer.group_size == checked.scenario.config.tree_width == 2
+    assert not (tmp_path / "chat_models").exists()  # the from-config auditor (and target) is built by the run, not the checks

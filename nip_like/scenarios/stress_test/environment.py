@@ -10,15 +10,16 @@ ASTPrompter's reward (:mod:`~nip_like.scenarios.stress_test.reward`). The
 episode ends after the last turn.
 
 The tree
-    ``group_size`` consecutive environments (``W``, the tree's width) start on
-    one prompt. In each turn the ``W`` siblings read the same conversation and
+    On the training split (``branching``), ``group_size`` consecutive
+    environments (``W``, the tree's width) start on one prompt. In each turn the ``W`` siblings read the same conversation and
     each writes its own utterance, which its target answers and its reward
     rates; then, before the next turn, one sibling is drawn uniformly and every
     sibling continues from its conversation (the turn just played included).
     So every turn branches ``W`` ways from a shared prefix, and each
     episode's steps are sibling utterances of the same nodes: its return is
     the sum of its own turn rewards, and grouped objectives (DPO, IPO, GRPO)
-    compare siblings. ``W = 1`` (evaluation) is a plain conversation. An
+    compare siblings. ``W = 1`` (evaluation) is a plain conversation; without
+    ``branching`` a group's conversations share their prompt only. An
     episode's state holds the conversation as it was continued: the shared
     prefix and, in the last turn, its own utterance and response.
 
@@ -70,6 +71,11 @@ from nip_like.scenarios.stress_test.target import Target, conversation_text, tar
 PROMPT_MARGIN = 8
 #: The labels of the lines the auditor reads.
 AUDITOR_LABEL, TARGET_LABEL = "auditor", "target"
+#: Why a served target without a local copy cannot give the likelihood term.
+NO_LIKELIHOOD = (
+    "scenario.ppl_weight needs the target's weights here: give scenario.target.pretrained_path (a local copy of the "
+    "served model, used for the likelihood only) or set scenario.ppl_weight=0"
+)
 #: The per-turn float entries of the state.
 TURN_VALUES = ("utterance_score", "response_score", "combined_score", "likelihood", "turn_reward")
 
@@ -101,6 +107,9 @@ class StressTestEnv(InteractionEnv):
         ``P``; 0 sizes it to the longest conversation any prompt can open.
     target_system_prompt : str
         The target's system message; empty: none.
+    branching : bool
+        Whether the groups are trees (the training split); False plays the
+        ``group_size`` episodes of a group side by side, each its own conversation.
     num_envs, device, seed, group_size
         As for :class:`~nip_like.scenarios.environment.InteractionEnv`; ``group_size`` is the tree's width.
     """
@@ -118,6 +127,7 @@ class StressTestEnv(InteractionEnv):
         response_tokens: int,
         prompt_tokens: int = 0,
         target_system_prompt: str = "",
+        branching: bool = True,
         num_envs: int = 1,
         device: torch.device | str = "cpu",
         seed: int = 0,
@@ -126,10 +136,7 @@ class StressTestEnv(InteractionEnv):
         if not split_indices:
             raise ConfigError("a stress-test split needs at least one prompt")
         if weights.ppl and not target.has_likelihood:
-            raise ConfigError(
-                "scenario.ppl_weight needs the target's weights here: give scenario.target.pretrained_path (a local copy "
-                "of the served model, used for the likelihood only) or set scenario.ppl_weight=0"
-            )
+            raise ConfigError(NO_LIKELIHOOD)
         self.prompts = list(prompts)
         self.split_indices = torch.as_tensor(list(split_indices), dtype=torch.int64)
         self.speaker = speaker
@@ -141,6 +148,7 @@ class StressTestEnv(InteractionEnv):
         self.vocab_size = len(speaker.tokenizer)
         self.turns = protocol.num_rounds
         self.target_system_prompt = str(target_system_prompt)
+        self.branching = bool(branching)
         self._prompt_tokens = int(prompt_tokens)
         super().__init__(protocol, num_envs=num_envs, device=device, seed=seed, group_size=group_size)
 
@@ -260,7 +268,7 @@ class StressTestEnv(InteractionEnv):
             entry[rows, turn] = torch.where(mask, value.to(entry.dtype), entry[rows, turn])
             state[name] = entry
         reward = torch.where(acted, values["turn_reward"].to(self.device), torch.zeros(batch, device=self.device)).unsqueeze(-1)
-        if self.group_size > 1:
+        if self.branching and self.group_size > 1:
             state = self.branch(state, turn)
         return state, reward, torch.zeros(batch, dtype=torch.bool, device=self.device)
 

@@ -13,7 +13,6 @@ evaluation and the test play single conversations on the held-out prompts.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,12 +25,12 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.lm.frozen import check_served, is_served, resolve
-from nip_like.lm.models import LMAgentConfig
+from nip_like.lm.models import LMAgentConfig, load_tokenizer
 from nip_like.protocols.stress_test import AUDITOR, StressTestProtocol
 from nip_like.registry import register_scenario
 from nip_like.scenarios.base import ScenarioConfig, TensorGame
 from nip_like.scenarios.lm_agents import LMAgents
-from nip_like.scenarios.stress_test.environment import StressTestEnv
+from nip_like.scenarios.stress_test.environment import NO_LIKELIHOOD, StressTestEnv
 from nip_like.scenarios.stress_test.prompts import default_prompts, load_prompts, split_prompts
 from nip_like.scenarios.stress_test.reward import RewardWeights
 from nip_like.scenarios.stress_test.scorers import Scorer, ScorerConfig, build_scorer, check_scorer
@@ -63,7 +62,6 @@ class StressTestConfig(ScenarioConfig):
     scorer: ScorerConfig = field(default_factory=ScorerConfig)  # what rates utterances and responses: keywords, callable, classifier or served
     default_agent: LMAgentConfig = field(default_factory=lambda: LMAgentConfig(max_new_tokens=24))  # the auditor's language model (chat view)
     agents: dict[str, Any] = field(default_factory=dict)  # per-agent LMAgentConfig entries ({auditor: {...}}); others use default_agent
-    shared_base: bool = False  # unused with one agent; kept for the LM agents' common options
     cache_dir: str = "~/.cache/nip_like/datasets"  # where the small chat models built from config and merged frozen folders are kept
 
 
@@ -79,6 +77,8 @@ class StressTestScenario(LMAgents, TensorGame):
         if not isinstance(protocol, StressTestProtocol):
             raise ConfigError(f"scenario stress_test needs protocol=stress_test (one auditor, protocol.turns turns), got protocol={protocol.name}")
         self.weights = RewardWeights(float(config.ppl_weight), float(config.combined_weight), float(config.defense_toxicity_weight))
+        self._frozen_target: Optional[Path] = None  # the folder target.frozen_from resolves to (resolved once)
+        self._system: Optional[tuple[Target, Scorer]] = None  # the target and the scorer, built by the first environment
 
     @property
     def chat_view(self) -> bool:
@@ -119,11 +119,11 @@ class StressTestScenario(LMAgents, TensorGame):
         if target.pretrained_path and target.frozen_from:
             raise ConfigError(f"{where}.pretrained_path and {where}.frozen_from: give one of them")
         if target.frozen_from:
-            if "frozen" not in self.__dict__:
-                self.__dict__["frozen"] = resolve(
+            if self._frozen_target is None:
+                self._frozen_target, _ = resolve(
                     str(target.frozen_from), str(target.frozen_agent), self.config.cache_dir, str(target.frozen_checkpoint), f"{where}.frozen_from"
                 )
-            return str(self.__dict__["frozen"][0])
+            return str(self._frozen_target)
         if target.pretrained_path:
             return str(Path(str(target.pretrained_path)).expanduser())
         if is_served(target.served):
@@ -132,34 +132,32 @@ class StressTestScenario(LMAgents, TensorGame):
 
     def system(self, device: torch.device | str) -> tuple[Target, Scorer]:
         """The target and the scorer, built on first use (on ``device``) and shared by every environment."""
-        if "_system" not in self.__dict__:
+        if self._system is None:
             target = Target(self.config.target, self.target_folder(), "scenario.target", device)
-            self.__dict__["_system"] = (target, build_scorer(self.config.scorer, "scenario.scorer", device))
-        return self.__dict__["_system"]
+            self._system = (target, build_scorer(self.config.scorer, "scenario.scorer", device))
+        return self._system
 
     def preflight(self) -> None:
         """Check the auditor's model, the prompts, the target's folder or server, and the scorer, without loading weights."""
         super().preflight()
-        self.prompt_splits
-        folder = self.target_folder()
-        if folder is None and self.weights.ppl:
-            raise ConfigError(
-                "scenario.ppl_weight needs the target's weights here: give scenario.target.pretrained_path (a local copy "
-                "of the served model, used for the likelihood only) or set scenario.ppl_weight=0"
-            )
-        if folder is not None:
-            from nip_like.lm.models import load_tokenizer
-
-            load_tokenizer(folder, "scenario.target.pretrained_path")
-        if is_served(self.config.target.served):
-            check_served(self.config.target.served, "scenario.target.served")
+        self.split_indices("test")  # the prompts file read and split (one line if it is not a list of strings)
+        target = self.config.target
+        if target.pretrained_path or target.frozen_from or is_served(target.served):  # else the auditor's starting model, checked above
+            folder = self.target_folder()
+            if folder is None and self.weights.ppl:
+                raise ConfigError(NO_LIKELIHOOD)
+            if folder is not None:
+                load_tokenizer(folder, "scenario.target.pretrained_path")
+            if is_served(target.served):
+                check_served(target.served, "scenario.target.served")
         check_scorer(self.config.scorer)
 
     # ----------------------------------------------------------------- envs
     def make_env(
         self, num_envs: int, split: str, seed: int, device: torch.device | str, group_size: int = 1
     ) -> StressTestEnv:
-        """The conversations of ``split``: trees of width ``tree_width`` on the train split, ``group_size`` elsewhere."""
+        """The conversations of ``split``: trees of width ``tree_width`` on the train split; elsewhere ``group_size``
+        conversations of one prompt side by side (the test's ``test_rollouts``), each its own."""
         indices = self.split_indices(split)
         width = int(group_size)
         if split == "train":
@@ -185,6 +183,7 @@ class StressTestScenario(LMAgents, TensorGame):
             response_tokens=int(self.config.response_tokens),
             prompt_tokens=int(self.config.max_prompt_tokens),
             target_system_prompt=str(self.config.target.system_prompt),
+            branching=split == "train",
             num_envs=num_envs,
             device=device,
             seed=seed,
@@ -221,8 +220,7 @@ class StressTestScenario(LMAgents, TensorGame):
         metrics["attack_success_rate"] = flagged.any(-1).float().mean().item()
         metrics["first_flagged_turn"] = first.float().mean().item()
         names = ["response_score", "utterance_score", "combined_score", "turn_reward"]
-        target, _ = self.__dict__.get("_system", (None, None))
-        if target is not None and target.has_likelihood:
+        if self._system is not None and self._system[0].has_likelihood:
             names.append("likelihood")
         count = played.sum().clamp(min=1)
         for name in names:

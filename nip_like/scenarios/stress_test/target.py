@@ -112,10 +112,3 @@ class Target:
         model = self.local.model
         context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         return utterance_likelihood(model, self.local.tokenizer, contexts, utterances, int(context) if context else None)
-
-    def close(self) -> None:
-        """Close the server's connections and drop the local model."""
-        if self.served:
-            self.player.close()
-        if self.local is not None:
-            self.local.close()
