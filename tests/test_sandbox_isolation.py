@@ -30,7 +30,7 @@ import pytest
 
 from nip_like.experiment import run_experiment
 from nip_like.scenarios.code_validation import isolation
-from nip_like.scenarios.code_validation.sandbox import SandboxLimits, TestSuite, _probe, run_program
+from nip_like.scenarios.code_validation.sandbox import SandboxError, SandboxLimits, TestSuite, _probe, run_program
 from tests.test_code_validation_scenario import TEXT_RUN, config, text_folder  # noqa: F401 - text_folder: the fixture
 
 LIMITS = SandboxLimits(time_limit=3.0, test_time_limit=1.0)
@@ -280,3 +280,12 @@ def test_a_run_that_labelled_programs_records_their_isolation_in_its_summary(tmp
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["sandbox_isolation"] == isolation.current(_probe).summary()
     assert summary["sandbox_isolation"].startswith(("namespaces (network, PID, mount", "in-process guard only ("))
+
+
+@pytest.mark.usefixtures("namespaces")
+def test_namespaces_that_fail_before_the_program_runs_stop_the_labelling_instead_of_failing_the_program(monkeypatch):
+    monkeypatch.setattr(isolation, "view_binds", lambda: (["/nonexistent_nip_like_folder"], {}))
+    with pytest.raises(SandboxError, match=r"^the sandbox's namespaces failed before the program ran \(status 1\): .*"
+                                           r"No such file or directory"):
+        run_program("def f():\n    return 'contained'\n", CALL, LIMITS)
+    assert _probe().startswith("the sandbox's namespaces failed before the program ran")

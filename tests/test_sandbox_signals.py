@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -107,7 +108,10 @@ def test_a_run_labelling_a_data_file_stops_within_ten_seconds_with_its_one_line(
         running.kill()
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert running.returncode == status, stderr
-    assert elapsed < 10.0, elapsed
-    assert lines[-1].startswith("interrupted at once while setting up, waiting for programs running in the code sandbox"), stderr
-    assert f"start it again with: python -m nip_like.resume {run_dir}" in lines[-1] or "resume" in lines[-1], stderr
+    assert elapsed < 10.0, elapsed  # the stop itself takes 0.1 s; the rest is the process's close
+    assert re.fullmatch(
+        rf"interrupted at once (while setting up|during iteration 1), waiting for {WAITING_FOR}, before the first "
+        rf"checkpoint; start it again with: python -m nip_like\.resume {re.escape(str(run_dir))}",
+        lines[-1],
+    ), stderr
     assert not any(Path(f"/proc/{pid}").exists() for pid in children)

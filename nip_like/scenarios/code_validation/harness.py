@@ -240,6 +240,7 @@ def _child_main(job: dict) -> None:
     if job["view"] is not None:
         enter_view(job["view"])
     write, exit_now, result_fd = os.write, os._exit, job["result_fd"]
+    write(result_fd, b"ready\n")  # the sandbox is set up: what follows is the program's doing
     for name, value in job["rlimits"]:
         try:
             resource.setrlimit(getattr(resource, name), (value, value))

@@ -279,6 +279,7 @@ class _Reading:
     """What the parent read from one child."""
 
     reports: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    ready: bool = False
     tail: bytes = b""
     output_exceeded: bool = False
     timed_out: bool = False
@@ -322,6 +323,9 @@ def _read_child(
                     return reading
                 *lines, partial = (partial + chunk).split(b"\n")
                 for line in lines:
+                    if line == b"ready":
+                        reading.ready = True
+                        continue
                     fields = line.decode("utf-8", "replace").split("\t", 3)
                     if len(fields) != 4 or not fields[0].isdigit() or int(fields[0]) >= size:
                         continue
@@ -422,7 +426,7 @@ def _probe() -> str:
     """Run one small program in the namespaces: ``""`` if it passed, else why not (for :func:`isolation.current`)."""
     try:
         run = _run("def f():\n    return 1\n", TestSuite([[]], [1], "f"), SandboxLimits(), False, True)
-    except SandboxError as error:
+    except (SandboxError, OSError) as error:
         return str(error)
     return "" if run.passed else f"a test program failed in them: {run.reason}"
 
@@ -481,6 +485,9 @@ def _run(source: str, suite: TestSuite, limits: SandboxLimits, stop_at_first_fai
             os.close(read_fd)
             assert process.stdout is not None
             process.stdout.close()
+    if isolated and not (reading.ready or reading.timed_out or reading.output_exceeded):
+        last = " ".join(reading.tail.decode("utf-8", "replace").strip().splitlines()[-1:])[:200]
+        raise SandboxError(f"the sandbox's namespaces failed before the program ran (status {process.returncode}): {last}")
     missing = _missing_reason(reading, _returncode(process, isolated), limits)
     outcomes = tuple(
         _outcome(reading.reports[index], accepted[index], limits)
