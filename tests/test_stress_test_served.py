@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,14 @@ import pytest
 from nip_like.cli import report_errors
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.experiment import run_experiment
+from nip_like.interrupts import StopNow, handle_interrupts
 from nip_like.lm.frozen import ServedConfig, check_served, served_player
+from nip_like.scenarios.stress_test.target import Target, TargetConfig
 from nip_like.text.interface import Sampling
 from tests.conftest import make_config
 from tests.fake_servers import fake_server, refusing_url
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
+from tests.test_signals_in_waits import signal_soon
 from tests.test_stress_test import SIZES
 
 
@@ -55,6 +59,20 @@ def test_a_server_that_does_not_answer_is_refused_before_the_run():
         check_served(served, "scenario.target.served")
     message = str(error.value)
     assert message.startswith("scenario.target.served: text-model server") and "failed after 1 try" in message and "\n" not in message
+
+
+@pytest.mark.slow
+def test_a_stop_request_ends_the_wait_for_a_silent_served_target_at_once():
+    with fake_server("hang") as server, handle_interrupts():
+        target = Target(TargetConfig(served=ServedConfig(base_url=server.url, model="fake", timeout=60)), folder=None)
+        timer = signal_soon()
+        started = time.monotonic()
+        with pytest.raises(StopNow) as stopped:
+            target.reply([[{"role": "user", "content": "hello"}]] * 3, seed=0)
+        elapsed = time.monotonic() - started
+        timer.cancel()
+    assert stopped.value.what == f"an answer from the text-model server at {server.url}"
+    assert elapsed < 5.0, elapsed  # the server would hold it 60 s; the margin is for a loaded machine
 
 
 # ------------------------------------------------------------------ a run against the stand-in server
