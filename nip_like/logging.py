@@ -7,6 +7,12 @@ outputs (:mod:`nip_like.objectives.contract`), so a new loss term needs no
 edit here. ``objective/kl`` and ``objective/entropy`` are measured by the
 trainer on each collected batch, the same way whatever the objective; a
 loss's own entropy estimate is ``policy/entropy``.
+
+Besides scalars, the backends get the resolved config and the run id as
+hyper-parameters (:meth:`MetricLogger.log_hyper_parameters`), the final
+``test/...`` metrics as summary values (:meth:`MetricLogger.log_summary`) and
+transcripts as text (:meth:`MetricLogger.log_text`); every metric also goes to
+the job log (:mod:`nip_like.job_log`).
 """
 
 from __future__ import annotations
