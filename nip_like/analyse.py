@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nip_like.analysis.message_regression import RegressionOptions, RegressionScore, format_scores, regress_messages
-from nip_like.analysis.run_curves import X_AXES, choose_metrics, open_run_folder, run_curves_figure, run_label
+from nip_like.analysis.run_curves import X_AXES, choose_metrics, open_run_folder, run_label, write_run_curves
 from nip_like.analysis.run_page import write_run_page
 from nip_like.checkpoint import write_text_atomic
 from nip_like.cli import OneLineArgumentParser, report_errors
@@ -100,13 +100,7 @@ def plot_runs(items: Sequence[str], out: Path | None = None, x_axis: str = "iter
     runs = [open_run_folder(folder) for folder in folders]
     metrics = choose_metrics(runs, asked)
     out = Path(out) if out is not None else folders[0] / "plots"
-    out.mkdir(parents=True, exist_ok=True)
-    figure = run_curves_figure(runs, metrics, x_axis)
-    png = out / PLOT_PNG
-    figure.savefig(png, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
+    png = write_run_curves(runs, metrics, x_axis, out / PLOT_PNG)
     html = write_run_page(runs, [run_label(run, runs) for run in runs], metrics, png, out / PLOT_HTML)
     return png, html, metrics
 

@@ -172,3 +172,13 @@ def run_curves_figure(runs: Sequence[Run], metrics: Sequence[str], x_axis: str =
     figure.suptitle(f"{title}: values as logged", fontsize="medium")
     figure.tight_layout()
     return figure
+
+
+def write_run_curves(runs: Sequence[Run], metrics: Sequence[str], x_axis: str, path: Path) -> Path:
+    """Draw :func:`run_curves_figure` and save it as a PNG at ``path``; return ``path``."""
+    figure = run_curves_figure(runs, metrics, x_axis)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
