@@ -14,4 +14,10 @@ plots
     Learning curves against frames and wall time; reward against KL.
 report
     The whole comparison: Markdown and CSV tables, and the plots.
+run_curves
+    The learning curves of one run, or of a few side by side (``python -m nip_like.analyse plot``).
+run_page
+    A run's HTML page: its curves, final metrics, config and latest transcripts.
+message_regression
+    Does the transcript carry the answer? Regressors on the provers' messages.
 """
