@@ -156,3 +156,14 @@ def test_mlflow_backend_gets_the_parameters_and_the_transcripts(tmp_path):
     assert (params / "trainer.num_iterations").read_text() == "3"
     (transcript,) = (tmp_path / "mlruns").rglob("transcripts/test_2.txt")
     assert transcript.read_text() == "prover: 1\nverifier: accept\n"
+
+
+def test_progress_bar_is_silent_off_a_terminal_and_still_counts(capsys):
+    from nip_like.trainers.base import IterationContext
+
+    context = IterationContext(total=5, initial=1, enabled=True)  # pytest's capture: standard error is no terminal
+    context.set_description("Training")
+    context.step(2)
+    context.close()
+    assert context.bar.disable and context.bar.n == 3  # a text trainer reads bar.n to know how far it got
+    assert "Training" not in capsys.readouterr().err
