@@ -178,10 +178,12 @@ def load_policy(
     score_chunk_tokens: int | None = None,
     decoding: str = "auto",
     sampling_dtype: str = "model",
+    chat_template: str | None = None,
 ) -> LMPolicy:
-    """The policy of the model folder through the user path (``pretrained_path``), as an agent config builds it."""
+    """The policy of the model folder (or GGUF file) through the user path (``pretrained_path``), as an agent config builds it."""
     config = LMAgentConfig(
         pretrained_path=str(folder),
+        chat_template=chat_template,
         max_new_tokens=new_tokens,
         value_head=False,
         lora=LoraOptions(r=lora_r),
@@ -242,6 +244,7 @@ def measure_whole_rollout(folder: Path, args: argparse.Namespace) -> dict[str, A
     overrides = [
         *GAME_OVERRIDES,
         f"scenario.default_agent.pretrained_path={folder}",
+        *([f"scenario.default_agent.chat_template={args.chat_template}"] if args.chat_template else []),
         f"scenario.default_agent.max_new_tokens={args.new_tokens}",
         f"scenario.length={args.list_length}",
         f"scenario.num_values={args.num_values}",
@@ -270,7 +273,7 @@ def measure_whole_rollout(folder: Path, args: argparse.Namespace) -> dict[str, A
 
 def measure_sampling(folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """``LMPolicy.sample`` against ``generate`` on one batch of chat prompts (see :func:`benchmark_lm.measure_rollout`)."""
-    policy = load_policy(folder, args.new_tokens).to(device)
+    policy = load_policy(folder, args.new_tokens, chat_template=args.chat_template).to(device)
     prompts = chat_prompts(policy.tokenizer, args, device)
     sample_args = argparse.Namespace(warmup=args.warmup, repeats=args.sample_repeats, seed=args.seed)
     result = bench.measure_rollout(policy, prompts, sample_args)
@@ -305,6 +308,7 @@ def measure_all_updates(folder: Path, args: argparse.Namespace, device: torch.de
             budget=args.update_token_budget,
             gradient_checkpointing=args.gradient_checkpointing,
             score_chunk_tokens=args.score_chunk_tokens,
+            chat_template=args.chat_template,
         ).to(device)
         total, trained = parameter_count(policy)
         print(f"\n{name}: {trained:,} of {total:,} parameters train", flush=True)
@@ -361,7 +365,7 @@ def measure_memory(folder: Path, args: argparse.Namespace, device: torch.device)
     activations in the backward pass.
     """
     longest = max(args.reply_lengths)
-    policy = load_policy(folder, longest, args.lora_r).to(device)
+    policy = load_policy(folder, longest, args.lora_r, chat_template=args.chat_template).to(device)
     prompts = chat_prompts(policy.tokenizer, args, device)
     batch = bench.make_group_batch(policy, prompts, args.group_size, args.seed + 3)
     rows = []
@@ -502,7 +506,7 @@ def measure_decoding(folder: Path, args: argparse.Namespace, device: torch.devic
     copy bandwidth measured in the same run. Greedy messages of each path
     are compared with eager's.
     """
-    policy = load_policy(folder, args.new_tokens, decoding="eager", sampling_dtype=args.sampling_dtype).to(device)
+    policy = load_policy(folder, args.new_tokens, decoding="eager", sampling_dtype=args.sampling_dtype, chat_template=args.chat_template).to(device)
     policy.eval()
     prompts = chat_prompts(policy.tokenizer, args, device)
     model = sampling_model(policy.model, args.sampling_dtype)
@@ -678,7 +682,10 @@ def print_summary(figures: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line (``--smoke`` replaces the defaults of the sizes by tiny ones)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-folder", type=Path, default=None, help="a chat-model folder (default: build --build)")
+    parser.add_argument("--model", "--model-folder", dest="model_folder", type=Path, default=None,
+                        help="a chat-model folder or a .gguf file (default: build --build)")
+    parser.add_argument("--chat-template", default=None,
+                        help="the model's chat template: chatml, llama3, gemma, plain or a Jinja file (default: the folder's own)")
     parser.add_argument("--build", choices=sorted(SHAPES), default="qwen2-30m", help="shape built when no folder")
     parser.add_argument("--cache-dir", default="~/.cache/nip_like/benchmark", help="where built folders are kept")
     parser.add_argument("-B", "--batch-size", type=int, default=8, help="prompts per batch and environments (8)")
@@ -736,7 +743,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     version = None if args.skip_trl else bench.trl_version()
     folder = model_folder(args)
-    policy = load_policy(folder, args.new_tokens)
+    policy = load_policy(folder, args.new_tokens, chat_template=args.chat_template)
     prompts = chat_prompts(policy.tokenizer, args, torch.device("cpu"))
     lengths = prompts.mask.sum(-1)
     model = {"folder": str(folder), "model_type": policy.model.config.model_type,

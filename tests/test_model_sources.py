@@ -214,3 +214,17 @@ def test_a_turn_end_that_is_one_token_becomes_the_eos_else_a_stop_string(chat_mo
     tokenizer = load_tokenizer(qwen)
     assert apply_chat_template(tokenizer, chat_templates.ChatTemplate("x", "{{ 1 }}", "<|im_start|>")) == []
     assert tokenizer.eos_token == "<|im_start|>"
+
+
+def test_a_templated_folder_links_the_weights_and_saves_the_tokenizer_with_the_template(chat_model, tmp_path):  # noqa: F811
+    from nip_like.lm.chat_templates import templated_folder
+
+    source = chat_model("llama")
+    folder = templated_folder(source, "llama3", tmp_path / "initial", "scenario.models.verifier.path")
+    assert (folder / "model.safetensors").is_symlink() and (folder / "model.safetensors").resolve() == (source / "model.safetensors").resolve()
+    reloaded = load_tokenizer(folder)  # a plain folder now: its own template, no option needed
+    assert reloaded.chat_template == TEMPLATES["llama3"].text
+    assert templated_folder(source, "plain", folder) == folder  # written once: a resumed run keeps it
+    with pytest.raises(ConfigError, match=r"scenario.models.verifier.path: chat template 'gemma' ends turns with '<end_of_turn>', which is not one token"):
+        templated_folder(source, "gemma", tmp_path / "other", "scenario.models.verifier.path")
+    assert not (tmp_path / "other").exists()

@@ -164,14 +164,43 @@ def load_tokenizer(
     from transformers import AutoTokenizer
 
     folder = check_model_folder(path, field_name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except Exception as error:  # noqa: BLE001 - any failure is one line for the user
-        raise ConfigError(f"{field_name}: the tokenizer in {folder} cannot be loaded: {_first_line(error)}") from error
+    stamp = tuple((name, (folder / name).stat().st_size, (folder / name).stat().st_mtime_ns) for name in TOKENIZER_FILES if (folder / name).is_file())
+    key = (str(folder.resolve()), stamp)
+    if key not in _tokenizers:
+        try:
+            loaded = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except Exception as error:  # noqa: BLE001 - any failure is one line for the user
+            raise ConfigError(f"{field_name}: the tokenizer in {folder} cannot be loaded: {_first_line(error)}") from error
+        if len(_tokenizers) >= 16:
+            _tokenizers.clear()
+        _tokenizers[key] = loaded
+    tokenizer = _clone(_tokenizers[key])
     tokenizer.padding_side = "left"
     if chat_template:
         apply_chat_template(tokenizer, resolve_chat_template(chat_template, _sibling(field_name, "chat_template")))
     return tokenizer
+
+
+#: Tokenizers loaded in this process, by folder and the sizes and times of its tokenizer files (see :func:`_clone`).
+_tokenizers: dict[tuple, PreTrainedTokenizerBase] = {}
+
+
+def _clone(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """A copy of ``tokenizer`` whose settings (special tokens, template, padding side) change on their own.
+
+    Loading a tokenizer of a 262,144-token vocabulary takes seconds, and a
+    run asks for the same one many times (each agent's chat view, model and
+    checks); a deep copy costs as much. The copy shares the fast tokenizer's
+    Rust backend (its vocabulary and merges, which nothing here changes) and
+    copies every Python container; a slow tokenizer is deep-copied.
+    """
+    from tokenizers import Tokenizer
+
+    if not isinstance(getattr(tokenizer, "_tokenizer", None), Tokenizer):
+        return copy.deepcopy(tokenizer)
+    clone = copy.copy(tokenizer)
+    clone.__dict__.update({name: copy.copy(value) for name, value in vars(tokenizer).items() if isinstance(value, (dict, list, set))})
+    return clone
 
 
 def template_stop_strings(path: str | Path, chat_template: Optional[str], field_name: str = "pretrained_path") -> list[str]:

@@ -31,7 +31,8 @@ class TextModelConfig:
     """A text model: where it runs, what it starts from, how it samples."""
 
     backend: str = checked("local", choices=BACKENDS)  # local (transformers in this process) | openai (a chat-completions server) | scripted (the scenario's honest player, never trained)
-    path: Optional[str] = None  # local folder (save_pretrained, with a chat template) to start from; null builds a tiny model from config
+    path: Optional[str] = None  # local folder (save_pretrained, with a chat template) or .gguf file to start from; null builds a tiny model from config
+    chat_template: Optional[str] = None  # local: the chat template to read chats with (chatml, llama3, gemma, plain or a Jinja file); null = the folder's own
     architecture: str = "llama"  # transformers model type of a from-config model
     hidden_size: int = checked(64, ge=1)  # width of a from-config model
     num_layers: int = checked(2, ge=1)  # transformer blocks of a from-config model

@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.lm.models import architecture_context, load_tokenizer, model_context
+from nip_like.lm.models import agent_option, architecture_context, load_tokenizer, model_context
 from nip_like.scenarios.code_validation.chat_text import (
     ACCEPT,
     DECISION_FORMAT,
@@ -91,7 +91,7 @@ class CodeValidationTextAgents(CodeValidationGame, TextModelGroups):
             model = self.model_config(group)
             if model.backend == "local" and model.path is not None:
                 where = self.model_config_path(group)
-                tokenizer = load_tokenizer(model.path, f"{where}.path")
+                tokenizer = load_tokenizer(model.path, f"{where}.path", agent_option(model, "chat_template"))
                 if not getattr(tokenizer, "chat_template", None):
                     raise ConfigError(f"{where}.path: the tokenizer in {model.path} has no chat_template, which text models need")
 
@@ -105,7 +105,7 @@ class CodeValidationTextAgents(CodeValidationGame, TextModelGroups):
                 continue
             where = self.model_config_path(group)
             if model.path is not None:
-                tokenizer, context = load_tokenizer(model.path, f"{where}.path"), model_context(model.path)
+                tokenizer, context = load_tokenizer(model.path, f"{where}.path", agent_option(model, "chat_template")), model_context(model.path)
                 source = f"the model in {model.path}"
             else:
                 tokenizer = build_chat_tokenizer()

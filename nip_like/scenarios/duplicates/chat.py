@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.lm.models import architecture_context, load_tokenizer, model_context
+from nip_like.lm.models import agent_option, architecture_context, load_tokenizer, model_context
 from nip_like.registry import register_scenario
 from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, shared with the chat view
     HIDDEN_TEXT,
@@ -96,7 +96,7 @@ class DuplicatesChatScenario(DuplicatesGame, TextModelGroups):
                 continue
             where = self.model_config_path(group)
             if model.path is not None:
-                tokenizer = load_tokenizer(model.path, f"{where}.path")
+                tokenizer = load_tokenizer(model.path, f"{where}.path", agent_option(model, "chat_template"))
                 if not getattr(tokenizer, "chat_template", None):
                     raise ConfigError(f"{where}.path: the tokenizer in {model.path} has no chat_template, which text models need")
                 context, source = model_context(model.path), f"the model in {model.path}"

@@ -44,6 +44,8 @@ from tensordict import TensorDict
 
 from nip_like.checkpoint import derive_seed, file_sha256, write_text_atomic
 from nip_like.config import TextTrainerConfig
+from nip_like.lm.chat_templates import templated_folder
+from nip_like.lm.models import agent_option, source_folder
 from nip_like.scenarios.chat import ChatGame
 from nip_like.text.fine_tune import FineTuneSpec
 from nip_like.text.interface import Sampling, TextModel
@@ -302,7 +304,12 @@ class PureTextRlTrainer(Trainer):
             self.scenario.scripted_model(group)  # checks that the group has one role
             return "scripted"
         if config.path is not None:
-            return str(Path(config.path).expanduser())
+            where = f"{self.scenario.model_config_path(group)}.path"
+            folder = source_folder(config.path, where)  # a .gguf file: its converted folder
+            template = agent_option(config, "chat_template")
+            if template:
+                folder = templated_folder(folder, template, self.run_dir / "models" / group / "initial", where)
+            return str(folder)
         folder = self.run_dir / "models" / group / "initial"
         if not (folder / "config.json").is_file():
             create_model_folder(config, folder, build_chat_tokenizer())

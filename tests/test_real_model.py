@@ -1,0 +1,200 @@
+"""A real pretrained model through the language-model paths: Gemma 3 270M from its GGUF file (tests/real_model.py).
+
+Every test here plays the duplicates game (or code validation) in the chat view
+with the real model at small batch sizes: a 268M-parameter model with a
+262,144-token vocabulary, a base model given Gemma's chat template, LoRA
+adapters. They are slow (tens of seconds to minutes each on two cores); the
+first one on a machine also assembles and converts the model (minutes, once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nip_like.errors import ConfigError
+from nip_like.evaluate import main as evaluate_main
+from nip_like.experiment import run_experiment
+from nip_like.export import main as export_main
+from nip_like.logging import read_csv_metric
+from tests.conftest import make_config, popen_cli, run_cli
+from tests.real_model import TEMPLATE, gemma_folder, gemma_gguf  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.slow
+
+
+def real_config(gguf: Path, tmp_path: Path, *overrides: str):
+    """The duplicates chat game at its smallest, every agent Gemma 3 270M (from the GGUF file) through rank-4 adapters."""
+    return make_config(
+        "scenario=duplicates",
+        "protocol=nip",
+        "protocol.first_speaker=prover",
+        "protocol.max_rounds=2",
+        "scenario.view=chat",
+        f"scenario.default_agent.pretrained_path={gguf}",
+        f"scenario.default_agent.chat_template={TEMPLATE}",
+        "scenario.default_agent.lora.r=4",
+        "scenario.default_agent.max_new_tokens=4",
+        "scenario.num_lists=60",
+        "scenario.length=4",
+        "scenario.num_values=8",
+        f"scenario.cache_dir={tmp_path / 'cache'}",
+        "trainer.num_envs=2",
+        "trainer.frames_per_batch=8",
+        "trainer.minibatch_size=8",
+        "trainer.num_iterations=1",
+        "trainer.eval.every=0",
+        "trainer.num_test_episodes=2",
+        "trainer.test_batch_episodes=2",
+        "run.progress_bar=false",
+        "run.num_threads=2",
+        "logger=csv",
+        *overrides,
+    )
+
+
+def saved_agent(run: Path, agent: str, checkpoint: str = "last") -> Path:
+    return run / "checkpoints" / checkpoint / agent
+
+
+def assert_template_saved(folder: Path) -> None:
+    """The agent folder holds Gemma's template, and its eos is the template's turn end."""
+    assert "<start_of_turn>" in (folder / "chat_template.jinja").read_text()
+    assert json.loads((folder / "tokenizer_config.json").read_text())["eos_token"] == "<end_of_turn>"
+
+
+def test_the_gguf_converts_to_a_gemma_folder_that_the_cache_serves_again(gemma_gguf, gemma_folder):
+    from nip_like.lm.gguf import converted_folder
+    from nip_like.lm.models import load_tokenizer
+
+    config = json.loads((gemma_folder / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["num_hidden_layers"], config["hidden_size"]) == (
+        "gemma3_text", 262144, 18, 640
+    )
+    assert json.loads((gemma_folder / "gguf_source.json").read_text())["architecture"] == "gemma3"
+    started = time.monotonic()
+    assert converted_folder(gemma_gguf) == gemma_folder  # served from the cache: checked, not converted
+    assert time.monotonic() - started < 60
+    tokenizer = load_tokenizer(gemma_gguf, chat_template=TEMPLATE)
+    assert tokenizer.eos_token == "<end_of_turn>" and len(tokenizer) == 262144
+
+
+def test_a_truncated_copy_of_the_real_file_is_refused_before_any_work(gemma_gguf, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    with gemma_gguf.open("rb") as source, cut.open("wb") as target:
+        target.write(source.read(gemma_gguf.stat().st_size // 2))
+    with pytest.raises(ConfigError, match=r"is truncated: its tensors need 253113024 bytes"):
+        run_experiment(real_config(cut, tmp_path), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "objective",
+    [
+        pytest.param(("trainer=ppo", "scenario.shared_base=true"), id="ppo-shared-base"),
+        pytest.param(("trainer=grpo", "trainer.group_size=2"), id="grpo"),
+        pytest.param(("trainer=dpo", "trainer.group_size=2"), id="dpo"),
+        pytest.param(("trainer=reinforce",), id="reinforce"),
+        pytest.param(("trainer=lola",), id="lola"),
+    ],
+)
+def test_the_real_model_trains_in_the_chat_view(gemma_gguf, gemma_folder, tmp_path, objective):
+    metrics = run_experiment(real_config(gemma_gguf, tmp_path, *objective), tmp_path / "run")
+    assert metrics["test/episodes"] == 2
+    losses = [value for key in ("loss/policy", "loss/objective", "loss/dpo", "loss/total") for value in read_csv_metric(tmp_path / "run", key)]
+    assert losses and all(torch.isfinite(torch.tensor(losses))), "no finite loss was logged"
+    for agent in ("prover", "verifier"):
+        folder = saved_agent(tmp_path / "run", agent)
+        assert (folder / "adapter_model.safetensors").is_file()
+        assert_template_saved(folder)
+
+
+@pytest.fixture(scope="module")
+def finished_run(gemma_gguf, gemma_folder, tmp_path_factory) -> Path:
+    """A finished two-iteration PPO run of the real model (agents on one base), checkpointed after each iteration."""
+    tmp_path = tmp_path_factory.mktemp("real")
+    config = real_config(gemma_gguf, tmp_path, "scenario.shared_base=true", "trainer.num_iterations=2", "run.checkpoint_every=1")
+    run_experiment(config, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_an_export_loads_with_plain_transformers_and_generates(finished_run, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert export_main([str(finished_run), "--out", str(tmp_path / "exported")]) == 0
+    folder = tmp_path / "exported" / "verifier"
+    assert_template_saved(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert model.config.vocab_size == 262144
+    chat = [{"role": "user", "content": "Is 3 equal to 3? Answer accept or reject."}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+    assert tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def test_evaluate_reproduces_the_final_test_of_the_run(finished_run, tmp_path):
+    out = tmp_path / "evaluated.json"
+    assert evaluate_main([str(finished_run), "--checkpoint", "last", "--out", str(out)]) == 0
+    summary = json.loads((finished_run / "summary.json").read_text())["test_metrics"]
+    metrics = json.loads(out.read_text())["metrics"]
+    assert {key: metrics[key] for key in summary} == pytest.approx(summary)
+
+
+def test_a_frozen_co_player_from_the_finished_run(finished_run, gemma_gguf, tmp_path):
+    config = real_config(gemma_gguf, tmp_path, f"+scenario.agents.verifier={{frozen_from: {finished_run}, max_new_tokens: 4}}")
+    metrics = run_experiment(config, tmp_path / "run")
+    assert metrics["test/episodes"] == 2
+    assert (saved_agent(tmp_path / "run", "prover") / "adapter_model.safetensors").is_file()
+    assert not (saved_agent(tmp_path / "run", "verifier") / "adapter_model.safetensors").exists()  # frozen: nothing trained
+
+
+def test_an_opponent_pool_of_prover_snapshots(gemma_gguf, tmp_path):
+    config = real_config(
+        gemma_gguf, tmp_path, "scenario.shared_base=true", "trainer.num_iterations=2", "trainer.opponent_pool.agent=prover",
+        "trainer.opponent_pool.size=2", "trainer.opponent_pool.live_fraction=0.5",
+    )
+    metrics = run_experiment(config, tmp_path / "run")
+    assert metrics["test/episodes"] == 2
+    assert (tmp_path / "run" / "opponent_pool.jsonl").is_file()  # the games against snapshots, with their returns
+
+
+def test_share_policy_with_trains_one_adapter_for_both_roles(gemma_gguf, tmp_path):
+    config = real_config(gemma_gguf, tmp_path, "+scenario.agents.verifier={share_policy_with: prover, max_new_tokens: 4}")
+    run_experiment(config, tmp_path / "run")
+    assert (saved_agent(tmp_path / "run", "prover") / "adapter_model.safetensors").is_file()
+
+
+def test_killed_with_sigkill_and_resumed_gives_the_uninterrupted_runs_test_metrics(finished_run, gemma_gguf, tmp_path):
+    """The same run as ``finished_run``, killed by SIGKILL after its first checkpoint, then resumed by the CLI."""
+    run = tmp_path / "killed"
+    overrides = [
+        f"hydra.run.dir={run}",
+        "preset=none", "scenario=duplicates", "protocol=nip", "protocol.first_speaker=prover", "protocol.max_rounds=2",
+        "scenario.view=chat", f"scenario.default_agent.pretrained_path={gemma_gguf}",
+        f"scenario.default_agent.chat_template={TEMPLATE}", "scenario.default_agent.lora.r=4",
+        "scenario.default_agent.max_new_tokens=4", "scenario.num_lists=60", "scenario.length=4", "scenario.num_values=8",
+        f"scenario.cache_dir={finished_run.parent / 'cache'}", "scenario.shared_base=true", "trainer.num_envs=2",
+        "trainer.frames_per_batch=8", "trainer.minibatch_size=8", "trainer.num_iterations=2", "trainer.eval.every=0",
+        "trainer.num_test_episodes=2", "trainer.test_batch_episodes=2", "run.progress_bar=false", "run.num_threads=2",
+        "logger=csv", "run.checkpoint_every=1",
+    ]
+    process = popen_cli(overrides)
+    last = run / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 1200
+    while not last.is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert last.is_file(), process.communicate()[1][-2000:] if process.poll() is not None else "no checkpoint in time"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    resumed = run_cli([str(run)], module="nip_like.resume", timeout=1800)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    expected = json.loads((finished_run / "summary.json").read_text())["test_metrics"]
+    assert json.loads((run / "summary.json").read_text())["test_metrics"] == expected
