@@ -182,7 +182,7 @@ class StressTestScenario(LMAgents, TensorGame):
             reply_tokens=self.message_tokens,
             response_tokens=int(self.config.response_tokens),
             prompt_tokens=int(self.config.max_prompt_tokens),
-            target_system_prompt=str(self.config.target.system_prompt),
+            target_system_prompt=str(self.config.target.system_prompt or ""),
             branching=split == "train",
             num_envs=num_envs,
             device=device,

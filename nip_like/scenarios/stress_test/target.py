@@ -43,7 +43,7 @@ class TargetConfig:
     frozen_from: Optional[str] = None  # instead of pretrained_path: a finished run's folder (its agent frozen_agent) or an agent/model folder, read as a frozen co-player's
     frozen_agent: str = "auditor"  # frozen_from a run folder: the agent whose saved model the target plays
     frozen_checkpoint: str = checked("last", choices=("last", "best"))  # frozen_from a run folder: its last or best checkpoint
-    system_prompt: str = ""  # the target's system message; empty: none
+    system_prompt: Optional[str] = None  # the target's system message; null: none
     max_new_tokens: int = checked(32, ge=1)  # longest response, in the target's tokens
     temperature: float = checked(1.0, ge=MIN_TEMPERATURE, also=(0,))  # sampling temperature of the responses; 0 = greedy
     top_p: float = checked(1.0, gt=0, le=1)  # nucleus sampling of the responses; 1 = off
