@@ -180,7 +180,7 @@ def test_scoring_in_chunks_gives_the_one_pass_scores_and_gradient(chat_model, fa
             torch.testing.assert_close(grads_whole[name], grads_chunked[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_automatic_chunks_score_with_gradients_only_and_bound_a_chunks_logits(chat_model, monkeypatch):
+def test_automatic_chunks_score_with_gradients_or_large_logits_and_bound_a_chunks_logits(chat_model, monkeypatch):
     import nip_like.lm.scoring as scoring
 
     policy = policy_of(chat_model("qwen2"), max_new_tokens=7)
@@ -189,17 +189,22 @@ def test_automatic_chunks_score_with_gradients_only_and_bound_a_chunks_logits(ch
     chunks = []
     real = scoring.chunked_scores
     monkeypatch.setattr(scoring, "chunked_scores", lambda head, hidden, tokens, size, *rest: chunks.append(size) or real(head, hidden, tokens, size, *rest))
-    with torch.no_grad():  # without gradients the last hidden states would be held only for the chunks: no chunks
-        policy.evaluate(prompts, mask, tokens, token_mask)
+    with torch.no_grad():  # without gradients, logits within one chunk's bytes are taken whole: no chunks
+        whole = policy.evaluate(prompts, mask, tokens, token_mask)
     assert chunks == []
     policy.evaluate(prompts, mask, tokens, token_mask)
     assert chunks == [7]  # 5 rows x 7 positions of a small vocabulary: one chunk
     monkeypatch.setattr(scoring, "AUTO_CHUNK_BYTES", 5 * policy.banned.shape[0] * 4 * 3)  # room for 3 positions of the 5 rows
     policy.evaluate(prompts, mask, tokens, token_mask)
     assert chunks == [7, 3]
+    with torch.no_grad():  # logits over one chunk's bytes (a large vocabulary) are chunked without gradients too
+        chunked = policy.evaluate(prompts, mask, tokens, token_mask)
+    assert chunks == [7, 3, 3]
+    torch.testing.assert_close(chunked["token_log_probs"], whole["token_log_probs"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked["entropy"], whole["entropy"], atol=1e-5, rtol=1e-5)
     # A pass whose messages have no positions (a micro-batch trimmed to its prompts) has nothing to chunk.
     empty = policy.evaluate(prompts, mask, tokens[:, :0], token_mask[:, :0])
-    assert empty["token_log_probs"].shape == (5, 0) and chunks == [7, 3]
+    assert empty["token_log_probs"].shape == (5, 0) and chunks == [7, 3, 3]
 
 
 def test_scoring_in_chunks_is_refused_when_the_policy_is_built(chat_model, monkeypatch):

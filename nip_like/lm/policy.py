@@ -373,13 +373,15 @@ class LMPolicy(nn.Module):
         """How :meth:`evaluate`'s passes score a message: chunks of this many positions, ``"auto"`` or None (all at once).
 
         ``score_chunk_tokens`` as given, with the automatic default resolved
-        for this model: ``"auto"`` (chunks sized per pass, with gradients only)
-        when its logits can be scored in chunks and its weights are not
-        sharded, None otherwise.
+        for this model: ``"auto"`` (chunks sized per pass: every pass with
+        gradients, and a pass without them whose logits would exceed one
+        chunk's bytes) when its logits can be scored in chunks and its
+        weights are not sharded, None otherwise.
         """
         if self.score_chunk_tokens is None:
-            # Without gradients automatic scoring takes all logits at once: no need to probe the model.
-            return "auto" if not self.sharded and torch.is_grad_enabled() and self.chunkable else None
+            # "auto" chunks every pass with gradients, and a pass without them whose logits would exceed one chunk
+            # (a large vocabulary: 262,144 tokens make 1 MiB of float32 logits per position; see score_rows).
+            return "auto" if not self.sharded and self.chunkable else None
         return self.score_chunk_tokens or None
 
     def evaluate(

@@ -77,8 +77,9 @@ def score_rows(
         Whether the model's ``forward`` takes ``logits_to_keep``.
     score_chunk_tokens : int or "auto", optional
         Score this many positions at a time (:func:`chunked_scores`); ``"auto"``:
-        in chunks of :func:`auto_chunk_positions` when gradients are enabled,
-        all at once otherwise; None: all at once.
+        in chunks of :func:`auto_chunk_positions` when gradients are enabled or
+        the message's logits would exceed :data:`AUTO_CHUNK_BYTES`, all at once
+        otherwise; None: all at once.
 
     Returns
     -------
@@ -91,9 +92,15 @@ def score_rows(
     positions = position_ids(attention_mask)
     shared_hidden = with_value and value_head.shared_body
     if score_chunk_tokens == "auto":
+        # With gradients, always (the chunks' logits are recomputed in the backward pass instead of kept). Without,
+        # only when the message's logits would exceed one chunk: then the last hidden states (a few KiB a position)
+        # are held instead of megabytes of logits a position, as with a 262,144-token vocabulary.
         vocab_size = banned.shape[0]
+        whole = tokens.shape[0] * message_length * vocab_size * 4
         score_chunk_tokens = (
-            auto_chunk_positions(tokens.shape[0], vocab_size, message_length) if torch.is_grad_enabled() else None
+            auto_chunk_positions(tokens.shape[0], vocab_size, message_length)
+            if torch.is_grad_enabled() or whole > AUTO_CHUNK_BYTES
+            else None
         )
     chunked = with_log_probs and score_chunk_tokens is not None and message_length > 0  # no positions: nothing to chunk
     result: dict[str, torch.Tensor] = {}
