@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from nip_like.errors import ConfigError
 from nip_like.evaluate import main as evaluate_main
 from nip_like.experiment import run_experiment
 from nip_like.export import main as export_main
@@ -89,8 +88,13 @@ def test_a_truncated_copy_of_the_real_file_is_refused_before_any_work(gemma_gguf
     cut = tmp_path / "cut.gguf"
     with gemma_gguf.open("rb") as source, cut.open("wb") as target:
         target.write(source.read(gemma_gguf.stat().st_size // 2))
-    with pytest.raises(ConfigError, match=r"is truncated: its tensors need 253113024 bytes"):
-        run_experiment(real_config(cut, tmp_path), tmp_path / "run")
+    result = run_cli([
+        "scenario=duplicates", "scenario.view=chat", f"scenario.default_agent.pretrained_path={cut}",
+        f"scenario.default_agent.chat_template={TEMPLATE}", f"hydra.run.dir={tmp_path / 'run'}",
+    ])
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is truncated: its tensors need 253113024 bytes" in lines[0], lines
     assert not (tmp_path / "run").exists()
 
 
@@ -167,7 +171,8 @@ def test_an_opponent_pool_of_prover_snapshots(gemma_gguf, tmp_path):
 
 
 def test_share_policy_with_trains_one_adapter_for_both_roles(gemma_gguf, tmp_path):
-    config = real_config(gemma_gguf, tmp_path, "+scenario.agents.verifier={share_policy_with: prover, max_new_tokens: 4}")
+    verifier = f"{{pretrained_path: {gemma_gguf}, chat_template: {TEMPLATE}, lora: {{r: 4}}, max_new_tokens: 4, share_policy_with: prover}}"
+    config = real_config(gemma_gguf, tmp_path, f"+scenario.agents.verifier={verifier}")
     run_experiment(config, tmp_path / "run")
     assert (saved_agent(tmp_path / "run", "prover") / "adapter_model.safetensors").is_file()
 
