@@ -253,7 +253,8 @@ class StressTestEnv(InteractionEnv):
         }
         rows = torch.arange(batch, device=self.device)
         acted = active[:, 0]
-        response_rows = [self.speaker.encode([text])[text][: self.response_tokens] for text in responses]
+        encoded = self.speaker.encode(responses)
+        response_rows = [encoded[text][: self.response_tokens] for text in responses]
         response_ids, _ = packed_rows(response_rows, self.response_tokens, self.speaker.pad_id, left=False)
         written = {
             "utterances": action[:, 0],
