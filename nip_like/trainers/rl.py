@@ -45,6 +45,7 @@ from nip_like.trainers import collection, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.evaluation import RlEvaluation
+from nip_like.trainers.grad_flags import requires_grad_kept
 from nip_like.trainers.opponent_pool import build_opponent_pool, opponent_pool_problems
 from nip_like.trainers.rl_build import RlBuildSteps
 from nip_like.trainers.rl_state import RlCheckpoints, TrainState
@@ -316,7 +317,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
                 if self.advantage_module is not None:
                     # In float32 under run.autocast_dtype too: GAE's discounted sums are a conv1d, which autocast
                     # would run in bfloat16 (advantages and value targets to ~3 significant digits).
-                    with float32_region(self.device):
+                    with float32_region(self.device), requires_grad_kept(self.loss_module):  # frozen weights stay frozen
                         self.advantage_module(batch)
                 self.loss_contract.start_iteration(iteration)
                 # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
@@ -390,6 +391,8 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         )
         self.state.gradient_steps += len(norms)
         stats = update.update_statistics(records, self.loss_contract)
+        frozen = tuple(f"agents/{name}/" for name in getattr(self.policy, "frozen_sources", dict)())
+        stats = {name: value for name, value in stats.items() if not name.startswith(frozen)} if frozen else stats  # a frozen co-player trains nothing
         padding = padding_fraction()
         if padding is not None:
             stats["train/padding_fraction"] = padding
