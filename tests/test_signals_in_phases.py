@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import nip_like.pretrain as pretrain
+import nip_like.scenarios.duplicates.demonstrations as duplicate_demonstrations
 from nip_like import interrupts
 from nip_like.errors import RunInterrupted
 from nip_like.experiment import run_experiment
@@ -36,6 +37,7 @@ from nip_like.trainers.evaluation import RlEvaluation
 from tests.conftest import popen_cli, smoke_config
 from tests.test_reliability import assert_one_row_per_step, iteration_of, metric_steps
 from tests.test_reliability import default_sigint  # noqa: F401 - the autouse fixture: SIGINT as a terminal gives it
+from tests.test_duplicates_scenario import lm_smoke_config
 from tests.test_static_decoding import EOS, add_logit_bias, prompts
 from tests.test_static_decoding import tokenizer  # noqa: F401 - the fixture
 
@@ -155,6 +157,26 @@ def test_a_signal_in_the_warm_start_stops_it_and_leaves_a_run_that_starts_again(
     assert (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints" / "last.pt").exists()
     assert not (run_dir / LOCK_FILE).exists() and not (run_dir / "summary.json").exists()
     assert not list((tmp_path / "warm").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_scripted_play_of_a_warm_starts_demonstrations_stops_it(tmp_path, monkeypatch, signals):
+    # The duplicates game's language-model agents: their demonstrations are scripted play, round by round.
+    config = lm_smoke_config(
+        tmp_path, "trainer.pretrain.agents=[verifier]", "trainer.pretrain.epochs=50",
+        f"trainer.pretrain.cache_dir={tmp_path / 'warm'}",
+    )
+    when = {"slow": False}
+    slowed(monkeypatch, InteractionEnv, "advance", 1.0, when, signals)  # each round's step takes a second
+    on_call(monkeypatch, duplicate_demonstrations, "record_scripted_play", lambda: when.update(slow=True))
+    run_dir = tmp_path / "run"
+    error, seconds = interrupted(config, run_dir, signals)
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert str(error) == (
+        "interrupted at once while setting up, in the scripted play of the demonstrations, before the first "
+        f"checkpoint; start it again with: python -m nip_like.resume {run_dir}"
+    )
+    assert not (tmp_path / "warm").exists() or not list((tmp_path / "warm").glob("*.pt"))
 
 
 @pytest.mark.slow

@@ -9,7 +9,9 @@ of its turns. The duplicates game
 (:func:`~nip_like.scenarios.duplicates.demonstrations.play_demonstrations`)
 and the code-validation task
 (:func:`~nip_like.scenarios.code_validation.demonstrations.play_demonstrations`)
-play their demonstrations with them. This module registers nothing.
+play their demonstrations with them. A stop request that has waited its grace
+ends the play between two of its steps (:func:`~nip_like.interrupts.stop_point`):
+nothing is returned, nothing cached. This module registers nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from nip_like.interrupts import stop_point
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.scenarios.environment import InteractionEnv
 
 __all__ = ["ScriptedReplies", "record_scripted_play", "start_episodes"]
+
+#: Recording scripted play, as a stop request in the middle of it is reported.
+PLAY_PHASE = "the scripted play of the demonstrations"
 
 #: ``replies(state, active)`` -> ``(tokens, token_mask, shown)``: the ``(B, N, T)`` replies the ``active``
 #: ``(B, N)`` agents send in ``state``, as the environment takes them, their ``(B, N, T)`` masks (the
@@ -73,6 +79,7 @@ def record_scripted_play(
     collected: dict[str, list[dict[str, torch.Tensor]]] = {name: [] for name in protocol.agent_names}
     playing = torch.ones(count, dtype=torch.bool, device=state.device)
     for _ in range(protocol.num_rounds):
+        stop_point(PLAY_PHASE)
         active = protocol.active_agents_in(state) & playing.unsqueeze(-1)
         inputs = env.policy_inputs(state)
         tokens, token_mask, shown = replies(state, active)
@@ -87,6 +94,7 @@ def record_scripted_play(
                         "token_mask": token_mask[rows, index],
                     }
                 )
+        stop_point(PLAY_PHASE)  # the replies and the environment's step are the play's long parts
         state, _, ended = env.advance(state, tokens, active)
         state["round"] = state["round"] + 1
         playing = playing & ~ended
