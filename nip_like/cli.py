@@ -309,7 +309,38 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
     check_group_options(overrides)
     overrides = select_user_components(overrides)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=overrides)
+        try:
+            return compose("config", overrides=overrides)
+        except HydraException as error:
+            line = unknown_override(error)
+            if line is None:
+                raise
+            raise ConfigError(line) from None
+
+
+def unknown_override(error: BaseException) -> str | None:
+    """The one line for an override of a key its section does not declare (a typo), or None for another error.
+
+    Hydra's own message advises ``+key=value``, which adds the key and leaves
+    the typo for the config's checks to refuse; this line names the key and
+    the section's nearest keys instead
+    (:func:`nip_like.validation.unknown_key_line`).
+    """
+    from nip_like.validation import unknown_key_line
+
+    cause = error.__cause__
+    section = getattr(cause, "parent_node", None)
+    key = getattr(cause, "full_key", None)
+    if not str(error).startswith("Could not override") or not isinstance(section, DictConfig) or not key:
+        return None
+    schema = getattr(getattr(cause, "object_type", None), "__name__", None)
+    parent, _, name = str(key).rpartition(".")
+    nested = [
+        f"{parent}.{child}.{name}" if parent else f"{child}.{name}"
+        for child, node in section.items_ex(resolve=False)
+        if isinstance(node, DictConfig) and name in node
+    ]
+    return unknown_key_line(str(key), section.keys(), schema, nested)
 
 
 @contextmanager
@@ -342,7 +373,8 @@ def report_errors() -> Iterator[None]:
         rank = launched_rank()
         _stop(EXIT_BAD_INPUT, f"error: {f'rank {rank}: ' if rank else ''}{error}", shown=True)
     except (OmegaConfBaseException, HydraException) as error:
-        line = f"error: config: {one_line(error)}{_preset_hint(error)}{_quoting_hint()}"
+        unknown = unknown_override(error)
+        line = f"error: {unknown}" if unknown else f"error: config: {one_line(error)}{_preset_hint(error)}{_quoting_hint()}"
         _stop(EXIT_BAD_INPUT, line, shown=launched_rank() == 0)
 
 

@@ -36,9 +36,10 @@ folders, tokenizers, servers) is checked after this pass by
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -274,6 +275,36 @@ def _other_loop_problems(config: DictConfig, trainer: Entry, keys: list[str]) ->
 def unknown_keys_line(keys: list[str]) -> str:
     """The one line that names every key no schema declares."""
     return f"unknown config keys {keys}; check the spelling (see docs: configuration)"
+
+
+def unknown_key_line(key: str, known: Iterable[str], schema: str | None = None, nested: Iterable[str] = ()) -> str:
+    """The one line for one key that its section does not declare: the key, and the section's nearest keys.
+
+    Parameters
+    ----------
+    key : str
+        The full dotted key, as given (``trainer.objective.entropy_strat``).
+    known : iterable of str
+        The keys its section declares.
+    schema : str, optional
+        The name of the section's schema (``PPOConfig``), said after the section.
+    nested : iterable of str
+        Full keys of the same name one section further down (``trainer.optimizer.lr``
+        for ``trainer.lr``), offered first.
+
+    Returns
+    -------
+    str
+        ``unknown config key K: S (Schema) has no option 'N'; did you mean A or B?``
+        (the nearest spellings, :func:`difflib.get_close_matches`), or the
+        section's options when none is near.
+    """
+    section, _, name = key.rpartition(".")
+    options = sorted(str(option) for option in known)
+    nearest = [*nested, *difflib.get_close_matches(name, options, n=3, cutoff=0.6)]
+    hint = f"did you mean {' or '.join(nearest)}?" if nearest else f"its options: {', '.join(options) or 'none'}"
+    where = f"{section or 'the config'}{f' ({schema})' if schema else ''}"
+    return f"unknown config key {key}: {where} has no option {name!r}; {hint}"
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:

@@ -22,7 +22,7 @@ from tests.conftest import run_cli, smoke_config
 #: (overrides, a fragment of the one-line error that names the field or option).
 CASES = [
     # unknown keys, options and names
-    ("trainer.num_epoch=4", "Key 'num_epoch' not in 'TrainerConfig'"),
+    ("trainer.num_epoch=4", "trainer (TrainerConfig) has no option 'num_epoch'; did you mean num_epochs?"),
     ("+trainer.optimizer.lrr=0.1", "trainer.optimizer.lrr"),
     ("+scenario.num_bitz=3", "scenario.num_bitz"),
     ("+protocol.rounds=3", "protocol.rounds"),

@@ -51,11 +51,13 @@ def build_from_overrides(overrides: list[str], run_dir):
         ("scenario.name=mazes", ["unknown scenario 'mazes'", "'hidden_bits'"]),
         ("protocol=judge", ["unknown protocol 'judge'", "'prover_verifier'", "'solo_verifier'"]),
         ("trainer.num_epochs=four", ["trainer.num_epochs", "Integer"]),
-        ("trainer.num_epoch=4", ["Key 'num_epoch' not in 'TrainerConfig'"]),
+        ("trainer.num_epoch=4", ["unknown config key trainer.num_epoch: trainer (TrainerConfig) has no option 'num_epoch'; did you mean num_epochs?"]),
+        ("trainer.objective.entropy_strat=0.2", ["unknown config key trainer.objective.entropy_strat", "did you mean entropy_coeff?"]),
+        ("trainer.lr=0.1", ["trainer (TrainerConfig) has no option 'lr'; did you mean trainer.optimizer.lr or trainer.pretrain.lr?"]),
         ("trainer.minibatch_size=1000", ["minibatch_size (1000) is larger than the batch"]),
         ("trainer.frames_per_batch=100", ["frames_per_batch (100) must be a multiple of trainer.num_envs (16)"]),
         ("logger=csv_and_more", ["unknown logger 'csv_and_more'", "'tensorboard'"]),
-        ("protocol=adp protocol.max_rounds=4", ["Could not override 'protocol.max_rounds'", "ProofRewardsConfig"]),
+        ("protocol=adp protocol.max_rounds=4", ["unknown config key protocol.max_rounds: protocol (ProofRewardsConfig) has no option 'max_rounds'"]),
         ("trainer.objective.clip_epsilon=wide", ["trainer.objective.clip_epsilon", "Float"]),
         ("run.device=tpu", ["run.device 'tpu'"]),
         ("+trainer.optimizer.lrr=0.1", ["unknown config keys ['trainer.optimizer.lrr']"]),
@@ -75,6 +77,8 @@ def test_bad_config_gives_one_line(tmp_path, capsys, override, fragments):
         # A config error of Hydra's (composing the config), and one of nip_like's (building the trainer).
         ("trainer.num_epochs=four", "could not be converted to Integer"),
         ("trainer.frames_per_batch=100", "frames_per_batch (100) must be a multiple of trainer.num_envs (16)"),
+        # A typo in an option: the nearest options, not Hydra's advice to append the key with +.
+        ("trainer.objective.entropy_strat=0.2", "trainer.objective (PPOConfig) has no option 'entropy_strat'; did you mean entropy_coeff?"),
     ],
 )
 @pytest.mark.slow
@@ -83,6 +87,21 @@ def test_bad_config_exits_with_status_2_and_one_line(tmp_path, override, fragmen
     assert_one_line_error(result, fragment)
     assert result.stdout == ""
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_typo_in_an_option_gets_the_nearest_options_instead_of_hydras_advice_to_append_it(capsys):
+    # Composed by Hydra itself, as python -m nip_like does: its error reaches report_errors as Hydra raised it.
+    from hydra import compose, initialize_config_dir
+
+    from nip_like.config import CONFIG_DIR, register_configs
+
+    def compose_with_typo():
+        register_configs()
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            compose("config", overrides=["preset=none", "trainer.objective.entropy_strat=0.2"])
+
+    line = reported(capsys, compose_with_typo)
+    assert line == "error: unknown config key trainer.objective.entropy_strat: trainer.objective (PPOConfig) has no option 'entropy_strat'; did you mean entropy_coeff?\n"
 
 
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s

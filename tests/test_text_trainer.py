@@ -73,7 +73,7 @@ def test_on_the_command_line_a_field_the_text_loop_does_not_have_is_one_line():
     # Naming the field and the loop's schema.
     result = run_cli(["preset=text_quick", "trainer.frames_per_batch=96"])
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert "Key 'frames_per_batch' not in 'TextTrainerConfig'" in result.stderr
+    assert "trainer (TextTrainerConfig) has no option 'frames_per_batch'" in result.stderr
 
 
 @pytest.mark.slow
