@@ -9,6 +9,10 @@ gradients in one teacher-forced pass per agent, which is all the objectives
 ask of a policy (:mod:`nip_like.objectives.scoring`). :class:`LMCritic` is the
 value network: each agent's value head on its prompt.
 
+A frozen agent played by a chat server (:class:`~nip_like.lm.frozen.ServedAgent`,
+:meth:`LMActor.attach_served`) has its messages written by that server; they
+carry no log-probabilities and enter no scoring pass, so no loss.
+
 Both hold the per-agent models in one :class:`~nip_like.agents.PerAgent`, so
 each agent's parameters (its model and value head) form its own optimiser
 group, as for the other agent kinds.
@@ -36,6 +40,7 @@ from nip_like.lm.models import sharing_copy
 from nip_like.objectives.scoring import ActionScores
 
 if TYPE_CHECKING:
+    from nip_like.lm.frozen import ServedAgent
     from nip_like.lm.server import InferenceServer
 
 #: Exploration types that take the most likely token instead of sampling.
@@ -87,6 +92,8 @@ class LMActor(TensorDictModuleBase):
         ]
         #: Agents that sample from an inference server (:meth:`attach_servers`); not modules, not in the state dict.
         self.servers: dict[str, "InferenceServer"] = {}
+        #: Frozen agents whose messages a chat server writes (:meth:`attach_served`); not modules, not in the state dict.
+        self.served: dict[str, "ServedAgent"] = {}
         #: The opponent pool (:class:`~nip_like.trainers.opponent_pool.OpponentPool`) whose snapshots play one
         #: agent's seat in training episodes (:meth:`attach_pool`).
         self.pool = None
@@ -108,6 +115,15 @@ class LMActor(TensorDictModuleBase):
             if keys.SAMPLER_WEIGHT_KEY not in self.out_keys:
                 self.out_keys.append(keys.SAMPLER_WEIGHT_KEY)
 
+    def attach_served(self, served: Mapping[str, "ServedAgent"]) -> None:
+        """Let chat servers write these frozen agents' messages (see :class:`~nip_like.lm.frozen.ServedAgent`).
+
+        Their steps then hold the server's tokens with a token mask over the
+        reply, as a local agent's, and log-probabilities and entropies of 0;
+        :meth:`score_actions` leaves them out (mask False, no pass of their model).
+        """
+        self.served = dict(served)
+
     def weights_changed(self) -> None:
         """Tell the servers that the agents' weights changed: each gets them before it samples again."""
         for server in self.servers.values():
@@ -122,9 +138,11 @@ class LMActor(TensorDictModuleBase):
         return metrics
 
     def close_servers(self) -> None:
-        """Stop the servers the run started and close the clients."""
+        """Stop the servers the run started and close the clients (the served agents' too)."""
         for server in self.servers.values():
             server.close()
+        for player in self.served.values():
+            player.close()
 
     def policy(self, name: str) -> LMPolicy:
         """Agent ``name``'s policy."""
@@ -228,13 +246,16 @@ class LMActor(TensorDictModuleBase):
                 continue
             policy = self.policy(name)
             server = self.servers.get(name)
+            served = self.served.get(name)
             # The pooled agent's seat: each version that its episodes meet samples its own rows (the agent itself: -1).
             seats = [(where, None)]
             if versions is not None and index == self.pool.index:
                 seats = [(where & (versions == version), int(version)) for version in versions[where].unique()]
             for rows, version in seats:
                 with self.pool.playing(version) if version is not None else nullcontext():
-                    if server is None:
+                    if served is not None:
+                        sample = served.sample(prompt_ids[rows, index], prompt_mask[rows, index], greedy=greedy)
+                    elif server is None:
                         sample = policy.sample(prompt_ids[rows, index], prompt_mask[rows, index], greedy=greedy)
                     else:
                         sample = server.sample(policy, prompt_ids[rows, index], prompt_mask[rows, index], greedy=greedy)
@@ -271,6 +292,10 @@ class LMActor(TensorDictModuleBase):
         body pass per row and agent (the rows where the agent did not act
         pass their prompt alone). A value body of its own takes its own pass.
 
+        A served agent's (:meth:`attach_served`) messages are not scored: its
+        log-probabilities and entropies are 0 and its token mask False, so
+        they count in no loss.
+
         When the scoring passes of all agents together hold more padded tokens
         than an agent's ``max_tokens_per_micro_batch``, that agent's
         micro-batches are recomputed in the backward pass, so the update's
@@ -283,6 +308,9 @@ class LMActor(TensorDictModuleBase):
         tokens = _flat(tensordict.get(keys.ACTION_KEY), dims)
         token_mask = _flat(tensordict.get(keys.TOKEN_MASK_KEY), dims) & _flat(active, dims).unsqueeze(-1)
         rows, agents, length = tokens.shape
+        if self.served:  # a served agent's messages have no log-probabilities of its model: none is scored
+            scored_agents = torch.tensor([name not in self.served for name in self.agent_names], device=token_mask.device)
+            token_mask = token_mask & scored_agents.view(1, -1, 1)
         acting = token_mask.any(-1)  # (rows, agents)
         in_pass = [self._rows_in_pass(index, acting[:, index], with_value) for index in range(agents)]
         padded = sum(int(where.sum()) * (prompt_ids.shape[-1] + length) for where in in_pass)
@@ -372,7 +400,9 @@ class LMReference(nn.Module):
         models = {id(policies[name].model): policies[name].model for name in policies if name not in copies}
         self._shared_models = list(models.values())
         # Not a registered submodule: the shared models belong to the live actor.
-        object.__setattr__(self, "_scorer", LMActor(policies, actor.message_tokens))
+        scorer = LMActor(policies, actor.message_tokens)
+        scorer.served = actor.served  # served agents' messages are left out here too (only their names are read)
+        object.__setattr__(self, "_scorer", scorer)
 
     @torch.no_grad()
     def score_actions(self, tensordict: TensorDictBase) -> ActionScores:

@@ -21,6 +21,7 @@ from nip_like.allowed import checked
 from nip_like.checkpoint import check_manifest
 from nip_like.errors import ConfigError
 from nip_like.lm.chat_templates import apply_chat_template, resolve_chat_template
+from nip_like.lm.frozen import ServedConfig
 from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
 from nip_like.lm.gguf import converted_folder, is_gguf
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
@@ -62,6 +63,7 @@ class LMAgentConfig:
     max_tokens_per_micro_batch: Optional[int] = checked(None, ge=0)  # token budget of one scoring pass with gradients; null = automatic (from the device's free memory, measured when the trainer is built); 0 = none (the whole minibatch at once)
     score_chunk_tokens: Optional[int] = checked(None, ge=0)  # score a message's tokens this many positions at a time, recomputing their logits in the backward pass; null = automatic (with gradients, chunks of at most 256 MiB of logits where the model allows it and is not sharded); 0 = all logits at once
     dtype: str = checked("float32", choices=("float32", "bfloat16"))  # dtype of the model's parameters (bfloat16 halves their memory)
+    served: Optional[ServedConfig] = None  # a frozen agent (frozen_from) of the chat view played by an OpenAI-compatible chat server (base_url, model, retries, timeout): its chat is sent, the answer is its message; null = played by its local model
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # where messages are sampled: kind local (this model) or server (an OpenAI-compatible completions server; see nip_like.lm.server)
     decoding: str = checked("auto", choices=DECODING_MODES)  # how local sampling decodes: auto = compiled on CUDA, eager elsewhere; eager (growing KV cache), static (preallocated KV cache, fixed shapes), compiled (static, the step through torch.compile mode=reduce-overhead: CUDA graphs); a fallback is logged once
     sampling_dtype: str = checked("model", choices=SAMPLING_DTYPES)  # weights local sampling reads: model = the model's own; bfloat16 = a bf16 copy refreshed after each update (half the bytes a token reads; stored log-probs are the bf16 model's); scoring unchanged

@@ -31,7 +31,7 @@ from nip_like import keys
 from nip_like.agents import AgentModules
 from nip_like.errors import ConfigError
 from nip_like.lm.agents import lm_agent_modules
-from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
+from nip_like.lm.frozen import FrozenSource, ServedAgent, check_frozen_config, check_served_agent, resolve
 from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES
 from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.gguf import is_gguf
@@ -223,6 +223,7 @@ class LMAgents(Scenario):
                     f"{where}.max_new_tokens ({agent.max_new_tokens}) is not below the context of the agent's model "
                     f"({context} tokens), which must also hold the prompt"
                 )
+            check_served_agent(where, agent, self.chat_view)  # a served agent's entry and its server
             budget = agent.max_tokens_per_micro_batch
             if budget is not None and budget <= int(agent.max_new_tokens):
                 raise ConfigError(
@@ -276,7 +277,13 @@ class LMAgents(Scenario):
         if self.chat_view:
             configs = self.chat_agent_configs
             tokenizers = {speaker.name: speaker.tokenizer for speaker in self.chat_speakers}
-            return lm_agent_modules(self._with_sources(build_policies(configs, tokenizers)), self.message_tokens)
+            modules = lm_agent_modules(self._with_sources(build_policies(configs, tokenizers)), self.message_tokens)
+            modules.policy.attach_served({  # frozen agents played by a chat server (nip_like.lm.frozen.ServedAgent)
+                name: ServedAgent(agent.served, f"{self.agent_config_path(name)}.served", tokenizers[name], int(agent.max_new_tokens),
+                                  float(agent.temperature), float(agent.top_p))
+                for name, agent in configs.items() if agent_option(agent, "served") is not None
+            })
+            return modules
         return lm_agent_modules(self._with_sources(self.token_view_policies()), self.message_tokens)
 
     def token_view_policies(self) -> dict[str, LMPolicy]:
