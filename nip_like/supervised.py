@@ -57,7 +57,8 @@ def supervised_epoch(
         Stepped after every optimiser step (a warm-up, say).
     phase : str
         The fit, as a stop request in the middle of it is reported
-        (:func:`~nip_like.interrupts.stop_point`, before each minibatch).
+        (:func:`~nip_like.interrupts.stop_point`, before each minibatch's
+        forward and backward passes).
 
     Returns
     -------
@@ -72,6 +73,7 @@ def supervised_epoch(
     for start in range(0, count - size + 1, size):
         stop_point(phase)
         loss, accuracy = step_loss(data[order[start : start + size]])
+        stop_point(phase)  # the forward pass and the backward pass are the step's long parts
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:

@@ -22,6 +22,7 @@ import torch
 
 import nip_like.resume
 import nip_like.trainers.solo_agent as solo_agent
+from nip_like import interrupts
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.cli import report_errors
 from nip_like.errors import CheckpointError, ConfigError, RunInterrupted, RunInUseError
@@ -51,6 +52,16 @@ def default_sigint():
 
 #: SIGTERM in the fast tier, SIGINT too in the full run.
 SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.slow), pytest.param(signal.SIGTERM, id="SIGTERM")]
+
+
+def stop_at_safe_points_only(monkeypatch) -> None:
+    """Give a stopped iteration all the time it needs to reach its safe point, however busy the machine.
+
+    A long phase stops where it is once :data:`nip_like.interrupts.GRACE_SECONDS`
+    have passed (``tests/test_signals_in_phases.py``); the tests here are about
+    the safe points.
+    """
+    monkeypatch.setattr(interrupts, "GRACE_SECONDS", 3600.0)
 
 
 # ------------------------------------------------------------------ helpers
@@ -239,6 +250,7 @@ def test_resume_refuses_a_running_run_and_a_refused_command_changes_nothing(tmp_
 
 @pytest.mark.parametrize("signum", SIGNALS)
 def test_a_signal_stops_at_the_next_iteration_and_the_run_resumes_to_the_same_results(tmp_path, monkeypatch, signum):
+    stop_at_safe_points_only(monkeypatch)
     overrides = ("trainer.num_iterations=6", "run.checkpoint_every=4", "logger=csv", "trainer.eval.every=2")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
     run_dir = tmp_path / "run"
@@ -282,6 +294,7 @@ def test_a_second_signal_stops_at_once(tmp_path, monkeypatch):
 
 
 def test_a_signal_in_the_test_loop_stops_it_and_resume_tests_again(tmp_path, monkeypatch):
+    stop_at_safe_points_only(monkeypatch)
     overrides = ("trainer.num_iterations=2", "trainer.eval.every=0", "logger=csv")
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
     run_dir = tmp_path / "run"
@@ -302,6 +315,7 @@ def test_a_signal_in_the_test_loop_stops_it_and_resume_tests_again(tmp_path, mon
 
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_solo_agent_loop_stops_on_a_signal_too(tmp_path, monkeypatch):
+    stop_at_safe_points_only(monkeypatch)
     overrides = (
         "scenario=graph_isomorphism", "scenario.num_pairs=80", "scenario.min_nodes=7", "scenario.max_nodes=8",
         f"scenario.cache_dir={tmp_path / 'cache'}", "scenario.default_agent.hidden_size=16",

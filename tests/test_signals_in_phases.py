@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 import nip_like.pretrain as pretrain
 import nip_like.scenarios.duplicates.demonstrations as duplicate_demonstrations
@@ -31,6 +32,7 @@ from nip_like.lm.static_decoding import Decoder
 from nip_like.run_lock import LOCK_FILE
 from nip_like.scenarios.environment import InteractionEnv
 from nip_like.scenarios.graph_isomorphism.data import GraphPairSpec, cache_path, load_or_generate
+from nip_like.supervised import supervised_epoch
 from nip_like.trainers import update
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.evaluation import RlEvaluation
@@ -304,6 +306,24 @@ def test_a_signal_ends_a_long_dataset_generation_and_caches_nothing(tmp_path, si
     assert stopped.value.where == "in the generation of the graph pairs"
     assert seconds < PROMPT_STOP_SECONDS, seconds
     assert not cache_path(spec, tmp_path).exists() and not list(tmp_path.iterdir())
+
+
+def test_a_signal_during_a_supervised_steps_forward_pass_stops_it_before_its_backward_pass(monkeypatch):
+    monkeypatch.setattr(interrupts, "GRACE_SECONDS", 0.0)
+    network = torch.nn.Linear(2, 1)
+    before = [parameter.detach().clone() for parameter in network.parameters()]
+    data = TensorDict({"x": torch.ones(8, 2)}, batch_size=[8])
+
+    def step_loss(batch):  # a forward pass during which the signal comes
+        os.kill(os.getpid(), signal.SIGTERM)
+        loss = network(batch["x"]).square().mean()
+        return loss, torch.ones(batch.batch_size[0])
+
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.1)
+    with handle_interrupts(), pytest.raises(StopNow) as stopped:
+        supervised_epoch(data, step_loss, optimizer, 4, torch.Generator().manual_seed(0), phase="the warm start of x")
+    assert stopped.value.where == "in the warm start of x"
+    assert all(torch.equal(old, new) for old, new in zip(before, network.parameters()))  # no step was taken
 
 
 def test_stop_point_waits_for_the_grace_and_then_raises(monkeypatch):
