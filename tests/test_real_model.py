@@ -89,7 +89,7 @@ def test_a_truncated_copy_of_the_real_file_is_refused_before_any_work(gemma_gguf
     with gemma_gguf.open("rb") as source, cut.open("wb") as target:
         target.write(source.read(gemma_gguf.stat().st_size // 2))
     result = run_cli([
-        "scenario=duplicates", "scenario.view=chat", f"scenario.default_agent.pretrained_path={cut}",
+        "preset=none", "scenario=duplicates", "protocol=nip", "scenario.view=chat", f"scenario.default_agent.pretrained_path={cut}",
         f"scenario.default_agent.chat_template={TEMPLATE}", f"hydra.run.dir={tmp_path / 'run'}",
     ])
     assert result.returncode == 2, result.stderr[-2000:]
@@ -111,8 +111,9 @@ def test_a_truncated_copy_of_the_real_file_is_refused_before_any_work(gemma_gguf
 def test_the_real_model_trains_in_the_chat_view(gemma_gguf, gemma_folder, tmp_path, objective):
     metrics = run_experiment(real_config(gemma_gguf, tmp_path, *objective), tmp_path / "run")
     assert metrics["test/episodes"] == 2
-    losses = [value for key in ("loss/policy", "loss/objective", "loss/dpo", "loss/total") for value in read_csv_metric(tmp_path / "run", key)]
-    assert losses and all(torch.isfinite(torch.tensor(losses))), "no finite loss was logged"
+    logged = sorted((tmp_path / "run" / "metrics" / "scalars" / "loss").glob("*.csv"))
+    losses = [value for path in logged for _, value in read_csv_metric(tmp_path / "run", f"loss/{path.stem}")]
+    assert losses and all(torch.isfinite(torch.tensor(losses))), f"no finite loss was logged: {logged}"
     for agent in ("prover", "verifier"):
         folder = saved_agent(tmp_path / "run", agent)
         assert (folder / "adapter_model.safetensors").is_file()
@@ -203,3 +204,111 @@ def test_killed_with_sigkill_and_resumed_gives_the_uninterrupted_runs_test_metri
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     expected = json.loads((finished_run / "summary.json").read_text())["test_metrics"]
     assert json.loads((run / "summary.json").read_text())["test_metrics"] == expected
+
+
+# ------------------------------------------------------------------ signals while the real model works
+
+
+def _signal_when(monkeypatch, owner, name: str, signals, condition=lambda: True) -> None:
+    """Send the signal from inside ``owner.name`` the first time it is called while ``condition()`` holds."""
+    original = getattr(owner, name)
+
+    def sending(*args, **kwargs):
+        if condition():
+            signals.send()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, sending)
+
+
+@pytest.mark.parametrize("phase", ["sampling", "evaluation", "update"])
+def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_it_resumable(
+    gemma_gguf, gemma_folder, tmp_path, monkeypatch, phase
+):
+    """SIGTERM in the middle of a phase: the run ends within 10 s (the grace of 2 s included) with its one line."""
+    import nip_like.lm.decoding as decoding
+    import nip_like.lm.scoring as scoring
+    from nip_like.errors import RunInterrupted
+    from nip_like.run_lock import LOCK_FILE
+    from tests.test_signals_in_phases import Signals
+
+    signals = Signals(signal.SIGTERM)
+    overrides = ["trainer.eval.every=1"] if phase == "evaluation" else []
+    if phase == "update":  # the first scoring pass with gradients is the update's
+        _signal_when(monkeypatch, scoring, "score_rows", signals, torch.is_grad_enabled)
+    else:  # the first sampled tokens: the evaluation's with eval.every=1, else the first collection's
+        _signal_when(monkeypatch, decoding, "entropy", signals)
+    run_dir = tmp_path / "run"
+    try:
+        with pytest.raises(RunInterrupted) as error:
+            run_experiment(real_config(gemma_gguf, tmp_path, *overrides), run_dir)
+        seconds = signals.seconds_since()
+    finally:
+        if signals.watchdog is not None:
+            signals.watchdog.cancel()
+    assert seconds < 10, seconds
+    message = str(error.value)
+    assert "\n" not in message and f"python -m nip_like.resume {run_dir}" in message, message
+    where = {"sampling": "collect", "evaluation": "evaluation", "update": "update"}[phase]
+    assert where in message, message
+    assert not (run_dir / LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------ the other LM paths
+
+
+def test_code_validation_in_the_chat_view_with_the_real_model(gemma_gguf, tmp_path):
+    config = make_config(
+        "scenario=code_validation",
+        "protocol=nip",
+        f"scenario.default_agent.pretrained_path={gemma_gguf}",
+        f"scenario.default_agent.chat_template={TEMPLATE}",
+        "scenario.default_agent.lora.r=4",
+        "scenario.default_agent.max_new_tokens=6",
+        "scenario.num_problems=12",
+        f"scenario.cache_dir={tmp_path / 'cache'}",
+        "trainer.num_envs=2",
+        "trainer.frames_per_batch=4",
+        "trainer.minibatch_size=4",
+        "trainer.num_iterations=1",
+        "trainer.eval.every=0",
+        "trainer.num_test_episodes=2",
+        "trainer.test_batch_episodes=2",
+        "run.progress_bar=false",
+        "run.num_threads=2",
+        "logger=csv",
+    )
+    metrics = run_experiment(config, tmp_path / "run")
+    assert metrics["test/episodes"] == 2
+    assert_template_saved(saved_agent(tmp_path / "run", "verifier"))
+
+
+def test_expert_iteration_fine_tunes_the_real_model_as_a_local_text_model(gemma_gguf, tmp_path):
+    config = make_config(
+        "scenario=duplicates_chat",
+        "protocol=nip",
+        "trainer=expert_iteration",
+        f"scenario.default_model.path={gemma_gguf}",
+        f"scenario.default_model.chat_template={TEMPLATE}",
+        "scenario.default_model.max_new_tokens=4",
+        "scenario.num_lists=200",
+        "scenario.scripted_provers=true",
+        f"scenario.cache_dir={tmp_path / 'cache'}",
+        "trainer.num_iterations=2",
+        "trainer.episodes=8",
+        "trainer.test_episodes=4",
+        "trainer.fine_tune.epochs=1",
+        "run.progress_bar=false",
+        "run.num_threads=2",
+        "logger=csv",
+    )
+    run = tmp_path / "run"
+    metrics = run_experiment(config, run)
+    assert "test/accuracy" in metrics
+    initial = run / "models" / "verifier" / "initial"
+    assert (initial / "model.safetensors").is_symlink()  # the converted weights, linked, not copied
+    assert_template_saved(initial)
+    tuned = [path.parent for path in (run / "models").rglob("model.safetensors") if not path.is_symlink()]
+    assert tuned, "no fine-tuned model folder was written"
+    for folder in tuned:
+        assert_template_saved(folder)
