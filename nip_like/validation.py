@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import logging
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
@@ -56,6 +58,8 @@ from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import Trainer
 
 R = TypeVar("R")
+
+_log = logging.getLogger(__name__)
 
 #: The config's component sections: each is checked against the schema of the component it names.
 COMPONENT_SECTIONS = ("trainer", "scenario", "protocol")
@@ -197,6 +201,7 @@ def _schema_pass(config: DictConfig, checks: _Pass) -> tuple[dict[str, Entry], d
     explained: list[str] = []  # keys of another trainer loop's schema: reported as such, not as unknown
     if "trainer" in entries:
         trainer = entries["trainer"]
+        note_unchecked_options(str(config.trainer.trainer_type), trainer, config.trainer.get("objective"))
         checks.add("trainer.objective", _objective_kind_problems(config, trainer))
         explained = _other_loop_keys(config, trainer)
         checks.add("trainer", _other_loop_problems(config, trainer, explained))
@@ -239,6 +244,32 @@ def resolve_trainer(config: DictConfig) -> Entry:
     if not (isinstance(entry.cls, type) and issubclass(entry.cls, Trainer)):
         raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
     return entry
+
+
+def note_unchecked_options(name: str, entry: Entry, options: Any) -> None:
+    """Log, once per trainer and options, that a trainer without an options schema takes ``trainer.objective`` as it is.
+
+    A trainer class that registers no schema, neither itself nor through a
+    registered base class with the same schema (a direct subclass of
+    :class:`~nip_like.trainers.rl.TensorDictRlTrainer` named by dotted path),
+    gets whatever options the ``trainer`` group's choice put under
+    ``trainer.objective`` (PPO's, with the default ``trainer: ppo``), checked
+    only against that choice's schema, if any.
+    """
+    if entry.schema is not None or not isinstance(options, DictConfig):
+        return
+    given = OmegaConf.get_type(options)
+    _note_once(name, given.__name__ if given not in (None, dict) else "no schema")
+
+
+@functools.cache
+def _note_once(name: str, schema: str) -> None:
+    _log.info(
+        "trainer %s registers no options schema: it takes trainer.objective as the trainer group's choice made it "
+        "(%s; trainer=ppo by default); register it with @register_trainer(<name>, objective=<Schema>) for options of its own",
+        name,
+        schema,
+    )
 
 
 def _objective_kind_problems(config: DictConfig, entry: Entry) -> list[str]:

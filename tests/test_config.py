@@ -3,6 +3,7 @@
 import ast
 import dataclasses
 import inspect
+import logging
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import nip_like.config as config_module
 from nip_like.config import CONFIG_DIR, run_id
 from nip_like.pretrain import pretrain_key
 from nip_like.registry import REGISTRIES
+from nip_like.trainers import TensorDictRlTrainer
+from nip_like.validation import validate_schemas
 from tests.conftest import make_config, smoke_config
 
 
@@ -177,3 +180,17 @@ def test_values_outside_their_range_stop_the_build_in_one_line(tmp_path, overrid
         build_trainer(smoke_config(override), tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
     assert not any(tmp_path.iterdir())  # nothing was written: the check comes before any work
+
+
+
+class DirectRlTrainer(TensorDictRlTrainer):
+    """A direct subclass of the RL trainer that registers nothing, as a user's own file may hold."""
+
+
+def test_an_unregistered_direct_rl_trainer_is_told_which_options_it_takes(caplog):
+    config = smoke_config(f"trainer.trainer_type={__name__}.DirectRlTrainer")
+    with caplog.at_level(logging.INFO, logger="nip_like.validation"):
+        assert validate_schemas(config).schema is None
+    lines = [record.getMessage() for record in caplog.records if "registers no options schema" in record.getMessage()]
+    assert len(lines) == 1 and "(PPOConfig; trainer=ppo by default)" in lines[0], lines
+    assert lines[0].startswith(f"trainer {__name__}.DirectRlTrainer registers no options schema")
