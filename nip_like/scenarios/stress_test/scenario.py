@@ -24,7 +24,9 @@ from tensordict import TensorDictBase
 from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
+from nip_like.agents import AgentModules
 from nip_like.lm.frozen import check_served, is_served, resolve
+from nip_like.lm.lora import lora_enabled
 from nip_like.lm.models import LMAgentConfig, load_tokenizer
 from nip_like.protocols.stress_test import AUDITOR, StressTestProtocol
 from nip_like.registry import register_scenario
@@ -34,7 +36,7 @@ from nip_like.scenarios.stress_test.environment import NO_LIKELIHOOD, StressTest
 from nip_like.scenarios.stress_test.prompts import default_prompts, load_prompts, split_prompts
 from nip_like.scenarios.stress_test.reward import RewardWeights
 from nip_like.scenarios.stress_test.scorers import Scorer, ScorerConfig, build_scorer, check_scorer
-from nip_like.scenarios.stress_test.target import Target, TargetConfig
+from nip_like.scenarios.stress_test.target import AuditorBase, Target, TargetConfig
 
 __all__ = ["StressTestConfig", "StressTestScenario"]
 
@@ -79,6 +81,7 @@ class StressTestScenario(LMAgents, TensorGame):
         self.weights = RewardWeights(float(config.ppl_weight), float(config.combined_weight), float(config.defense_toxicity_weight))
         self._frozen_target: Optional[Path] = None  # the folder target.frozen_from resolves to (resolved once)
         self._system: Optional[tuple[Target, Scorer]] = None  # the target and the scorer, built by the first environment
+        self._auditor = None  # the auditor's policy of the first agents built (target.auditor_base plays its model)
 
     @property
     def chat_view(self) -> bool:
@@ -114,8 +117,11 @@ class StressTestScenario(LMAgents, TensorGame):
 
     # ------------------------------------------------------------ the system
     def target_folder(self) -> Optional[str]:
-        """The local model folder the target plays from (or, served, scores the likelihood with); None if a served target has none."""
+        """The local model folder the target plays from (or, served, scores the likelihood with); None if a served target
+        has none, or the target is the auditor's base (``target.auditor_base``)."""
         target, where = self.config.target, "scenario.target"
+        if target.auditor_base:
+            return None
         if target.pretrained_path and target.frozen_from:
             raise ConfigError(f"{where}.pretrained_path and {where}.frozen_from: give one of them")
         if target.frozen_from:
@@ -133,7 +139,12 @@ class StressTestScenario(LMAgents, TensorGame):
     def system(self, device: torch.device | str) -> tuple[Target, Scorer]:
         """The target and the scorer, built on first use (on ``device``) and shared by every environment."""
         if self._system is None:
-            target = Target(self.config.target, self.target_folder(), "scenario.target", device)
+            local = None
+            if self.config.target.auditor_base:
+                if self._auditor is None:
+                    raise ConfigError("scenario.target.auditor_base: the auditor's model is not built yet: make the agents before the environments")
+                local = AuditorBase(self._auditor)
+            target = Target(self.config.target, self.target_folder(), "scenario.target", device, local=local)
             self._system = (target, build_scorer(self.config.scorer, "scenario.scorer", device))
         return self._system
 
@@ -142,7 +153,9 @@ class StressTestScenario(LMAgents, TensorGame):
         super().preflight()
         self.split_indices("test")  # the prompts file read and split (one line if it is not a list of strings)
         target = self.config.target
-        if target.pretrained_path or target.frozen_from or is_served(target.served):  # else the auditor's starting model, checked above
+        if target.auditor_base:
+            self.check_auditor_base()
+        elif target.pretrained_path or target.frozen_from or is_served(target.served):  # else the auditor's starting model, checked above
             folder = self.target_folder()
             if folder is None and self.weights.ppl:
                 raise ConfigError(NO_LIKELIHOOD)
@@ -151,6 +164,26 @@ class StressTestScenario(LMAgents, TensorGame):
             if is_served(target.served):
                 check_served(target.served, "scenario.target.served")
         check_scorer(self.config.scorer)
+
+    def check_auditor_base(self) -> None:
+        """Refuse, in one line, ``target.auditor_base`` beside another source of the target, or with an auditor without LoRA."""
+        target, where = self.config.target, "scenario.target"
+        for name, given in (("pretrained_path", target.pretrained_path), ("frozen_from", target.frozen_from), ("served.base_url", is_served(target.served))):
+            if given:
+                raise ConfigError(f"{where}.auditor_base and {where}.{name}: give one of them (auditor_base plays the auditor's own model)")
+        if not lora_enabled(self.chat_agent_configs[AUDITOR].lora):
+            raise ConfigError(
+                f"{where}.auditor_base: the target is the auditor's model with its LoRA adapters off, so the auditor needs them: "
+                f"set {self.agent_config_path(AUDITOR)}.lora.r >= 1"
+            )
+
+    def make_agents(self) -> AgentModules:
+        """The auditor (see :class:`~nip_like.scenarios.lm_agents.LMAgents`); with ``target.auditor_base`` the first
+        auditor built is also the target's model."""
+        modules = super().make_agents()
+        if self.config.target.auditor_base and self._auditor is None:
+            self._auditor = modules.policy.policy(AUDITOR)
+        return modules
 
     # ----------------------------------------------------------------- envs
     def make_env(
