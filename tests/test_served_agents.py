@@ -31,9 +31,10 @@ def served_verifier(folder: Path, url: str, *extra: str) -> str:
 
 
 # ------------------------------------------------------------------ the actor's side
+@pytest.mark.parametrize("template", [None, "gemma", "llama3"])  # the folder's own, and named ones (Gemma's folds the system message in)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_prompt_reads_back_into_the_chat_its_template_rendered(chat_model, family):
-    tokenizer = load_tokenizer(chat_model(family))
+def test_a_prompt_reads_back_into_the_chat_its_template_rendered(chat_model, family, template):
+    tokenizer = load_tokenizer(chat_model(family), chat_template=template)
     speaker = ChatSpeaker("verifier", tokenizer, SYSTEM)
     quoted = speaker.encode(["4 2"])["4 2"]
     ids = speaker.render("list: 0=3 1=5 2=3", [("prover", quoted)])
