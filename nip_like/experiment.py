@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nip_like import distributed, interrupts, run_lock
+from nip_like import distributed, interrupts, run_lock, smoke
 from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder, resume_command
 from nip_like.config import run_id
@@ -48,7 +48,12 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
         The whole experiment config.
     run_dir : Path
         The run folder.
+
+    A test run (``run.test_run``) builds the config shrunk by
+    :func:`nip_like.smoke.shrink`; its run id stays the given config's.
     """
+    identity = run_id(config)
+    config = smoke.shrink(config)
     checked = preflight(config)
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))
@@ -58,7 +63,7 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     if not distributed.current().is_writer:  # under torchrun only rank 0 writes metrics
         logger_config = OmegaConf.merge(config.logger, {"backends": []})
     logger = MetricLogger(logger_config, run_dir, str(config.name))
-    logger.log_hyper_parameters(config, run_id(config))
+    logger.log_hyper_parameters(config, identity)
     return checked.trainer.cls(config, scenario, run_dir, logger)
 
 
