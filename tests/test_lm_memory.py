@@ -7,7 +7,8 @@ import torch
 
 import nip_like.lm.memory as memory
 from nip_like.errors import ConfigError
-from nip_like.lm.memory import GIB, ModelShape, available_memory, check_lm_memory, shape_of_folder
+from nip_like.lm.memory import LOGIT_COPIES, GIB, activation_estimate, ModelShape, available_memory, check_lm_memory, estimate_lm_memory, shape_of_folder
+from nip_like.lm.lora import LoraOptions
 from nip_like.lm.models import LMAgentConfig
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 
@@ -34,17 +35,72 @@ def test_a_batch_is_refused_just_above_the_memory_and_passes_just_below(monkeypa
     assert "KV cache" in message and "(a test budget)" in message and "lower scenario.default_agent.max_new_tokens (501)" in message
 
 
-def test_the_logits_of_a_scoring_pass_count_with_the_token_budget(monkeypatch):
+def test_the_logits_count_the_message_positions_of_one_micro_batch_five_times():
+    """The real vocabulary (262,144 tokens: 1 MiB of float32 logits a position): only message positions have logits."""
+    vocab, position = 262_144, 4 * 262_144
+
+    def logits(minibatch: int = 4, sharded: bool = False, **settings) -> int:
+        agent = {"prover": ("scenario.default_agent", LMAgentConfig(max_new_tokens=16, **settings), vocab)}
+        return estimate_lm_memory(agent, 4, minibatch, sharded=sharded)["prover"].logits
+
+    assert LOGIT_COPIES == 5
+    # A budget of 4 rows of 64 prompt and 16 message tokens: 64 positions have logits, not 320.
+    assert logits(max_tokens_per_micro_batch=320, score_chunk_tokens=0) == 5 * 64 * position
+    assert logits(max_tokens_per_micro_batch=320) == 5 * 64 * position  # 64 MiB: within one chunk
+    # The automatic budget starts from one row; 0 is the whole minibatch.
+    assert logits() == 5 * 16 * position
+    assert logits(max_tokens_per_micro_batch=0, score_chunk_tokens=0) == 5 * 4 * 16 * position
+    # 64 rows of 16 positions: 1 GiB of logits, scored 256 MiB at a time unless the weights are sharded.
+    assert logits(64, max_tokens_per_micro_batch=10**6) == 5 * 2**28
+    assert logits(64, sharded=True, max_tokens_per_micro_batch=10**6) == 5 * GIB
+
+
+def test_a_refusal_names_the_logits_and_the_chunking(monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda device, limit=None: (GIB, "a test budget"))
     whole = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6, score_chunk_tokens=0), 50_000)}
-    with pytest.raises(ConfigError, match=r"logits 558\.8 GiB.*lower .*max_tokens_per_micro_batch \(1000000\).*score_chunk_tokens \(0: "):
-        check_lm_memory(whole, 4, 8, "cpu")
-    # Scored in chunks (the default unless the weights are sharded): one chunk's logits, at most 256 MiB, three times.
+    # 64 rows of 8 positions x 50,000 float32 logits, five times: 0.5 GiB.
+    with pytest.raises(ConfigError, match=r"logits 0\.5 GiB.*lower .*max_tokens_per_micro_batch \(1000000\).*score_chunk_tokens \(0: "):
+        check_lm_memory(whole, 4, 64, "cpu")
     chunked = {"prover": ("scenario.default_agent", LMAgentConfig(max_tokens_per_micro_batch=10**6), 50_000)}
-    with pytest.raises(ConfigError, match=r"logits 0\.8 GiB\)"):  # 768 MiB
-        check_lm_memory(chunked, 4, 8, "cpu")
-    with pytest.raises(ConfigError, match=r"logits 558\.8 GiB"):
-        check_lm_memory(chunked, 4, 8, "cpu", sharded=True)
+    with pytest.raises(ConfigError, match=r"logits 0\.5 GiB\)"):  # 97.7 MiB: one chunk
+        check_lm_memory(chunked, 4, 64, "cpu")
+
+
+def test_the_parameters_of_gemma_3_270m_its_queries_wider_than_its_hidden_state():
+    """4 query heads of 256 (1024 wide) on a 640-wide model, one KV head, a gated MLP: 268,042,240 (norms left out)."""
+    gemma = ModelShape(num_layers=18, hidden_size=640, num_kv_heads=1, head_dim=256, intermediate_size=2048,
+                       vocab_size=262_144, num_heads=4)
+    assert gemma.query_width == 1024
+    assert gemma.parameters == 262_144 * 640 + 18 * (2 * 640 * 1024 + 2 * 640 * 256 + 3 * 640 * 2048) == 268_042_240
+    # The real model reports 268,098,176 parameters: the 55,936 left are its norms.
+    assert 0 < 268_098_176 - gemma.parameters < 0.001 * gemma.parameters
+
+
+def test_with_lora_the_frozen_projections_inputs_are_not_counted():
+    """Gemma 3 270M's shape: the MLP's input (640), the gated product (2048) and the attention's output (1024) go."""
+    gemma = ModelShape(num_layers=18, hidden_size=640, num_kv_heads=1, head_dim=256, intermediate_size=2048,
+                       vocab_size=262_144, num_heads=4)
+    full = 18 * (10 * 640 + 5 * 2048) * 4
+    assert activation_estimate(gemma, 4, False) == full
+    assert activation_estimate(gemma, 4, False, lora=True) == full - 18 * (640 + 2048 + 1024) * 4
+    assert activation_estimate(gemma, 2, True, lora=True) == (18 * 640 + 10 * 640 + 5 * 2048 - 640 - 2048 - 1024) * 2
+    # The preflight uses it for an agent with adapters.
+    agent = {"prover": ("scenario.default_agent", LMAgentConfig(lora=LoraOptions(r=8), hidden_size=640, num_layers=18,
+                                                                 num_heads=4, intermediate_size=2048), 1000)}
+    assert estimate_lm_memory(agent, 4, 4)["prover"].per_token == activation_estimate(
+        ModelShape(18, 640, 4, 160, 2048, 1000, num_heads=4), 4, False, lora=True)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "gpt2"])
+def test_a_folders_parameters_are_a_lower_bound_tight_for_llama_like_models(chat_model, family):
+    from transformers import AutoModelForCausalLM
+
+    folder = chat_model(family)
+    counted = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters())
+    estimated = shape_of_folder(folder).parameters
+    assert estimated <= counted
+    if family != "gpt2":  # GPT-2's learned position embeddings and biases are left out
+        assert estimated >= 0.95 * counted, (estimated, counted)
 
 
 def test_unknown_memory_checks_nothing(monkeypatch):

@@ -7,11 +7,12 @@ cannot fit: the weights of every agent's model, plus the larger of
   trainer.test_batch_episodes)`` sequences of ``max_new_tokens`` tokens, the
   prompt not counted) and the logits of its last position;
 * the update: each agent's gradients and optimiser state, and the activations
-  (:func:`activation_estimate`) and float32 logits (kept three times: logits,
-  log-softmax, their gradient) of one micro-batch of the agent's token budget,
-  or of one chunk of at most :data:`~nip_like.lm.scoring.AUTO_CHUNK_BYTES` when
-  the agent scores in chunks (``score_chunk_tokens``: automatic unless its
-  weights are sharded, or a number);
+  (:func:`activation_estimate`) of one micro-batch of the agent's token
+  budget, and the float32 logits of its message positions
+  (:func:`logits_estimate`: :data:`LOGIT_COPIES` tensors of their size), or of
+  one chunk of at most :data:`~nip_like.lm.scoring.AUTO_CHUNK_BYTES` when the
+  agent scores in chunks (``score_chunk_tokens``: automatic unless its weights
+  are sharded, or a number);
 
 against the memory available on the run's device: free memory on CUDA
 (``torch.cuda.mem_get_info``), ``MemAvailable`` of ``/proc/meminfo`` on the
@@ -52,13 +53,21 @@ class ModelShape:
     head_dim: int
     intermediate_size: int
     vocab_size: int  # 0 when unknown (the token view's alphabet): no logits counted
+    num_heads: int = 0  # query heads; 0: hidden_size // head_dim (queries as wide as the hidden state)
+    mlp_matrices: int = 3  # 3 for a gated MLP (Llama, Qwen2, Gemma), 2 for GPT-2's
+
+    @property
+    def query_width(self) -> int:
+        """Width of the queries (and of the attention's output): heads times ``head_dim``, which need not be the hidden size (Gemma 3 270M: 4 x 256 = 1024 against 640)."""
+        return self.num_heads * self.head_dim if self.num_heads else self.hidden_size
 
     @property
     def parameters(self) -> int:
-        """Parameters of a Llama-like model of this shape (embeddings tied), a lower bound for others."""
-        attention = 2 * self.hidden_size * self.hidden_size + 2 * self.hidden_size * self.num_kv_heads * self.head_dim
-        mlp = 2 * self.hidden_size * self.intermediate_size
-        return self.vocab_size * self.hidden_size + self.num_layers * (attention + mlp)
+        """Parameters of a Llama-like model of this shape (embeddings tied; norms and biases left out, a lower bound)."""
+        hidden, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attention = 2 * hidden * self.query_width + 2 * hidden * kv  # q and o, k and v
+        mlp = self.mlp_matrices * hidden * self.intermediate_size
+        return self.vocab_size * hidden + self.num_layers * (attention + mlp)
 
     def kv_cache_bytes(self, sequences: int, tokens: int, element_bytes: int) -> int:
         """Bytes of the keys and values of ``sequences`` sequences of ``tokens`` tokens."""
@@ -83,6 +92,8 @@ def shape_of_folder(path: str | Path) -> ModelShape:
         head_dim=int(config.get("head_dim") or hidden // heads),
         intermediate_size=int(config.get("intermediate_size") or config.get("n_inner") or 4 * hidden),
         vocab_size=int(config.get("vocab_size") or 0),
+        num_heads=heads,
+        mlp_matrices=2 if config.get("model_type") == "gpt2" or "n_embd" in config else 3,
     )
 
 
@@ -98,6 +109,8 @@ def shape_of_agent(agent, vocab_size: int = 0) -> ModelShape:
         head_dim=int(agent.hidden_size) // heads,
         intermediate_size=int(agent.intermediate_size),
         vocab_size=int(vocab_size),
+        num_heads=heads,
+        mlp_matrices=2 if str(getattr(agent, "architecture", "llama")) == "gpt2" else 3,
     )
 
 
@@ -130,27 +143,138 @@ def available_memory(device: torch.device | str, limit_gib: Optional[float] = No
     return None
 
 
-def activation_estimate(shape: ModelShape, element_bytes: int, checkpointing: bool) -> int:
+def activation_estimate(shape: ModelShape, element_bytes: int, checkpointing: bool, lora: bool = False) -> int:
     """Bytes a token of a scoring pass keeps for the backward pass, estimated from the model's shape (before it exists).
 
     Per block a Llama-like layer keeps about ``10 x hidden + 5 x MLP width``
     elements a token (norm inputs, projections, attention output, the MLP's
     gate, up, activation and product); with gradient checkpointing only each
-    block's input, plus one block recomputed at a time. The probe of
+    block's input, plus one block recomputed at a time. With LoRA (``lora``)
+    the frozen projections compute no weight gradient, so they keep no input
+    of their own: the MLP's input (the normed hidden state), the down
+    projection's (the gated product) and the output projection's (the
+    attention's output, :attr:`ModelShape.query_width` wide) are not kept;
+    on Gemma 3 270M this gives 0.89 MiB a token against the 0.92 MiB that the
+    probe measures (1.14 MiB without it). The probe of
     :func:`activation_bytes_per_token` measures the real figure once the
     model is built.
     """
     block = 10 * shape.hidden_size + 5 * shape.intermediate_size
+    if lora:
+        block -= shape.hidden_size + shape.intermediate_size + shape.query_width
     if checkpointing:
         return (shape.num_layers * shape.hidden_size + block) * element_bytes
     return shape.num_layers * block * element_bytes
 
 
+#: Vocabulary-sized float32 tensors a scored position holds at the peak of an update: the logits, their copy with
+#: the banned tokens masked, the log-softmax, the probabilities of the entropy, and in the backward pass a gradient
+#: of that size. Measured on Gemma 3 270M (262,144 tokens; scripts/real_model_memory.py, LoRA): 4.4 to 6.2 times a
+#: chunk's logits beyond the model's activations, in two runs.
+LOGIT_COPIES = 5
+
+
+def logits_estimate(vocab_size: int, positions: int, chunked: bool) -> int:
+    """Bytes of the vocabulary-sized tensors of ``positions`` scored positions (:data:`LOGIT_COPIES` float32 copies).
+
+    Scored in chunks (:func:`~nip_like.lm.scoring.chunked_scores`), one
+    chunk's logits of at most :data:`~nip_like.lm.scoring.AUTO_CHUNK_BYTES`
+    are alive at a time, whatever the number of positions.
+    """
+    logits = 4 * vocab_size * positions
+    if chunked:
+        logits = min(logits, AUTO_CHUNK_BYTES)
+    return LOGIT_COPIES * logits
+
+
 def lora_parameters(shape: ModelShape, rank: int) -> int:
     """Parameters of rank-``rank`` adapters on every attention and MLP projection of every block (an upper bound)."""
-    hidden, mlp, kv = shape.hidden_size, shape.intermediate_size, shape.num_kv_heads * shape.head_dim
-    per_block = rank * (2 * (hidden + hidden) + 2 * (hidden + kv) + 3 * (hidden + mlp))
+    hidden, mlp, kv, query = shape.hidden_size, shape.intermediate_size, shape.num_kv_heads * shape.head_dim, shape.query_width
+    per_block = rank * (2 * (hidden + query) + 2 * (hidden + kv) + 3 * (hidden + mlp))
     return shape.num_layers * per_block
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The parts of one agent's estimated peak, in bytes (see :func:`estimate_lm_memory`)."""
+
+    weights: int  # the weights of every agent on the device (a shared base once)
+    state: int  # gradients and optimiser state of every agent that trains
+    activations: int  # what one micro-batch keeps for the backward pass
+    logits: int  # float32 logits of one micro-batch's message positions or of one chunk (logits_estimate)
+    sampling: int  # KV cache of a sampling batch plus its last position's logits
+    kv_cache: int  # the KV cache alone (part of ``sampling``)
+    scored: int  # tokens of the micro-batch the activations are counted for
+    per_token: int  # activation bytes a token (:func:`activation_estimate`)
+
+    @property
+    def update(self) -> int:
+        """The update's part beyond the weights: state, activations and logits."""
+        return self.state + self.activations + self.logits
+
+    @property
+    def needed(self) -> int:
+        """The estimated peak: the weights plus the larger of sampling and the update."""
+        return self.weights + max(self.sampling, self.update)
+
+
+def estimate_lm_memory(
+    agents: Mapping[str, tuple[str, object, int]],
+    sampling_batch: int,
+    minibatch_size: int,
+    autocast_dtype: Optional[str] = None,
+    sharded: bool = False,
+) -> dict[str, MemoryEstimate]:
+    """The estimated peak of each LM agent, in parts: the arithmetic of :func:`check_lm_memory`.
+
+    Parameters are those of :func:`check_lm_memory`. A frozen co-player only
+    samples: its update part is zero.
+
+    Returns
+    -------
+    dict of str to MemoryEstimate
+        Each agent's name -> its estimate.
+    """
+    shapes = {name: shape_of_agent(agent, vocab_size) for name, (_, agent, vocab_size) in agents.items()}
+    owners = base_owners({name: agent for name, (_, agent, _) in agents.items()})
+    # A base shared by several agents (share_base_with) is held once.
+    weights = sum(
+        shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items() if owners[name] == name
+    )
+    ranks = {name: int(getattr(getattr(agent, "lora", None), "r", 0) or 0) for name, (_, agent, _) in agents.items()}
+    players = policy_owners({name: agent for name, (_, agent, _) in agents.items()})
+    frozen = {name for name, (_, agent, _) in agents.items() if getattr(agent, "frozen_from", None)}
+    state = sum(  # a model that plays several roles (share_policy_with) trains once; a frozen co-player never
+        12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters)
+        for name in agents
+        if players[name] == name and name not in frozen
+    )
+    estimates = {}
+    for name, (_, agent, _) in agents.items():
+        shape, tokens = shapes[name], int(agent.max_new_tokens)
+        element = 2 if autocast_dtype or str(agent.dtype) == "bfloat16" else DTYPE_BYTES.get(str(agent.dtype), 4)
+        kv_cache = shape.kv_cache_bytes(sampling_batch, tokens, DTYPE_BYTES.get(str(agent.dtype), 4))
+        budget = agent.max_tokens_per_micro_batch
+        scored = int(budget) if budget else (2 * tokens if budget is None else minibatch_size * tokens)
+        per_token = activation_estimate(shape, element, bool(getattr(agent, "gradient_checkpointing", False)), lora=bool(ranks[name]))
+        # The message positions of one micro-batch: a budget's tokens hold prompts too, and a micro-batch holds at
+        # most a minibatch of rows of at most max_new_tokens message tokens; the automatic budget starts from one row.
+        positions = min(scored, minibatch_size * tokens) if budget else minibatch_size * tokens if budget == 0 else tokens
+        chunks = getattr(agent, "score_chunk_tokens", 0)  # an agent without the option keeps its logits whole
+        chunked = bool(chunks) or (chunks is None and not sharded)  # one chunk's logits at a time (the automatic size's bound)
+        logits = logits_estimate(shape.vocab_size, positions, chunked)
+        trains = name not in frozen  # a frozen co-player only samples
+        estimates[name] = MemoryEstimate(
+            weights=weights,
+            state=state if trains else 0,
+            activations=per_token * scored if trains else 0,
+            logits=logits if trains else 0,
+            sampling=kv_cache + sampling_batch * shape.vocab_size * 4,
+            kv_cache=kv_cache,
+            scored=scored,
+            per_token=per_token,
+        )
+    return estimates
 
 
 def check_lm_memory(
@@ -165,8 +289,9 @@ def check_lm_memory(
 ) -> None:
     """Refuse, in one line, LM agents whose memory clearly cannot fit (see the module docstring).
 
-    The update's peak is estimated whole: the weights of every agent on the
-    device (a base that agents share counted once), each agent's gradients and optimiser state (float32, Adam's two
+    The update's peak is estimated whole (:func:`estimate_lm_memory`): the
+    weights of every agent on the device (a base that agents share counted
+    once), each agent's gradients and optimiser state (float32, Adam's two
     moments) for its trainable parameters (the adapters with LoRA), and the
     activations and logits of one micro-batch (its budget's tokens, at
     :func:`activation_estimate` bytes a token; the automatic budget starts
@@ -202,45 +327,23 @@ def check_lm_memory(
     if available is None:
         return
     free, source = available
-    shapes = {name: shape_of_agent(agent, vocab_size) for name, (_, agent, vocab_size) in agents.items()}
-    owners = base_owners({name: agent for name, (_, agent, _) in agents.items()})
-    # A base shared by several agents (share_base_with) is held once.
-    weights = sum(
-        shapes[name].parameters * DTYPE_BYTES.get(str(agent.dtype), 4) for name, (_, agent, _) in agents.items() if owners[name] == name
-    )
-    ranks = {name: int(getattr(getattr(agent, "lora", None), "r", 0) or 0) for name, (_, agent, _) in agents.items()}
-    players = policy_owners({name: agent for name, (_, agent, _) in agents.items()})
-    frozen = {name for name, (_, agent, _) in agents.items() if getattr(agent, "frozen_from", None)}
-    state = sum(  # a model that plays several roles (share_policy_with) trains once; a frozen co-player never
-        12 * (lora_parameters(shapes[name], ranks[name]) if ranks[name] else shapes[name].parameters)
-        for name in agents
-        if players[name] == name and name not in frozen
-    )
+    estimates = estimate_lm_memory(agents, sampling_batch, minibatch_size, autocast_dtype, sharded)
     for name, (where, agent, _) in agents.items():
-        shape, tokens = shapes[name], int(agent.max_new_tokens)
-        element = 2 if autocast_dtype or str(agent.dtype) == "bfloat16" else DTYPE_BYTES.get(str(agent.dtype), 4)
-        kv_cache = shape.kv_cache_bytes(sampling_batch, tokens, DTYPE_BYTES.get(str(agent.dtype), 4))
-        sampling = kv_cache + sampling_batch * shape.vocab_size * 4
-        budget = agent.max_tokens_per_micro_batch
-        scored = int(budget) if budget else (2 * tokens if budget is None else minibatch_size * tokens)
-        per_token = activation_estimate(shape, element, bool(getattr(agent, "gradient_checkpointing", False)))
-        logits = 3 * 4 * shape.vocab_size * (scored if budget else minibatch_size * tokens if budget == 0 else tokens)
-        chunks = getattr(agent, "score_chunk_tokens", 0)  # an agent without the option keeps its logits whole
-        if chunks or (chunks is None and not sharded):  # one chunk's logits at a time (the automatic size's bound)
-            logits = min(logits, 3 * AUTO_CHUNK_BYTES)
-        scoring = 0 if name in frozen else state + per_token * scored + logits  # a frozen co-player only samples
-        needed = weights + max(sampling, scoring)
-        if needed <= free:
+        estimate, tokens = estimates[name], int(agent.max_new_tokens)
+        if estimate.needed <= free:
             continue
-        if sampling >= scoring:
-            part = f"KV cache {size(kv_cache)} of {sampling_batch} sequences of {tokens} tokens"
+        weights, scored, per_token, logits = estimate.weights, estimate.scored, estimate.per_token, estimate.logits
+        lora_rank = int(getattr(getattr(agent, "lora", None), "r", 0) or 0)
+        budget, chunks = agent.max_tokens_per_micro_batch, getattr(agent, "score_chunk_tokens", 0)
+        if estimate.sampling >= estimate.update:
+            part = f"KV cache {size(estimate.kv_cache)} of {sampling_batch} sequences of {tokens} tokens"
             advice = f"{where}.max_new_tokens ({tokens}) or {batch_fields}"
         else:
             part = (
-                f"gradients and optimiser state {size(state)}, activations {size(per_token * scored)} "
+                f"gradients and optimiser state {size(estimate.state)}, activations {size(per_token * scored)} "
                 f"of {scored} tokens at {per_token / 2**20:.2f} MiB a token, logits {size(logits)}"
             )
-            settings = [] if ranks[name] else [f"{where}.lora.r (adapters instead of every weight)"]
+            settings = [] if lora_rank else [f"{where}.lora.r (adapters instead of every weight)"]
             if budget:
                 settings.append(f"{where}.max_tokens_per_micro_batch ({budget})")
             elif budget == 0:
@@ -255,7 +358,7 @@ def check_lm_memory(
         if weights > free:  # nothing else can help
             advice = f"the models' sizes ({where}.pretrained_path, hidden_size, num_layers, vocab_size)"
         raise ConfigError(
-            f"{where}: agent {name} cannot fit in memory: it needs at least {size(needed)} (weights of the agents "
+            f"{where}: agent {name} cannot fit in memory: it needs at least {size(estimate.needed)} (weights of the agents "
             f"{size(weights)}, {part}), but {size(free)} is available ({source}); lower {advice}"
         )
 
