@@ -79,7 +79,7 @@ CASES = [
     (f"{CHAT} scenario.default_agent.max_tokens_per_micro_batch=100000000000", ", scenario.default_agent.max_tokens_per_micro_batch (100000000000)"),
     (
         f"{GAME} scenario.view=chat scenario.default_agent.vocab_size=10000000000",
-        "cannot fit in memory: it needs at least 19074.2 GiB (weights of the agents 4768.4 GiB",
+        "cannot fit in memory: it needs at least 19074.7 GiB (weights of the agents 4768.4 GiB",
     ),
     (
         f"{GAME} +scenario.agents.verifier.max_new_tokens=2000 trainer.test_batch_episodes=1000000",
