@@ -58,7 +58,7 @@ from lm_benchmark_env import set_script_environment  # noqa: E402
 
 #: The test suite's real model (tests/real_model.py assembles it there).
 DEFAULT_MODEL = "~/.cache/nip_like/real_model/gemma-3-270m-q4_k_m.gguf"
-#: Configurations: name -> LoRA rank (0: every weight trains); the rank comes from --lora-r.
+#: Configurations: LoRA adapters of rank --lora-r ("lora"), or every weight trains ("full").
 CONFIGS = ("lora", "full")
 #: Largest acceptable distance of the estimate from the measured peak, as a share of the peak.
 TOLERANCE = 0.25
@@ -157,6 +157,7 @@ def measure(args: argparse.Namespace, config_name: str) -> dict[str, Any]:
     gc.collect()
     before = resident_bytes()
     peak, method = peak_of(update.step)
+    policy.max_tokens_per_micro_batch = None  # the probe's row (128 tokens) may exceed this update's budget
     probe = activation_bytes_per_token(policy)
     return {
         "config": config_name,
