@@ -136,7 +136,7 @@ def test_the_whole_update_counts_and_the_refusal_names_what_would_lower_it(monke
     for setting in ("lora.r", "max_tokens_per_micro_batch (60000)", "gradient_checkpointing=true", "run.autocast_dtype=bfloat16"):
         assert setting in message, setting
     # The same with those settings fits.
-    lora = LMAgentConfig(max_tokens_per_micro_batch=8192, gradient_checkpointing=True, lora={"r": 16}, **shape)
+    lora = LMAgentConfig(max_tokens_per_micro_batch=8192, gradient_checkpointing=True, lora=LoraOptions(r=16), **shape)
     check_lm_memory({"prover": ("scenario.default_agent", lora, 8000)}, 8, 256, "cuda", autocast_dtype="bfloat16")
 
 
