@@ -28,9 +28,10 @@ from tests.real_model import TEMPLATE, gemma_folder, gemma_gguf  # noqa: F401 - 
 pytestmark = pytest.mark.slow
 
 
-def real_config(gguf: Path, tmp_path: Path, *overrides: str):
+def real_overrides(gguf: Path, tmp_path: Path) -> list[str]:
     """The duplicates chat game at its smallest, every agent Gemma 3 270M (from the GGUF file) through rank-4 adapters."""
-    return make_config(
+    return [
+        "preset=none",
         "scenario=duplicates",
         "protocol=nip",
         "protocol.first_speaker=prover",
@@ -47,6 +48,7 @@ def real_config(gguf: Path, tmp_path: Path, *overrides: str):
         "trainer.num_envs=2",
         "trainer.frames_per_batch=8",
         "trainer.minibatch_size=8",
+        "trainer.num_epochs=1",
         "trainer.num_iterations=1",
         "trainer.eval.every=0",
         "trainer.num_test_episodes=2",
@@ -54,8 +56,17 @@ def real_config(gguf: Path, tmp_path: Path, *overrides: str):
         "run.progress_bar=false",
         "run.num_threads=2",
         "logger=csv",
-        *overrides,
-    )
+        "logger.diagnostics_every=0",  # objective/kl and objective/entropy: two more scoring passes an iteration
+    ]
+
+
+def real_config(gguf: Path, tmp_path: Path, *overrides: str):
+    """:func:`real_overrides` and ``overrides``, composed."""
+    return make_config(*real_overrides(gguf, tmp_path), *overrides)
+
+
+#: What the finished run adds to :func:`real_overrides` (the killed run repeats it through the command line).
+FINISHED = ("scenario.shared_base=true", "trainer.num_iterations=2", "run.checkpoint_every=1")
 
 
 def saved_agent(run: Path, agent: str, checkpoint: str = "last") -> Path:
@@ -124,8 +135,7 @@ def test_the_real_model_trains_in_the_chat_view(gemma_gguf, gemma_folder, tmp_pa
 def finished_run(gemma_gguf, gemma_folder, tmp_path_factory) -> Path:
     """A finished two-iteration PPO run of the real model (agents on one base), checkpointed after each iteration."""
     tmp_path = tmp_path_factory.mktemp("real")
-    config = real_config(gemma_gguf, tmp_path, "scenario.shared_base=true", "trainer.num_iterations=2", "run.checkpoint_every=1")
-    run_experiment(config, tmp_path / "run")
+    run_experiment(real_config(gemma_gguf, tmp_path, *FINISHED), tmp_path / "run")
     return tmp_path / "run"
 
 
@@ -181,17 +191,7 @@ def test_share_policy_with_trains_one_adapter_for_both_roles(gemma_gguf, tmp_pat
 def test_killed_with_sigkill_and_resumed_gives_the_uninterrupted_runs_test_metrics(finished_run, gemma_gguf, tmp_path):
     """The same run as ``finished_run``, killed by SIGKILL after its first checkpoint, then resumed by the CLI."""
     run = tmp_path / "killed"
-    overrides = [
-        f"hydra.run.dir={run}",
-        "preset=none", "scenario=duplicates", "protocol=nip", "protocol.first_speaker=prover", "protocol.max_rounds=2",
-        "scenario.view=chat", f"scenario.default_agent.pretrained_path={gemma_gguf}",
-        f"scenario.default_agent.chat_template={TEMPLATE}", "scenario.default_agent.lora.r=4",
-        "scenario.default_agent.max_new_tokens=4", "scenario.num_lists=60", "scenario.length=4", "scenario.num_values=8",
-        f"scenario.cache_dir={finished_run.parent / 'cache'}", "scenario.shared_base=true", "trainer.num_envs=2",
-        "trainer.frames_per_batch=8", "trainer.minibatch_size=8", "trainer.num_iterations=2", "trainer.eval.every=0",
-        "trainer.num_test_episodes=2", "trainer.test_batch_episodes=2", "run.progress_bar=false", "run.num_threads=2",
-        "logger=csv", "run.checkpoint_every=1",
-    ]
+    overrides = [*real_overrides(gemma_gguf, finished_run.parent), *FINISHED, f"hydra.run.dir={run}"]
     process = popen_cli(overrides)
     last = run / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 1200
@@ -270,6 +270,8 @@ def test_code_validation_in_the_chat_view_with_the_real_model(gemma_gguf, tmp_pa
         "trainer.num_envs=2",
         "trainer.frames_per_batch=4",
         "trainer.minibatch_size=4",
+        "trainer.num_epochs=1",
+        "logger.diagnostics_every=0",
         "trainer.num_iterations=1",
         "trainer.eval.every=0",
         "trainer.num_test_episodes=2",
