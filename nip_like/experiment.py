@@ -42,15 +42,15 @@ ProgressHookFactory = Callable[[int], Optional[Callable[[int], None]]]
 def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     """Build every component of the experiment and return its trainer.
 
+    A test run (``run.test_run``) builds the config shrunk by
+    :func:`nip_like.smoke.shrink`; its run id stays the given config's.
+
     Parameters
     ----------
     config : DictConfig
         The whole experiment config.
     run_dir : Path
         The run folder.
-
-    A test run (``run.test_run``) builds the config shrunk by
-    :func:`nip_like.smoke.shrink`; its run id stays the given config's.
     """
     identity = run_id(config)
     config = smoke.shrink(config)

@@ -32,7 +32,8 @@ text trainers' ``trainer.num_iterations``         2: the first fine-tunes, the s
 ``scenario.num_problems``                         at most 10 problems (code validation's family)
 ``scenario.tests_per_problem``                    at most 4 hidden tests a program
 ``scenario.max_images``                           at most 200 images (0, all of them, included)
-``max_new_tokens`` of every language model        at most 16 tokens a reply (the stress test's target too)
+``max_new_tokens`` of every language model        at most 16 tokens a reply (the stress test's target too;
+                                                  not the RL agents' with a warm start: scripted replies fit)
 ``scenario.response_tokens``                      at most 16 (the stress test's responses read back)
 ================================================  ===============================================
 
@@ -57,6 +58,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nip_like import distributed
 from nip_like.errors import ConfigError
+from nip_like.validation import build_protocol
 
 __all__ = ["RULES", "Rule", "shrink"]
 
@@ -83,8 +85,6 @@ def _episode_steps(given: DictConfig) -> int | None:
 
     A protocol that cannot be built is left to the config's checks, which report it with every other problem.
     """
-    from nip_like.validation import build_protocol  # validation imports the registries, which import the components
-
     try:
         return int(build_protocol(given).num_rounds)
     except (ConfigError, TypeError, ValueError):
@@ -97,6 +97,13 @@ def _frames_per_batch(value: int, given: DictConfig) -> int:
     if rounds is not None:  # one whole episode in each environment is enough
         steps = min(steps, rounds)
     return _num_envs(int(given.trainer.num_envs), given) * steps
+
+
+def _reply_tokens(value: int, given: DictConfig) -> int:
+    """At most :data:`TEST_REPLY_TOKENS`, unless a warm start fits the agents to scripted replies (as long as they are)."""
+    if OmegaConf.select(given, "trainer.pretrain.agents", default=None):
+        return value
+    return min(value, TEST_REPLY_TOKENS)
 
 
 def _minibatch_size(value: int, given: DictConfig) -> int:
@@ -169,8 +176,8 @@ RULES: tuple[Rule, ...] = (
     Rule("scenario.tests_per_problem", _at_most(4)),
     Rule("scenario.max_images", _nonzero_at_most(200)),
     # language models' replies (the RL trainers' LM agents, the text trainers' models)
-    Rule("scenario.default_agent.max_new_tokens", _at_most(TEST_REPLY_TOKENS)),
-    Rule("scenario.agents.*.max_new_tokens", _at_most(TEST_REPLY_TOKENS)),
+    Rule("scenario.default_agent.max_new_tokens", _reply_tokens),
+    Rule("scenario.agents.*.max_new_tokens", _reply_tokens),
     Rule("scenario.default_model.max_new_tokens", _at_most(TEST_REPLY_TOKENS)),
     Rule("scenario.models.*.max_new_tokens", _at_most(TEST_REPLY_TOKENS)),
     Rule("scenario.target.max_new_tokens", _at_most(TEST_REPLY_TOKENS)),
