@@ -14,6 +14,7 @@ import pytest
 import nip_like.resume
 from nip_like.cli import report_errors
 from nip_like.experiment import build_trainer, run_experiment
+from nip_like.smoke import shrink
 from tests.conftest import REPO_ROOT, make_config, run_cli, smoke_config
 
 QUICK = ["preset=smoke", "run.progress_bar=false"]
@@ -171,7 +172,9 @@ def test_main_job_in_test_run_mode_prints_test_metrics(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Training" not in result.stderr  # standard error is a pipe, not a terminal: no progress bar noise
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert (summary["trainer_type"], summary["iterations"], summary["frames"]) == ("ppo", 1, 1024)
+    shrunk = shrink(make_config("preset=quick", "run.test_run=true"))  # what test-run mode plays: one iteration of the shrunk batch
+    assert (summary["trainer_type"], summary["iterations"], summary["frames"]) == ("ppo", 1, shrunk.trainer.frames_per_batch)
+    assert shrunk.trainer.frames_per_batch < make_config("preset=quick").trainer.frames_per_batch
     assert summary["gradient_steps"] > 0
     # The printed metrics are the summary's: 8 test episodes (one batch in test-run mode) of graph isomorphism.
     assert "Final test metrics" in result.stdout

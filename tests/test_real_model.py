@@ -114,7 +114,6 @@ def test_a_truncated_copy_of_the_real_file_is_refused_before_any_work(gemma_gguf
     [
         pytest.param(("trainer=ppo", "scenario.shared_base=true"), id="ppo-shared-base"),
         pytest.param(("trainer=grpo", "trainer.group_size=2"), id="grpo"),
-        pytest.param(("trainer=dpo", "trainer.group_size=2"), id="dpo"),
         pytest.param(("trainer=reinforce",), id="reinforce"),
         pytest.param(("trainer=lola",), id="lola"),
     ],
@@ -129,6 +128,40 @@ def test_the_real_model_trains_in_the_chat_view(gemma_gguf, gemma_folder, tmp_pa
         folder = saved_agent(tmp_path / "run", agent)
         assert (folder / "adapter_model.safetensors").is_file()
         assert_template_saved(folder)
+
+
+def test_dpo_trains_an_auditor_against_the_real_model_as_its_own_target(gemma_gguf, gemma_folder, tmp_path):
+    """DPO needs rewards that differ between siblings; in the duplicates game an untrained base model never decides
+    (every reward 0, no pair). In the stress test the target's likelihood of each utterance differs, so pairs form:
+    the real model is the auditor (LoRA) and, with its adapters off, the frozen target (one base in memory)."""
+    config = make_config(
+        "preset=stress_test_quick",
+        "trainer=dpo",
+        "trainer.group_size=2",
+        f"scenario.default_agent.pretrained_path={gemma_gguf}",
+        f"scenario.default_agent.chat_template={TEMPLATE}",
+        "scenario.default_agent.max_new_tokens=4",
+        "scenario.default_agent.temperature=1.0",
+        "scenario.target.auditor_base=true",
+        "scenario.target.max_new_tokens=4",
+        "scenario.response_tokens=4",
+        f"scenario.cache_dir={tmp_path / 'cache'}",
+        "trainer.num_iterations=1",
+        "trainer.num_envs=2",
+        "trainer.frames_per_batch=4",
+        "trainer.minibatch_size=4",
+        "trainer.eval.every=0",
+        "trainer.num_test_episodes=2",
+        "trainer.test_batch_episodes=2",
+        "run.progress_bar=false",
+        "run.num_threads=2",
+        "logger=csv",
+        "logger.diagnostics_every=0",
+    )
+    metrics = run_experiment(config, tmp_path / "run")
+    assert "test/attack_success_rate" in metrics
+    assert read_csv_metric(tmp_path / "run", "train/gradient_steps")[-1][1] >= 1  # pairs formed and the adapters stepped
+    assert_template_saved(saved_agent(tmp_path / "run", "auditor"))
 
 
 @pytest.fixture(scope="module")
@@ -221,23 +254,40 @@ def _signal_when(monkeypatch, owner, name: str, signals, condition=lambda: True)
     monkeypatch.setattr(owner, name, sending)
 
 
+def _inside(monkeypatch, owner, name: str, flag: dict) -> None:
+    """``flag["on"]`` is true while ``owner.name`` runs."""
+    original = getattr(owner, name)
+
+    def flagged(*args, **kwargs):
+        flag["on"] = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            flag["on"] = False
+
+    monkeypatch.setattr(owner, name, flagged)
+
+
 @pytest.mark.parametrize("phase", ["sampling", "evaluation", "update"])
 def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_it_resumable(
     gemma_gguf, gemma_folder, tmp_path, monkeypatch, phase
 ):
-    """SIGTERM in the middle of a phase: the run ends within 10 s (the grace of 2 s included) with its one line."""
+    """SIGTERM in the middle of a phase of iteration 1: the run ends within 10 s (the grace of 2 s included) with its one line."""
     import nip_like.lm.decoding as decoding
-    import nip_like.lm.scoring as scoring
     from nip_like.errors import RunInterrupted
     from nip_like.run_lock import LOCK_FILE
+    from nip_like.trainers import collection
+    from nip_like.trainers.data_parallel import LossPasses
+    from nip_like.trainers.evaluation import RlEvaluation
     from tests.test_signals_in_phases import Signals
 
-    signals = Signals(signal.SIGTERM)
-    overrides = ["trainer.eval.every=1"] if phase == "evaluation" else []
-    if phase == "update":  # the first scoring pass with gradients is the update's
-        _signal_when(monkeypatch, scoring, "score_rows", signals, torch.is_grad_enabled)
-    else:  # the first sampled tokens: the evaluation's with eval.every=1, else the first collection's
-        _signal_when(monkeypatch, decoding, "entropy", signals)
+    signals, inside = Signals(signal.SIGTERM), {"on": False}
+    overrides = {"evaluation": ["trainer.eval.every=1"], "update": ["trainer.minibatch_size=4"]}.get(phase, [])
+    if phase == "update":  # the first minibatch's forward pass; the second minibatch is then not run
+        _signal_when(monkeypatch, LossPasses, "forward", signals)
+    else:  # a token sampled inside the collection, or inside the evaluation
+        _inside(monkeypatch, *((collection, "collect") if phase == "sampling" else (RlEvaluation, "evaluate")), inside)
+        _signal_when(monkeypatch, decoding, "entropy", signals, lambda: inside["on"])
     run_dir = tmp_path / "run"
     try:
         with pytest.raises(RunInterrupted) as error:
@@ -249,8 +299,9 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     assert seconds < 10, seconds
     message = str(error.value)
     assert "\n" not in message and f"python -m nip_like.resume {run_dir}" in message, message
-    where = {"sampling": "collect", "evaluation": "evaluation", "update": "update"}[phase]
-    assert where in message, message
+    assert "during iteration 1" in message, message
+    # The line names the phase it stopped in (the evaluation's decoding is reported as the iteration only).
+    assert {"sampling": "decoding", "evaluation": "iteration 1", "update": "the update"}[phase] in message, message
     assert not (run_dir / LOCK_FILE).exists()
 
 
