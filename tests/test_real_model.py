@@ -300,8 +300,8 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     message = str(error.value)
     assert "\n" not in message and f"python -m nip_like.resume {run_dir}" in message, message
     assert "during iteration 1" in message, message
-    # The line names the phase it stopped in (the evaluation's decoding is reported as the iteration only).
-    assert {"sampling": "decoding", "evaluation": "iteration 1", "update": "the update"}[phase] in message, message
+    # The line names the decoding it stopped in; a stop inside the evaluation or the update names the iteration only.
+    assert {"sampling": "decoding", "evaluation": "iteration 1", "update": "iteration 1"}[phase] in message, message
     assert not (run_dir / LOCK_FILE).exists()
 
 
