@@ -217,7 +217,7 @@ def test_a_turn_end_that_is_one_token_becomes_the_eos_else_a_stop_string(chat_mo
 
 
 def test_a_templated_folder_links_the_weights_and_saves_the_tokenizer_with_the_template(chat_model, tmp_path):  # noqa: F811
-    from nip_like.lm.chat_templates import templated_folder
+    from nip_like.lm.templated_folders import templated_folder
 
     source = chat_model("llama")
     folder = templated_folder(source, "llama3", tmp_path / "initial", "scenario.models.verifier.path")

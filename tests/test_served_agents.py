@@ -13,7 +13,8 @@ from nip_like import keys
 from nip_like.cli import report_errors
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.interrupts import StopNow, handle_interrupts
-from nip_like.lm.frozen import ServedAgent, ServedConfig
+from nip_like.lm.served_config import ServedConfig
+from nip_like.text.served import ServedAgent
 from nip_like.lm.models import load_tokenizer
 from nip_like.scenarios.chat_prompts import ChatSpeaker
 from tests.fake_servers import fake_server, refusing_url

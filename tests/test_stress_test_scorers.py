@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nip_like.errors import ConfigError, ModelServerError
-from nip_like.lm.frozen import ServedConfig
+from nip_like.lm.served_config import ServedConfig
 from nip_like.scenarios.stress_test.scorers import ScorerConfig, build_scorer, check_scorer
 from tests.fake_servers import fake_server, refusing_url
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture

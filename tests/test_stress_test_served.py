@@ -11,7 +11,8 @@ from nip_like.cli import report_errors
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.experiment import run_experiment
 from nip_like.interrupts import StopNow, handle_interrupts
-from nip_like.lm.frozen import ServedConfig, check_served, served_player
+from nip_like.lm.served_config import ServedConfig
+from nip_like.text.served import check_served, served_player
 from nip_like.scenarios.stress_test.target import Target, TargetConfig
 from nip_like.text.interface import Sampling
 from tests.conftest import make_config

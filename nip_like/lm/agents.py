@@ -9,7 +9,7 @@ gradients in one teacher-forced pass per agent, which is all the objectives
 ask of a policy (:mod:`nip_like.objectives.scoring`). :class:`LMCritic` is the
 value network: each agent's value head on its prompt.
 
-A frozen agent played by a chat server (:class:`~nip_like.lm.frozen.ServedAgent`,
+A frozen agent played by a chat server (:class:`~nip_like.text.served.ServedAgent`,
 :meth:`LMActor.attach_served`) has its messages written by that server; they
 carry no log-probabilities and enter no scoring pass, so no loss.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import nn
@@ -40,7 +40,6 @@ from nip_like.lm.models import sharing_copy
 from nip_like.objectives.scoring import ActionScores
 
 if TYPE_CHECKING:
-    from nip_like.lm.frozen import ServedAgent
     from nip_like.lm.server import InferenceServer
 
 #: Exploration types that take the most likely token instead of sampling.
@@ -93,7 +92,7 @@ class LMActor(TensorDictModuleBase):
         #: Agents that sample from an inference server (:meth:`attach_servers`); not modules, not in the state dict.
         self.servers: dict[str, "InferenceServer"] = {}
         #: Frozen agents whose messages a chat server writes (:meth:`attach_served`); not modules, not in the state dict.
-        self.served: dict[str, "ServedAgent"] = {}
+        self.served: dict[str, Any] = {}  # agent -> its ServedAgent (nip_like.text.served, a layer above: not imported)
         #: The opponent pool (:class:`~nip_like.trainers.opponent_pool.OpponentPool`) whose snapshots play one
         #: agent's seat in training episodes (:meth:`attach_pool`).
         self.pool = None
@@ -115,8 +114,8 @@ class LMActor(TensorDictModuleBase):
             if keys.SAMPLER_WEIGHT_KEY not in self.out_keys:
                 self.out_keys.append(keys.SAMPLER_WEIGHT_KEY)
 
-    def attach_served(self, served: Mapping[str, "ServedAgent"]) -> None:
-        """Let chat servers write these frozen agents' messages (see :class:`~nip_like.lm.frozen.ServedAgent`).
+    def attach_served(self, served: Mapping[str, Any]) -> None:
+        """Let chat servers write these frozen agents' messages (see :class:`~nip_like.text.served.ServedAgent`).
 
         Their steps then hold the server's tokens with a token mask over the
         reply, as a local agent's, and log-probabilities and entropies of 0;

@@ -22,8 +22,6 @@ own folder. Otherwise it becomes a stop string of the agent.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -33,7 +31,7 @@ from nip_like.errors import ConfigError
 if TYPE_CHECKING:  # transformers loads on first use
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["ChatTemplate", "TEMPLATES", "apply_chat_template", "resolve_chat_template", "templated_folder"]
+__all__ = ["ChatTemplate", "TEMPLATES", "apply_chat_template", "resolve_chat_template"]
 
 
 @dataclass(frozen=True)
@@ -169,48 +167,3 @@ def apply_chat_template(tokenizer: PreTrainedTokenizerBase, template: ChatTempla
         return []
     return [template.turn_end]
 
-
-#: Files of a model folder that hold its tokenizer (rewritten in a templated folder, never linked).
-_TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-)
-
-
-def templated_folder(source: Path, chat_template: str, target: Path, field_name: str = "path") -> Path:
-    """A model folder at ``target``: ``source``'s files, with a tokenizer that renders ``chat_template``.
-
-    The weights and config are symbolic links to ``source``'s (nothing is
-    copied); the tokenizer is saved anew with the template (and, where the
-    template's turn end is one token, that token as its eos). What a text
-    model that is fine-tuned by jobs starts from: every later model is saved
-    from it, template included. A ``target`` already written is kept (a
-    resumed run).
-
-    Raises
-    ------
-    ConfigError
-        For an unknown template, or one whose turn end is not one token of the
-        tokenizer (a text model's reply ends at its eos, so the turn end must be one).
-    """
-    from nip_like.lm.models import load_tokenizer
-
-    if (target / "config.json").is_file():
-        return target
-    tokenizer = load_tokenizer(source, field_name)
-    template = resolve_chat_template(chat_template, field_name.rpartition(".")[0] + ".chat_template" if "." in field_name else "chat_template")
-    stops = apply_chat_template(tokenizer, template)
-    if stops:
-        raise ConfigError(
-            f"{field_name}: chat template {template.name!r} ends turns with {stops[0]!r}, which is not one token of the "
-            f"tokenizer in {source}: text models end a reply at their eos; choose a template whose turn end it has, or plain"
-        )
-    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for path in Path(source).iterdir():
-        if path.is_file() and path.name not in _TOKENIZER_FILES and path.name != "checksums.json":
-            (staging / path.name).symlink_to(path.resolve())
-    tokenizer.save_pretrained(staging)
-    staging.rename(target)
-    return target

@@ -21,7 +21,7 @@ from nip_like.allowed import checked
 from nip_like.checkpoint import check_manifest
 from nip_like.errors import ConfigError
 from nip_like.lm.chat_templates import apply_chat_template, resolve_chat_template
-from nip_like.lm.frozen import ServedConfig
+from nip_like.lm.served_config import ServedConfig
 from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
 from nip_like.lm.gguf import converted_folder, is_gguf
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled

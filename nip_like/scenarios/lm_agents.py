@@ -31,7 +31,8 @@ from nip_like import keys
 from nip_like.agents import AgentModules
 from nip_like.errors import ConfigError
 from nip_like.lm.agents import lm_agent_modules
-from nip_like.lm.frozen import FrozenSource, ServedAgent, check_frozen_config, check_served_agent, resolve
+from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
+from nip_like.text.served import ServedAgent, check_served_agent
 from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES
 from nip_like.lm.local_models import build_chat_model_folder
 from nip_like.lm.gguf import is_gguf
@@ -278,7 +279,7 @@ class LMAgents(Scenario):
             configs = self.chat_agent_configs
             tokenizers = {speaker.name: speaker.tokenizer for speaker in self.chat_speakers}
             modules = lm_agent_modules(self._with_sources(build_policies(configs, tokenizers)), self.message_tokens)
-            modules.policy.attach_served({  # frozen agents played by a chat server (nip_like.lm.frozen.ServedAgent)
+            modules.policy.attach_served({  # frozen agents played by a chat server (nip_like.text.served.ServedAgent)
                 name: ServedAgent(agent.served, f"{self.agent_config_path(name)}.served", tokenizers[name], int(agent.max_new_tokens),
                                   float(agent.temperature), float(agent.top_p))
                 for name, agent in configs.items() if agent_option(agent, "served") is not None

@@ -25,7 +25,9 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.agents import AgentModules
-from nip_like.lm.frozen import check_served, is_served, resolve
+from nip_like.lm.frozen import resolve
+from nip_like.lm.served_config import is_served
+from nip_like.text.served import check_served
 from nip_like.lm.lora import lora_enabled
 from nip_like.lm.models import LMAgentConfig, load_tokenizer
 from nip_like.protocols.stress_test import AUDITOR, StressTestProtocol

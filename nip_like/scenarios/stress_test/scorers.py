@@ -34,7 +34,8 @@ import torch
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.lm.frozen import ServedConfig, is_served, served_player
+from nip_like.lm.served_config import ServedConfig, is_served
+from nip_like.text.served import served_player
 
 #: The kinds of scorer.
 SCORER_KINDS = ("keywords", "callable", "classifier", "served")
@@ -238,7 +239,7 @@ def check_scorer(config: Any, where: str = "scenario.scorer") -> None:
     """Refuse, in one line, a scorer that cannot work, without loading a model: its options, a classifier's labels, a judge's server."""
     import json
 
-    from nip_like.lm.frozen import check_served
+    from nip_like.text.served import check_served
 
     kind = str(config.kind)
     if kind in ("keywords", "callable"):

@@ -10,7 +10,7 @@ the likelihood term of the reward. It plays either
   own starting model), in this process
   (:class:`~nip_like.text.models.LocalTextModel`), or
 * on an OpenAI-compatible chat server (``scenario.target.served``, a
-  :class:`~nip_like.lm.frozen.ServedConfig`); a local folder given beside it
+  :class:`~nip_like.lm.served_config.ServedConfig`); a local folder given beside it
   then only scores the likelihood term, or
 * with the auditor's own model, its LoRA adapters switched off
   (``scenario.target.auditor_base``, :class:`AuditorBase`): the base the
@@ -33,7 +33,8 @@ import torch
 
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError, ModelServerError
-from nip_like.lm.frozen import ServedConfig, is_served, served_player
+from nip_like.lm.served_config import ServedConfig, is_served
+from nip_like.text.served import served_player
 from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.sampling import MIN_TEMPERATURE
 from nip_like.scenarios.stress_test.reward import utterance_likelihood

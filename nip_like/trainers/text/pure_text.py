@@ -44,7 +44,7 @@ from tensordict import TensorDict
 
 from nip_like.checkpoint import derive_seed, file_sha256, write_text_atomic
 from nip_like.config import TextTrainerConfig
-from nip_like.lm.chat_templates import templated_folder
+from nip_like.lm.templated_folders import templated_folder
 from nip_like.lm.models import agent_option, source_folder
 from nip_like.scenarios.chat import ChatGame
 from nip_like.text.fine_tune import FineTuneSpec
