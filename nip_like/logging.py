@@ -259,6 +259,10 @@ class MetricLogger:
                         raise
             if hasattr(experiment, "finish"):
                 experiment.finish()
+        if "mlflow" in self.loggers:  # the MLflow run stays active in this process until ended: a next run would fail to start
+            import mlflow
+
+            mlflow.end_run()
 
 
 def _whole_row(row: list[str]) -> bool:
