@@ -28,6 +28,20 @@ from tests.real_model import TEMPLATE, gemma_folder, gemma_gguf  # noqa: F401 - 
 pytestmark = pytest.mark.slow
 
 
+#: The loop of every real-model run: one iteration of one epoch, no evaluation, two test episodes, quiet, CSV metrics.
+SMALL_LOOP = (
+    "trainer.num_epochs=1",
+    "trainer.num_iterations=1",
+    "trainer.eval.every=0",
+    "trainer.num_test_episodes=2",
+    "trainer.test_batch_episodes=2",
+    "run.progress_bar=false",
+    "run.num_threads=2",
+    "logger=csv",
+    "logger.diagnostics_every=0",  # objective/kl and objective/entropy: two more scoring passes an iteration
+)
+
+
 def real_overrides(gguf: Path, tmp_path: Path) -> list[str]:
     """The duplicates chat game at its smallest, every agent Gemma 3 270M (from the GGUF file) through rank-4 adapters."""
     return [
@@ -48,15 +62,7 @@ def real_overrides(gguf: Path, tmp_path: Path) -> list[str]:
         "trainer.num_envs=2",
         "trainer.frames_per_batch=8",
         "trainer.minibatch_size=8",
-        "trainer.num_epochs=1",
-        "trainer.num_iterations=1",
-        "trainer.eval.every=0",
-        "trainer.num_test_episodes=2",
-        "trainer.test_batch_episodes=2",
-        "run.progress_bar=false",
-        "run.num_threads=2",
-        "logger=csv",
-        "logger.diagnostics_every=0",  # objective/kl and objective/entropy: two more scoring passes an iteration
+        *SMALL_LOOP,
     ]
 
 
@@ -146,17 +152,10 @@ def test_dpo_trains_an_auditor_against_the_real_model_as_its_own_target(gemma_gg
         "scenario.target.max_new_tokens=4",
         "scenario.response_tokens=4",
         f"scenario.cache_dir={tmp_path / 'cache'}",
-        "trainer.num_iterations=1",
         "trainer.num_envs=2",
         "trainer.frames_per_batch=4",
         "trainer.minibatch_size=4",
-        "trainer.eval.every=0",
-        "trainer.num_test_episodes=2",
-        "trainer.test_batch_episodes=2",
-        "run.progress_bar=false",
-        "run.num_threads=2",
-        "logger=csv",
-        "logger.diagnostics_every=0",
+        *SMALL_LOOP,
     )
     metrics = run_experiment(config, tmp_path / "run")
     assert "test/attack_success_rate" in metrics
@@ -321,15 +320,7 @@ def test_code_validation_in_the_chat_view_with_the_real_model(gemma_gguf, tmp_pa
         "trainer.num_envs=2",
         "trainer.frames_per_batch=4",
         "trainer.minibatch_size=4",
-        "trainer.num_epochs=1",
-        "logger.diagnostics_every=0",
-        "trainer.num_iterations=1",
-        "trainer.eval.every=0",
-        "trainer.num_test_episodes=2",
-        "trainer.test_batch_episodes=2",
-        "run.progress_bar=false",
-        "run.num_threads=2",
-        "logger=csv",
+        *SMALL_LOOP,
     )
     metrics = run_experiment(config, tmp_path / "run")
     assert metrics["test/episodes"] == 2
