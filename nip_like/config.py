@@ -12,7 +12,8 @@ the components and adjust the defaults. Fields fall in two kinds:
 * hyper-parameters (``seed``, ``trainer``, ``scenario``, ``protocol``) change
   results and identify a run (see :func:`run_id`);
 * run settings (``run``, ``logger``) do not change results: device, loggers,
-  output folder, progress bars, test-run mode, checkpoint frequency.
+  output folder, progress bars, test-run mode, checkpoint frequency, where
+  the caches live (``run.fresh_cache``).
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ class RunSettings:
     autocast_dtype: Optional[str] = checked(None, choices=(None, "bfloat16", "float16"))  # run loops under torch.autocast with this dtype (bfloat16, float16); null = off
     memory_limit_gib: Optional[float] = checked(None, gt=0)  # memory the run may use on its device (GiB), for the LM memory preflight and automatic token budgets; null = what the device has free
     fsdp: bool = False  # under torchrun, shard each LM agent's weights, gradients and optimiser state over the ranks (FSDP2's fully_shard)
+    fresh_cache: bool = False  # build every cache the run uses (datasets, warm starts, model conversions) afresh in <run folder>/cache/, not reading or writing the shared ones (cache_dir fields, ~/.cache/nip_like); for cold-start timings and isolated reproductions
 
 
 #: The trainers' loop schemas: the RL loop's and the text trainers'. A trainer class names its own

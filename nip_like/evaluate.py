@@ -6,6 +6,8 @@ a checkpoint (by default the one the run's test loop used: ``best`` when
 own test loop on the chosen split, or on every example of a dataset file in
 the scenario's format. The checkpoint and the agent folders saved beside it
 are checked first (their checksums): a damaged file is refused in one line.
+A cache entry the run used (its ``caches.json``) that has changed or is gone
+since is named in one ``warning: ...`` line each; the evaluation goes on.
 On the test split with the run's seed it reproduces the run's logged test
 metrics exactly. Nothing of the run is changed: the metrics
 and transcripts go to ``RUN_DIR/evaluations/<checkpoint>-<split or file>.json``
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from nip_like import cache_record
 from nip_like.checkpoint import check_checkpoint_folders, load_checked, write_text_atomic
 from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.config import run_id
@@ -54,9 +57,12 @@ def rebuilt_trainer(run_dir: Path, checkpoint: str = "tested", overrides: list[s
 
     The checkpoint's file is checked (:func:`~nip_like.checkpoint.load_checked`)
     and so are the agent folders saved beside it, against their
-    ``checksums.json``, before anything is built. Warm starts are skipped,
-    nothing is logged, and the trainer writes only in a scratch folder that
-    is removed on leaving. A LoRA base fitted in the warm start, which the
+    ``checksums.json``, before anything is built; each cache entry the run
+    recorded (``caches.json``, :mod:`nip_like.cache_record`) that has changed
+    or is gone since is named in one ``warning: ...`` line on standard error.
+    A run with ``run.fresh_cache`` reads its own caches (``RUN_DIR/cache/``).
+    Warm starts are skipped, nothing is logged, and the trainer writes only in
+    a scratch folder that is removed on leaving. A LoRA base fitted in the warm start, which the
     checkpoint file leaves out, is read from the agent's folder (``base/``).
 
     Parameters
@@ -92,13 +98,15 @@ def rebuilt_trainer(run_dir: Path, checkpoint: str = "tested", overrides: list[s
         raise CheckpointError(f"{run_dir} has no {name} checkpoint (checkpoints/{name}.pt); it has {found or 'none'}")
     state = load_checked(path, expected_id)
     check_checkpoint_folders(run_dir / "checkpoints" / name)  # the agents saved with it: a damaged file is refused too
+    cache_record.warn_changes(run_dir)  # the data the run played may differ now: said, not refused
+    fresh = run_dir / cache_record.FRESH_FOLDER if config.run.get("fresh_cache") else None
     # The agents come from the checkpoint: skip warm starts, log nothing, write nowhere in the run.
     if "pretrain" in config.trainer:  # the RL trainers' warm start; a text trainer's state is past its own
         config.trainer.pretrain.agents = []
     config.logger.backends = []
     config.logger.print_metrics = False
     config.run.test_run = False
-    with tempfile.TemporaryDirectory(prefix="nip_like_evaluate_") as scratch:
+    with tempfile.TemporaryDirectory(prefix="nip_like_evaluate_") as scratch, cache_record.recording(fresh_root=fresh):
         trainer = build_trainer(config, Path(scratch))
         trainer.load_state_dict(state["trainer"])
         restore_fitted_bases(trainer, run_dir / "checkpoints" / name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -12,7 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nip_like import distributed, interrupts, run_lock, smoke
+from nip_like import cache_record, distributed, interrupts, run_lock, smoke
 from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder, resume_command
 from nip_like.config import run_id
@@ -43,7 +44,11 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     """Build every component of the experiment and return its trainer.
 
     A test run (``run.test_run``) builds the config shrunk by
-    :func:`nip_like.smoke.shrink`; its run id stays the given config's.
+    :func:`nip_like.smoke.shrink`; its run id stays the given config's. With
+    ``run.fresh_cache`` every ``cache_dir`` of the config names a folder in
+    the run's own cache folder (:func:`nip_like.cache_record.redirected`):
+    the one the run in progress records (:func:`nip_like.cache_record.fresh_root`),
+    else ``run_dir/cache``.
 
     Parameters
     ----------
@@ -54,7 +59,9 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
     """
     identity = run_id(config)
     config = smoke.shrink(config)
-    checked = preflight(config)
+    if config.run.get("fresh_cache"):
+        config = cache_record.redirected(config, cache_record.fresh_root() or Path(run_dir) / cache_record.FRESH_FOLDER)
+    checked = _checked_inputs(config)
     if config.run.num_threads:
         torch.set_num_threads(int(config.run.num_threads))
     seed_everything(int(config.seed))
@@ -82,6 +89,11 @@ def preflight(config: DictConfig) -> CheckedConfig:
     Hydra makes the run folder, so that a refused command leaves nothing
     behind; :func:`build_trainer` calls it again.
 
+    With ``run.fresh_cache`` the caches are the run folder's, which does not
+    exist yet: only the config is checked here, its caches in a folder that
+    is never made, so that nothing is read from or written to the shared
+    caches; :func:`build_trainer` checks the inputs, into the run's own caches.
+
     Returns
     -------
     CheckedConfig
@@ -92,6 +104,13 @@ def preflight(config: DictConfig) -> CheckedConfig:
     ConfigError
         Every problem of the config, one line each; or the first problem of the inputs.
     """
+    if config.run.get("fresh_cache"):
+        return validate(cache_record.redirected(config, Path(tempfile.gettempdir()) / "nip_like-fresh-cache-unmade"))
+    return _checked_inputs(config)
+
+
+def _checked_inputs(config: DictConfig) -> CheckedConfig:
+    """:func:`validate`, then the scenario's and the trainer's preflights (:func:`preflight`, its caches as the config names them)."""
     checked = validate(config)
     checked.scenario.preflight()
     checked.trainer.cls.preflight(config, checked.scenario)
@@ -148,7 +167,8 @@ def check_run_folder(run_dir: Path, resume: bool = False) -> None:
 
 def _remove_stale_temporaries(run_dir: Path) -> None:
     """Remove what an atomic write killed half-way left behind (``checkpoints/.last.pt.<pid>-<random>.tmp``, ...)."""
-    for path in [*(run_dir / "checkpoints").glob(".*.tmp"), *run_dir.glob(f".{SUMMARY_FILE}.*tmp")]:
+    folders = [(run_dir / "checkpoints", ".*.tmp"), (run_dir, f".{SUMMARY_FILE}.*tmp"), (run_dir, f".{cache_record.CACHES_FILE}.*tmp")]
+    for path in [path for folder, pattern in folders for path in folder.glob(pattern)]:
         if path.is_file():
             path.unlink(missing_ok=True)
 
@@ -182,6 +202,13 @@ def run_experiment(
     progress: ProgressHookFactory | None = None,
 ) -> dict[str, float]:
     """Run (or resume) an experiment in ``run_dir`` and write its ``summary.json``.
+
+    The cache entries the run reads or writes (datasets, warm starts, model
+    conversions) are recorded (:mod:`nip_like.cache_record`): in
+    ``caches.json`` as they are used, in the summary's ``"caches"`` at the
+    end. With ``run.fresh_cache`` every cache lives in ``run_dir/cache/``.
+    Resuming first warns, one line each, of the entries recorded before that
+    have changed or are gone.
 
     Parameters
     ----------
@@ -234,25 +261,29 @@ def _run_locked(
         (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(config, resolve=True))
     if from_scratch and writer:
         print(f"No checkpoint in {run_dir} yet: starting the run again from the beginning")
+    if resume and writer:  # the cache entries the run used before: a changed or gone one is named, not refused
+        cache_record.warn_changes(run_dir)
+    fresh = run_dir / cache_record.FRESH_FOLDER if config.run.get("fresh_cache") else None
     started = time.perf_counter()
     trainer = None
     try:
-        # Under torchrun rank 0 builds first (it may generate the data caches that the others then read).
-        with distributed.current().rank_zero_first():
-            trainer = build_trainer(config, run_dir)
-        try:
-            if resume or from_scratch:
-                if not from_scratch:
-                    trainer.load_checkpoint("last")
-                if writer:
-                    trainer.logger.truncate_after(0 if from_scratch else trainer.state.iteration)
-            hook = progress(sum(trainer.progress_initial.values())) if progress is not None else None
-            if hook is not None:  # e.g. a sweep's overall progress bar follows this run
-                trainer.on_progress = hook
-            metrics = trainer.train()
-        finally:
-            trainer.close()
-            trainer.logger.close()
+        with cache_record.recording(run_dir / cache_record.CACHES_FILE if writer else None, fresh, keep=resume) as record:
+            # Under torchrun rank 0 builds first (it may generate the data caches that the others then read).
+            with distributed.current().rank_zero_first():
+                trainer = build_trainer(config, run_dir)
+            try:
+                if resume or from_scratch:
+                    if not from_scratch:
+                        trainer.load_checkpoint("last")
+                    if writer:
+                        trainer.logger.truncate_after(0 if from_scratch else trainer.state.iteration)
+                hook = progress(sum(trainer.progress_initial.values())) if progress is not None else None
+                if hook is not None:  # e.g. a sweep's overall progress bar follows this run
+                    trainer.on_progress = hook
+                metrics = trainer.train()
+            finally:
+                trainer.close()
+                trainer.logger.close()
     except StopRequested as stop:
         raise _interrupted(run_dir, trainer, stop) from None
     except StopNow as waiting:
@@ -279,6 +310,8 @@ def _run_locked(
         "resumed": resume,
         "git_revision": git_revision(),
         "device": str(config.run.device),
+        "fresh_cache": fresh is not None,
+        "caches": record.as_dicts(),
     }
     if distributed.current().enabled:
         summary["ranks"] = distributed.current().world_size

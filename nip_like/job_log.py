@@ -9,7 +9,11 @@ Under Hydra, Python's root logger writes INFO records to the console
   that iteration and the latest evaluation (``iteration 20: train/reward
   0.312, eval/reward 0.400 (at 18), loss/policy -0.0143, SPS 2.1e+03,
   timers/iteration 0.52``);
-* once, the final test metrics (the ``test/...`` metrics).
+* once, the final test metrics (the ``test/...`` metrics);
+* at the start, one line per cache entry the run reads or writes (a
+  dataset, a warm start, a GGUF conversion, ...: ``cache: dataset
+  gi_pairs_0a1b2c3d4e5f6a7b built (sha256 0123456789ab) /home/...``,
+  :mod:`nip_like.cache_record`), each when the run first uses it.
 
 The periodic lines go to the console as well when the progress bar is not
 drawn there: when standard error is not a terminal (a cluster job's file),
@@ -61,6 +65,16 @@ def is_terminal(stream: TextIO | None = None) -> bool:
 def job_log_handlers() -> list[logging.Handler]:
     """The file handlers of the root logger: Hydra's job log (``__main__.log``), if any."""
     return [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+
+
+def write_job_log(message: str) -> None:
+    """Write ``message`` as an INFO line to the job log only (not the console); nothing when INFO is off (outside Hydra)."""
+    if not LOG.isEnabledFor(logging.INFO):
+        return
+    record = LOG.makeRecord(LOG.name, logging.INFO, __file__, 0, message, None, None)
+    for handler in job_log_handlers():
+        if record.levelno >= handler.level:
+            handler.handle(record)
 
 
 def format_value(value: float) -> str:
@@ -129,12 +143,7 @@ class JobLog:
         self._pending = False
 
     def _write(self, message: str, console: bool) -> None:
-        if not LOG.isEnabledFor(logging.INFO):
-            return
         if console:
             LOG.info(message)
-            return
-        record = LOG.makeRecord(LOG.name, logging.INFO, __file__, 0, message, None, None)
-        for handler in job_log_handlers():
-            if record.levelno >= handler.level:
-                handler.handle(record)
+        else:
+            write_job_log(message)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDictBase
 from tqdm.auto import tqdm
 
+from nip_like import cache_record
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import derive_seed, load_checked, save_atomic
@@ -375,6 +376,10 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
     agent's decisions are fitted to ``supervised_data`` (:func:`decision_loss`;
     each epoch :func:`~nip_like.supervised.supervised_epoch` with :func:`fit_loss`).
 
+    Each cache file read or written is recorded for the run in progress
+    (:func:`nip_like.cache_record.record`, kind ``warm start``); a test run's
+    fit, never cached, is not.
+
     Returns
     -------
     dict
@@ -456,9 +461,11 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
             }
             if not config.run.test_run:  # a test run's single epoch is not the agent its key names
                 save_atomic({"run_id": digest, **cached}, path)
+                cache_record.record("warm start", path.stem, path, built=True)
             metrics[f"pretrain/{agent}/from_cache"] = 0.0
         else:
             network.load_state_dict(cached["state"])
+            cache_record.record("warm start", path.stem, path, built=False)
             metrics[f"pretrain/{agent}/from_cache"] = 1.0
         metrics[f"pretrain/{agent}/train_accuracy"] = float(cached["train_accuracy"])
         if len(cached.get("restart_scores", ())) > 1:

@@ -5,7 +5,11 @@ run settings (``run.*``) and logger settings (``logger.*``), which do not change
 results, may be overridden, for example ``run.device=cuda``. A folder that
 another process is still running in is refused (exit status 2, naming the
 process); a run stopped before its first checkpoint starts again from the
-beginning in its folder.
+beginning in its folder. Each cache entry the run used (its ``caches.json``:
+a dataset, a warm start, a model conversion) that has changed or is gone
+since is named in one ``warning: ...`` line on standard error, and the run
+goes on with the cache as it is now (:func:`nip_like.cache_record.warn_changes`).
+A run with ``run.fresh_cache`` keeps using its own caches, ``RUN_DIR/cache/``.
 """
 
 from __future__ import annotations

@@ -32,13 +32,13 @@ tokenizer's tokens, is its message.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from nip_like import cache_record
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.checkpoints import ADAPTER_CONFIG, checked_agent_folder
 from nip_like.lm.lora import lora_enabled
@@ -77,27 +77,16 @@ def agent_folder(path: str | Path, agent: str, checkpoint: str = "last", where: 
     )
 
 
-def folder_checksum(*folders: Path) -> str:
-    """sha256 over every file in ``folders`` (names and contents, in a fixed order; hidden files left out)."""
-    digest = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(item for item in folder.rglob("*") if item.is_file()):
-            relative = path.relative_to(folder)
-            if any(part.startswith(".") for part in relative.parts):
-                continue
-            digest.update(str(relative).encode() + b"\0")
-            with path.open("rb") as stream:
-                for block in iter(lambda: stream.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()
-
-
 def merged_folder(folder: Path, base: Path, cache_dir: str | Path, checksum: str) -> Path:
-    """The adapter folder ``folder`` merged into ``base``, written once under ``cache_dir/frozen/`` (a standalone model folder)."""
+    """The adapter folder ``folder`` merged into ``base``, written once under ``cache_dir/frozen/`` (a standalone model folder).
+
+    The run in progress records the folder (:func:`nip_like.cache_record.record`, kind ``frozen merge``).
+    """
     from nip_like.lm.checkpoints import write_standalone
 
     target = Path(cache_dir).expanduser() / "frozen" / checksum[:16]
-    if not (target / "config.json").is_file():
+    built = not (target / "config.json").is_file()
+    if built:
         staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
         write_standalone(folder, staging, base)
@@ -105,6 +94,7 @@ def merged_folder(folder: Path, base: Path, cache_dir: str | Path, checksum: str
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
         shutil.rmtree(staging, ignore_errors=True)
+    cache_record.record("frozen merge", checksum, target, built=built)
     return target
 
 
@@ -127,7 +117,7 @@ def resolve(path: str, agent: str, cache_dir: str | Path, checkpoint: str = "las
     folder = agent_folder(path, agent, checkpoint, where)
     base = checked_agent_folder(folder, where)  # files that differ from their checksums.json are refused before anything is read
     outside = base is not None and folder.resolve() not in base.resolve().parents  # a base/ inside is hashed with the folder
-    checksum = folder_checksum(folder, *([base] if outside else []))
+    checksum = cache_record.folder_checksum(folder, *([base] if outside else []))
     standalone = folder if base is None else merged_folder(folder, base, cache_dir, checksum)
     return standalone, FrozenSource(source=str(path), folder=str(folder.resolve()), checksum=checksum)
 

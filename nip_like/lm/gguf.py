@@ -11,7 +11,9 @@ dequantizes it once through transformers
 and writes an ordinary ``save_pretrained`` folder (model, tokenizer, a
 ``checksums.json`` manifest and ``gguf_source.json``) under the cache, keyed
 by the file's SHA-256: ``$NIP_LIKE_GGUF_CACHE`` or ``~/.cache/nip_like/gguf``,
-one ``<sha256[:16]>`` folder per file. Every later run (and every process of
+one ``<sha256[:16]>`` folder per file (``<run folder>/cache/gguf`` for a run
+with ``run.fresh_cache``, :mod:`nip_like.cache_record`, which also records
+each folder a run converts or reads). Every later run (and every process of
 this one) checks that folder against its manifest and reads it; a damaged
 entry is written again. Processes that convert the same file at once wait for
 each other (a lock file), so the work is done once.
@@ -37,6 +39,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from nip_like import cache_record
 from nip_like.checkpoint import check_manifest, file_sha256, write_manifest, write_text_atomic
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.lm.gguf_header import HeaderError, read_header
@@ -88,8 +91,8 @@ def is_gguf(path: str | os.PathLike | None) -> bool:
 
 
 def cache_root() -> Path:
-    """Where converted folders live: ``$NIP_LIKE_GGUF_CACHE``, else ``~/.cache/nip_like/gguf``."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    """Where converted folders live: ``$NIP_LIKE_GGUF_CACHE``, else ``~/.cache/nip_like/gguf``; ``<run folder>/cache/gguf`` in a run with ``run.fresh_cache``."""
+    return cache_record.fresh_folder("gguf", Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser())
 
 
 _checked: dict[tuple[str, int, int], GgufInfo] = {}
@@ -209,10 +212,12 @@ def converted_folder(path: str | os.PathLike, field_name: str = "pretrained_path
     root = cache_root()
     target = root / info.sha256[:16]
     if _whole(target, info):
+        cache_record.record("gguf conversion", info.sha256, target, built=False)
         return target
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f".{target.name}.lock"):
         if _whole(target, info):  # converted by another process while this one waited
+            cache_record.record("gguf conversion", info.sha256, target, built=False)
             return target
         log.info("converting %s (%s, %.0f MB) into a model folder at %s: once, then cached", info.path, info.architecture, info.size / 2**20, target)
         started = time.monotonic()
@@ -225,6 +230,7 @@ def converted_folder(path: str | os.PathLike, field_name: str = "pretrained_path
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         log.info("converted %s in %.0f s", info.path.name, time.monotonic() - started)
+    cache_record.record("gguf conversion", info.sha256, target, built=True)
     return target
 
 

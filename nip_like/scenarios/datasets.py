@@ -24,6 +24,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 import numpy as np
 import torch
 
+from nip_like import cache_record
 from nip_like.checkpoint import load_checked, save_atomic
 from nip_like.errors import CheckpointError, ConfigError, NipLikeError
 
@@ -287,7 +288,8 @@ def load_or_build(cls: type[D], path: Path, spec: DatasetSpec, build: Callable[[
     one line what was wrong (it points at the caller of the function that
     calls this one), and ``build()`` is called again and its result written
     atomically (temporary file, flush, ``os.replace``: a crash never leaves
-    half a file under the cache name).
+    half a file under the cache name). The run in progress records the file
+    it used (:func:`nip_like.cache_record.record`).
 
     Parameters
     ----------
@@ -309,8 +311,10 @@ def load_or_build(cls: type[D], path: Path, spec: DatasetSpec, build: Callable[[
     if path.exists():
         dataset, problem = _cache_problem(cls, path, metadata)
         if dataset is not None:
+            cache_record.record("dataset", path.stem, path, built=False)
             return dataset
         warnings.warn(f"rebuilding the {cls.DESCRIPTION} cache: {problem}", CacheRebuildWarning, stacklevel=3)
     dataset = build()
     dataset.save(path, metadata=metadata)
+    cache_record.record("dataset", path.stem, path, built=True)
     return dataset

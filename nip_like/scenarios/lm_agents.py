@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDictBase
 
-from nip_like import keys
+from nip_like import cache_record, keys
 from nip_like.agents import AgentModules
 from nip_like.errors import ConfigError
 from nip_like.lm.agents import lm_agent_modules
@@ -189,7 +189,8 @@ class LMAgents(Scenario):
         folder = Path(self.config.cache_dir).expanduser() / "chat_models" / "-".join(
             [family, *(f"{key}{value}" for key, value in sizes.items())]
         )
-        if not (folder / "config.json").is_file():
+        built = not (folder / "config.json").is_file()
+        if built:
             staging = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
             shutil.rmtree(staging, ignore_errors=True)
             build_chat_model_folder(staging, family, **sizes)
@@ -197,6 +198,7 @@ class LMAgents(Scenario):
                 shutil.rmtree(folder, ignore_errors=True)
                 staging.rename(folder)
             shutil.rmtree(staging, ignore_errors=True)
+        cache_record.record("chat model", folder.name, folder, built=built)
         return folder
 
     @cached_property
