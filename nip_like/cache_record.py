@@ -298,9 +298,15 @@ def _read_entries(file: Path) -> list[CacheEntry]:
 
 
 def changes(run_dir: Path) -> list[str]:
-    """One line per cache entry the run in ``run_dir`` used that has changed (another checksum) or is gone since."""
+    """One line per cache entry the run in ``run_dir`` used that has changed (another checksum) or is gone since.
+
+    An entry whose path the run used again later, with other contents (a
+    resumed session that read it as it was then), is compared as that later
+    session found it.
+    """
+    latest = {(entry["kind"], entry["path"]): entry for entry in recorded_entries(run_dir)}
     lines = []
-    for entry in recorded_entries(run_dir):
+    for entry in latest.values():
         what = f"the {entry['kind']} cache entry {entry['key']} that the run used ({entry['path']})"
         path = Path(entry["path"])
         if not path.exists():
