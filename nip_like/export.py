@@ -153,11 +153,6 @@ def export_run(run_dir: Path, checkpoint: str = "last", out: Path | None = None)
         return [write_standalone(folder, out / folder.name, bases[folder.name]) for folder in folders]
 
 
-def export_agent(folder: Path, out: Path) -> Path:
-    """Write agent ``folder`` to ``out`` as a standalone model folder (see the module docstring)."""
-    return write_standalone(folder, out)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = OneLineArgumentParser(

@@ -53,9 +53,10 @@ from nip_like.errors import ConfigError, one_line, raise_problems
 from nip_like.lm.models import agent_option
 from nip_like.lm.shared_models import sharing_groups, with_shared_base
 from nip_like.protocols.base import Protocol
-from nip_like.registry import PROTOCOLS, REGISTRIES, SCENARIOS, TRAINERS, Entry
+from nip_like.registry import REGISTRIES, TRAINERS, Entry
 from nip_like.scenarios.base import Scenario
 from nip_like.trainers.base import Trainer
+from nip_like.trainers.checked_configs import note_checked
 
 R = TypeVar("R")
 
@@ -94,9 +95,20 @@ class CheckedConfig:
 
 
 def _build(entries: dict[str, Entry], sections: dict[str, DictConfig]) -> Scenario:
-    """The protocol, then the scenario holding it, from their entries and checked sections."""
-    protocol = entries["protocol"].cls(**OmegaConf.to_container(sections["protocol"], resolve=True))
-    return entries["scenario"].cls(sections["scenario"], protocol)
+    """The protocol, then the scenario holding it, from their entries and checked sections: the one scenario builder."""
+    return entries["scenario"].cls(sections["scenario"], _build_protocol(entries["protocol"], sections["protocol"]))
+
+
+def _build_protocol(entry: Entry, section: DictConfig) -> Protocol:
+    """The protocol of ``entry`` with its checked ``section`` as keyword arguments."""
+    return entry.cls(**OmegaConf.to_container(section, resolve=True))
+
+
+def _component(config: DictConfig, kind: str) -> tuple[Entry, DictConfig]:
+    """The entry that ``config`` names for ``kind`` (``scenario``, ``protocol``) and its section checked against the entry's schema."""
+    registry = REGISTRIES[kind]
+    name = str(OmegaConf.select(config, registry.class_key))
+    return registry.entry(name), registry.typed_options(name, config[kind], kind)
 
 
 @dataclass
@@ -159,6 +171,7 @@ def validate(config: DictConfig) -> CheckedConfig:
         checks.add("scenario", shared_base_problems(scenario))
     raise_problems(checks.problems)
     assert trainer is not None and scenario is not None  # no problem: both were built
+    note_checked(config)  # a trainer built from it does not check its options again
     return CheckedConfig(trainer, scenario, sections, {kind: entries[kind] for kind in ("scenario", "protocol")})
 
 
@@ -396,9 +409,7 @@ def build_protocol(config: DictConfig) -> Protocol:
     config : DictConfig
         The whole experiment config.
     """
-    name = str(config.protocol.name)
-    options = PROTOCOLS.typed_options(name, config.protocol, "protocol")
-    return PROTOCOLS.get(name)(**OmegaConf.to_container(options, resolve=True))
+    return _build_protocol(*_component(config, "protocol"))
 
 
 def build_scenario(config: DictConfig) -> Scenario:
@@ -409,9 +420,8 @@ def build_scenario(config: DictConfig) -> Scenario:
     config : DictConfig
         The whole experiment config.
     """
-    protocol = build_protocol(config)
-    name = str(config.scenario.name)
-    return SCENARIOS.get(name)(SCENARIOS.typed_options(name, config.scenario, "scenario"), protocol)
+    components = {kind: _component(config, kind) for kind in ("protocol", "scenario")}
+    return _build({kind: entry for kind, (entry, _) in components.items()}, {kind: section for kind, (_, section) in components.items()})
 
 
 def fsdp_problems(config: DictConfig, trainer_cls: type, scenario: Any) -> list[str]:

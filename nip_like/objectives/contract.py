@@ -149,18 +149,9 @@ class RolloutLoss(LossModule):
 
 
 class PlainLossContract:
-    """The contract's defaults, for a ``LossModule`` that does not subclass :class:`RolloutLoss`.
-
-    Parameters
-    ----------
-    loss : LossModule
-        The loss (kept for reference; the defaults do not depend on it).
-    """
+    """The contract's defaults, for a ``LossModule`` that does not subclass :class:`RolloutLoss` (they do not depend on the loss)."""
 
     needs_groups = False
-
-    def __init__(self, loss: LossModule) -> None:
-        self.loss = loss
 
     def layout_rollouts(self, batch: TensorDictBase) -> TensorDictBase:
         """Transitions (:func:`transitions`)."""
@@ -184,7 +175,7 @@ class PlainLossContract:
 
 def contract_of(loss: LossModule) -> LossContract:
     """The contract the RL loop uses for ``loss``: the loss itself if it declares one, else the defaults."""
-    return loss if isinstance(loss, RolloutLoss) else PlainLossContract(loss)
+    return loss if isinstance(loss, RolloutLoss) else PlainLossContract()
 
 
 def use_agent_keys(loss: LossModule) -> LossModule:

@@ -26,10 +26,11 @@ from nip_like import distributed
 from nip_like.checkpoint import check_checkpoint_folders, load_checked, save_atomic
 from nip_like.folders import check_writable_folder
 from nip_like.config import TrainerConfig, run_id
-from nip_like.errors import ConfigError
+from nip_like.errors import ConfigError, raise_problems
 from nip_like.interrupts import StopRequested, stop_requested
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import Scenario, TensorGame
+from nip_like.trainers.checked_configs import was_checked
 
 _PROGRESS_TOTAL = "_nip_like_progress_total"
 
@@ -134,6 +135,14 @@ class Trainer(ABC):
         The run folder (checkpoints, metrics, summary).
     logger : MetricLogger
         Where metrics go.
+
+    Raises
+    ------
+    ConfigError
+        What :meth:`validate` finds wrong, one line each, when ``config`` did
+        not pass :func:`nip_like.validation.validate` (a trainer built
+        directly); a config that did is not checked again
+        (:mod:`~nip_like.trainers.checked_configs`).
     """
 
     #: What the trainer needs of its scenario: capabilities of :mod:`nip_like.scenarios.base`
@@ -150,6 +159,8 @@ class Trainer(ABC):
         self.run_dir = Path(run_dir)
         self.logger = logger
         self.run_id = run_id(config)
+        if not was_checked(config):  # built directly, not by the experiment (which checked it): the trainer's own checks
+            raise_problems(type(self).validate(config, scenario))
         #: The rank context (:mod:`nip_like.distributed`): one rank unless started by torchrun.
         self.distributed = distributed.current()
         self.show_progress = bool(config.run.progress_bar) and self.distributed.is_writer

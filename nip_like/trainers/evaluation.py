@@ -111,9 +111,10 @@ class RlEvaluation(TensorDictTrainer):
     """Evaluation and test of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`: the part of it that plays fixed episodes.
 
     Periodic evaluation on the scenario's eval split (with the best
-    checkpoint's bookkeeping) and the final test loop on :attr:`test_split`,
-    both in the test context, with the agents and settings the RL trainer
-    builds.
+    checkpoint's bookkeeping) and the test loop on :attr:`test_split` (the
+    hook ``_run_test_loop`` that every tensor trainer writes, which
+    :meth:`~nip_like.trainers.base.TensorDictTrainer.test` runs), both in the
+    test context, with the agents and settings the RL trainer builds.
     """
 
     @property
@@ -177,16 +178,17 @@ class RlEvaluation(TensorDictTrainer):
             self.save_checkpoint("best")
         metrics["eval/best"] = self.state.best_metric
 
-    def test(self) -> dict[str, float]:
-        """Test the current agents on :attr:`test_split` in the test context; the ``test/...`` metrics.
+    def _run_test_loop(self) -> dict[str, float]:
+        """The test loop (the hook of :meth:`~nip_like.trainers.base.TensorDictTrainer.test`): the ``test/...`` metrics.
 
-        Plays :attr:`test_episodes` episodes (one batch in test-run mode),
-        each datapoint ``trainer.test_rollouts`` times side by side, and
-        writes their transcripts to ``transcripts/test.jsonl``.
-        :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` ends with it;
-        ``python -m nip_like.evaluate`` calls it on a saved state.
+        Plays :attr:`test_episodes` episodes on :attr:`test_split` (one batch
+        in test-run mode), each datapoint ``trainer.test_rollouts`` times side
+        by side, and writes their transcripts to ``transcripts/test.jsonl``.
+        Runs in the test context, as every trainer's test loop;
+        :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` ends with the
+        test and ``python -m nip_like.evaluate`` calls it on a saved state.
         """
-        all_episodes = self.play_test_episodes()
+        all_episodes = self._play_test_loop()
         self._write_transcripts(all_episodes, "test")
         metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
         return with_optimality(metrics, self.scenario.optimal_rewards() or {})
@@ -194,9 +196,9 @@ class RlEvaluation(TensorDictTrainer):
     def play_test_episodes(self) -> TensorDictBase:
         """The test's episodes, played in the test context: the ``"next"`` entries of each one's final step.
 
-        The same episodes as :meth:`test` plays (same split, seed and number),
-        for an analysis that needs more than their metrics
-        (``python -m nip_like.analyse message-regression``).
+        The same episodes as :meth:`~nip_like.trainers.base.TensorDictTrainer.test`
+        plays (same split, seed and number), for an analysis that needs more
+        than their metrics (``python -m nip_like.analyse message-regression``).
         """
         with ExitStack() as stack:
             self._build_test_context(stack)

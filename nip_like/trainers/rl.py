@@ -13,7 +13,10 @@ work of each part is in a sibling module: the build steps
 (:mod:`~nip_like.trainers.collection`), the update
 (:mod:`~nip_like.trainers.update`), evaluation and test
 (:mod:`~nip_like.trainers.evaluation`), the checkpoints and their state
-(:mod:`~nip_like.trainers.rl_state`).
+(:mod:`~nip_like.trainers.rl_state`). The loop reaches its policy's
+language-model hooks only through the declared
+:class:`~nip_like.trainers.policy_hooks.PolicyHooks`, and the collector's
+in-flight episodes only through :mod:`~nip_like.trainers.collector_state`.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from torchrl.objectives import LossModule
 
 from nip_like import distributed, keys
 from nip_like.checkpoint import load_checked
-from nip_like.errors import ModelServerError, raise_problems
+from nip_like.errors import ModelServerError
 from nip_like.folders import resume_command
 from nip_like.logging import MetricLogger
 from nip_like.objectives.reference import ReferencePolicy
@@ -43,10 +46,12 @@ from nip_like.precision import float32_region
 from nip_like.scenarios.base import Demonstrating, Labelled, Scenario, TensorGame
 from nip_like.trainers import collection, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
+from nip_like.trainers.collector_state import in_flight
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.evaluation import RlEvaluation
 from nip_like.trainers.grad_flags import requires_grad_kept
 from nip_like.trainers.opponent_pool import build_opponent_pool, opponent_pool_problems
+from nip_like.trainers.policy_hooks import PolicyHooks, policy_hooks
 from nip_like.trainers.rl_build import RlBuildSteps
 from nip_like.trainers.rl_state import RlCheckpoints, TrainState
 
@@ -78,6 +83,10 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         The agents' stacked policy (``("agents", ...)`` keys, see :mod:`nip_like.agents`).
     value : TensorDictModule
         The agents' stacked value network.
+    policy_hooks : PolicyHooks
+        What the loop tells the policy and reads from it
+        (:func:`~nip_like.trainers.policy_hooks.policy_hooks`: the policy
+        itself for language-model agents, no-ops for tensor agents).
     agent_names : tuple of str
         Agents, in the order of the agent dimension.
     config : DictConfig
@@ -110,13 +119,15 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         self.device = torch.device(config.run.device)
         self.test_run = bool(config.run.test_run)
         self.test_episodes = int(config.trainer.num_test_episodes)
-        self._validate()
+        self.accumulation = self._accumulation_steps()
         # The build order (its steps: rl_build): agents -> warm start -> reference -> loss -> optimiser -> collection.
         self.agent_names = scenario.agent_names
         self.agent_modules = scenario.make_agents()
         self.agent_modules.modules().to(self.device)
         self.policy = self.agent_modules.policy
         self.value = self.agent_modules.value
+        #: What the loop tells the policy and reads from it (no-ops for tensor agents): see :mod:`~nip_like.trainers.policy_hooks`.
+        self.policy_hooks: PolicyHooks = policy_hooks(self.policy)
         self._attach_inference_servers()
         self.pretrain_metrics = self.warm_start()
         # The initial policy, frozen: the common reference of objective/kl.
@@ -144,7 +155,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
 
     def close(self) -> None:
         """Stop the inference servers the run started and close their clients."""
-        getattr(self.policy, "close_servers", lambda: None)()
+        self.policy_hooks.close_servers()
 
     # ---------------------------------------------------------------- the hook
     @abstractmethod
@@ -206,19 +217,18 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
             problems += opponent_pool_problems(tc.opponent_pool, scenario, world_size)
         return problems
 
-    def _validate(self) -> None:
-        # A trainer built without the experiment's checks (nip_like.validation) checks itself.
-        raise_problems(type(self).validate(self.config, self.scenario))
-        tc = self.trainer_config
-        # Minibatches per optimiser step; null: one per rank (the ranks share each step's minibatches, whole).
-        self.accumulation = update.accumulation_steps(tc.optimizer.grad_accumulation_steps, self.distributed.world_size)
-        if tc.optimizer.grad_accumulation_steps is None and self.distributed.enabled and self.distributed.is_writer:
+    def _accumulation_steps(self) -> int:
+        """Minibatches per optimiser step; ``grad_accumulation_steps`` null: one per rank (the ranks share each step's minibatches, whole)."""
+        steps = self.trainer_config.optimizer.grad_accumulation_steps
+        accumulation = update.accumulation_steps(steps, self.distributed.world_size)
+        if steps is None and self.distributed.enabled and self.distributed.is_writer:
             log.info(
                 "trainer.optimizer.grad_accumulation_steps is null: each optimiser step takes %d minibatches, one per "
                 "rank, as one process does with grad_accumulation_steps=%d",
-                self.accumulation,
-                self.accumulation,
+                accumulation,
+                accumulation,
             )
+        return accumulation
 
     @property
     def num_iterations(self) -> int:
@@ -288,8 +298,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         started = time.perf_counter()
         dist = self.distributed
         # Collection: a batch, its finished episodes and their metrics.
-        sampler_metrics = getattr(self.policy, "pop_sampler_metrics", dict)
-        sampler_metrics()  # what evaluation sampled is not this iteration's
+        self.policy_hooks.pop_sampler_metrics()  # what evaluation sampled is not this iteration's
         # Sampling, advantages and the layout run with whole weights when the agents are sharded (run.fsdp):
         # the ranks' forward passes differ in number there.
         pool = self.opponent_pool
@@ -301,7 +310,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
             self.state.frames += frames
             episodes = dist.gather_cat(collection.finished_episodes(batch))
             metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
-            metrics.update(sampler_metrics())
+            metrics.update(self.policy_hooks.pop_sampler_metrics())
             if iteration == 0:
                 metrics.update(self.pretrain_metrics)
                 metrics.update(self.memory_metrics)
@@ -333,7 +342,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
         loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
         if loss_stats:
-            getattr(self.policy, "weights_changed", lambda: None)()  # inference servers get the new weights
+            self.policy_hooks.weights_changed()  # inference servers get the new weights
         if loss_stats or self._schedule_stepped:
             self.scheduler.step()
         else:
@@ -345,7 +354,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
                 self.scheduler.step()
         self._schedule_stepped = True
         if pool is not None:
-            pool.after_update(iteration + 1, self.collector._carrier.get(keys.GROUP_ID_KEY))
+            pool.after_update(iteration + 1, in_flight(self.collector).get(keys.GROUP_ID_KEY))
         finished = time.perf_counter()
 
         metrics.update(loss_stats)
@@ -373,8 +382,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
     def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
         """Optimise the ``trained`` agents on the buffer (:func:`~nip_like.trainers.update.optimise`); the update's statistics."""
         # LM agents count the padding of their scoring passes: only the update's are reported.
-        padding_fraction = getattr(self.policy, "pop_padding_fraction", lambda: None)
-        padding_fraction()
+        self.policy_hooks.pop_padding_fraction()
         if self._loss_passes is None:
             # Under torchrun, DDP (replicated agents) or FSDP2 (run.fsdp) sums the ranks' gradients. Built here, where
             # every rank arrives together (rank 0 builds the trainer before the others), after the warm start.
@@ -391,9 +399,9 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         )
         self.state.gradient_steps += len(norms)
         stats = update.update_statistics(records, self.loss_contract)
-        frozen = tuple(f"agents/{name}/" for name in getattr(self.policy, "frozen_sources", dict)())
+        frozen = tuple(f"agents/{name}/" for name in self.policy_hooks.frozen_sources())
         stats = {name: value for name, value in stats.items() if not name.startswith(frozen)} if frozen else stats  # a frozen co-player trains nothing
-        padding = padding_fraction()
+        padding = self.policy_hooks.pop_padding_fraction()
         if padding is not None:
             stats["train/padding_fraction"] = padding
         stats = self.distributed.mean(stats, weight=len(records))

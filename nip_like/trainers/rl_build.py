@@ -9,7 +9,7 @@ sets the attributes the loop uses.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from torch import nn
 from torchrl.collectors import Collector
@@ -44,6 +44,15 @@ class RlBuildSteps(TensorDictTrainer):
             }
         )
 
+    def _language_models(self) -> dict[str, tuple[Any, str, Any]]:
+        """The language-model agents: by name, the policy that plays it (the hook :meth:`~nip_like.trainers.policy_hooks.PolicyHooks.policy`), its config path and its config."""
+        models = {}
+        for name, (where, agent, _) in self.scenario.lm_agent_configs().items():
+            policy = self.policy_hooks.policy(name)
+            if policy is not None:
+                models[name] = (policy, where, agent)
+        return models
+
     @property
     def runs_sharded(self) -> bool:
         """Whether this run shards its LM agents over the ranks (``run.fsdp`` under torchrun): :meth:`shard_agents` does."""
@@ -59,7 +68,7 @@ class RlBuildSteps(TensorDictTrainer):
             return None
         # Rank 0 builds first (it writes the caches); from here on the build needs every rank at once.
         self.distributed.release_others()
-        return ShardedAgents({name: self.policy.policy(name) for name in self.agent_names})
+        return ShardedAgents({name: self.policy_hooks.policy(name) for name in self.agent_names})
 
     def probe_token_bytes(self, sharded: bool = False) -> dict[str, float]:
         """Activation bytes that a token of each LM agent's update keeps, for the agents whose budget is automatic.
@@ -73,14 +82,10 @@ class RlBuildSteps(TensorDictTrainer):
         """
         from nip_like.lm.memory import activation_bytes_per_token
 
-        configs = self.scenario.lm_agent_configs()
-        if not configs or not hasattr(self.policy, "policy"):
-            return {}
         measured = {}
-        for name, (_, agent, _) in configs.items():
+        for name, (policy, _, agent) in self._language_models().items():
             if agent.get("max_tokens_per_micro_batch") is not None:
                 continue
-            policy = self.policy.policy(name)
             was_sharded, policy.sharded = policy.sharded, sharded or policy.sharded
             try:
                 measured[name] = activation_bytes_per_token(policy, self.config.run.get("autocast_dtype"))
@@ -104,8 +109,8 @@ class RlBuildSteps(TensorDictTrainer):
         """
         from nip_like.lm.memory import automatic_budget, available_memory, local_bytes, size, trainable_bytes
 
-        configs = self.scenario.lm_agent_configs()
-        if not configs or not hasattr(self.policy, "policy"):
+        models = self._language_models()
+        if not models:
             return {}
         held = sum(local_bytes(t) for t in (*self.policy.parameters(), *self.policy.buffers()))
         available = available_memory(self.device, self.config.run.get("memory_limit_gib"), held)
@@ -113,13 +118,12 @@ class RlBuildSteps(TensorDictTrainer):
             # The ranks of one machine share its memory (a GPU is each rank's own).
             available = (available[0] // self.distributed.local_world_size, f"{available[1]}, shared by {self.distributed.local_world_size} ranks")
         # Each trainable parameter once: one model playing several roles (share_policy_with) trains once.
-        reserved = trainable_bytes(nn.ModuleList([self.policy.policy(name) for name in configs]))
+        reserved = trainable_bytes(nn.ModuleList([policy for policy, _, _ in models.values()]))
         width = int(getattr(self.train_env, "prompt_length", 0)) + int(self.policy.message_tokens)
         metrics: dict[str, float] = {}
         if token_bytes is None and available is not None:
             token_bytes = self.probe_token_bytes()
-        for name, (where, agent, _) in configs.items():
-            policy = self.policy.policy(name)
+        for name, (policy, where, agent) in models.items():
             if agent.get("max_tokens_per_micro_batch") is not None or available is None:
                 continue
             per_token = token_bytes[name]
@@ -148,7 +152,7 @@ class RlBuildSteps(TensorDictTrainer):
             if self.trainer_config.pretrain.agents
             else {}
         )
-        getattr(self.policy, "after_warm_start", lambda: None)()
+        self.policy_hooks.after_warm_start()
         return metrics
 
     def _build_loss(self) -> None:
@@ -171,8 +175,8 @@ class RlBuildSteps(TensorDictTrainer):
         """One parameter group per agent, the learning-rate schedule, which agents each iteration trains."""
         optimizer_config = self.trainer_config.optimizer
         # Owners before the agents that play their model (share_policy_with): a shared model trains in its owner's group.
-        plays_another = lambda name: getattr(getattr(self.policy, "policy", lambda _: None)(name), "policy_owner", None) is not None  # noqa: E731
-        names = sorted(self.agent_names, key=plays_another)
+        models = self._language_models()
+        names = sorted(self.agent_names, key=lambda name: name in models and models[name][0].policy_owner is not None)
         agent_params = {name: list(self.agent_modules.agent_parameters(name)) for name in names}
         self.optimizer = build_optimizer(optimizer_config, agent_params)
         self.scheduler = build_scheduler(optimizer_config, self.optimizer, self.num_iterations)

@@ -3,7 +3,8 @@
 :class:`RlCheckpoints` is the part of
 :class:`~nip_like.trainers.rl.TensorDictRlTrainer` that writes and reads its
 checkpoints (``state_dict``, ``load_state_dict``, the agents' own folders);
-the functions are its helpers. Frozen agent weights (a LoRA agent's base
+the functions are its helpers (the collection's state is
+:mod:`~nip_like.trainers.collector_state`'s). Frozen agent weights (a LoRA agent's base
 model) are left out of the loss module's state: the model folders hold them
 already. The collection's state (the collector's in-flight episodes and the
 environments' generator) resumes collection exactly; under torchrun each rank
@@ -18,13 +19,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchrl.collectors import Collector
 
 from nip_like.checkpoint import get_rng_states, set_rng_states
 from nip_like.errors import CheckpointError
 from nip_like.lm.frozen import check_sources, source_record
 from nip_like.lm.sharding import is_sharded, shard_like, shard_optimizer_state, whole
 from nip_like.trainers.base import TensorDictTrainer
+from nip_like.trainers.collector_state import collection_state, load_collection_state
 
 
 @dataclass
@@ -70,27 +71,6 @@ def load_loss_module_state(loss_module: nn.Module, state: dict[str, Any], frozen
         )
 
 
-def collection_state(collector: Collector, env) -> dict[str, Any]:
-    """The collection's state: the collector's, its in-flight episodes and the environments' generator."""
-    # Without the policy's weights, which the loss module's state holds already (once, not once per rank).
-    collector_state = {key: value for key, value in collector.state_dict().items() if key != "policy_state_dict"}
-    return {
-        "collector": collector_state,
-        # The collector's current TensorDict holds every in-flight episode
-        # (the environments keep their state in it), so restoring it
-        # continues collection exactly.
-        "collector_carrier": collector._carrier.clone(),
-        "env_rng": env.get_rng_state(),
-    }
-
-
-def load_collection_state(collector: Collector, env, state: dict[str, Any], device: torch.device) -> None:
-    """Restore what :func:`collection_state` returned."""
-    collector.load_state_dict(state["collector"], strict=False)  # strict would ask for the policy's weights
-    collector._carrier.update(state["collector_carrier"].to(device))
-    env.set_rng_state(state["env_rng"])
-
-
 def check_ranks(state: dict[str, Any], world_size: int) -> None:
     """Refuse a checkpoint written by a run of another number of ranks."""
     ranks = len(state.get("ranks", [None]))
@@ -107,17 +87,17 @@ class RlCheckpoints(TensorDictTrainer):
     def save_checkpoint(self, name: str = "last") -> Path:
         """Write the trainer state to ``checkpoints/<name>.pt``, and the agents in their own format.
 
-        Agents that can write themselves as Hugging Face folders (a policy with
-        ``save_pretrained``: language-model agents) are also saved under
+        Agents that write themselves in their own format (the policy hook
+        :meth:`~nip_like.trainers.policy_hooks.PolicyHooks.save_pretrained`:
+        language-model agents, as Hugging Face folders) are also saved under
         ``checkpoints/<name>/<agent>/`` (model, tokenizer, value head), beside
         the full trainer state that exact resumption reads.
         """
         path = super().save_checkpoint(name)
-        save_pretrained = getattr(self.policy, "save_pretrained", None)
         # Sharded agents are made whole on every rank (a collective); rank 0 writes them.
-        states = self.policy.whole_states() if self.sharded is not None else None
-        if save_pretrained is not None and self.distributed.is_writer:
-            save_pretrained(self.checkpoint_dir / name, states)
+        states = self.policy_hooks.whole_states() if self.sharded is not None else None
+        if self.distributed.is_writer:
+            self.policy_hooks.save_pretrained(self.checkpoint_dir / name, states)
         return path
 
     def _frozen_keys(self) -> set[str]:
@@ -140,7 +120,7 @@ class RlCheckpoints(TensorDictTrainer):
             state = whole(state)
         state |= {
             # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
-            "frozen_agents": source_record(getattr(self.policy, "frozen_sources", dict)()),
+            "frozen_agents": source_record(self.policy_hooks.frozen_sources()),
             "opponent_pool": self.opponent_pool.state_dict() if self.opponent_pool is not None else None,
             "scheduler": self.scheduler.state_dict(),
             "train_state": asdict(self.state),
@@ -154,7 +134,7 @@ class RlCheckpoints(TensorDictTrainer):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_ranks(state, self.distributed.world_size)
         own_collection = state["ranks"][self.distributed.rank] if "ranks" in state else state
-        check_sources(state.get("frozen_agents", {}), getattr(self.policy, "frozen_sources", dict)())
+        check_sources(state.get("frozen_agents", {}), self.policy_hooks.frozen_sources())
         self._load_loss_module_state(state["loss_module"])
         self.reference_policy.load_state_dict(state["reference_policy"])
         optimizer_state = state["optimizer"]
