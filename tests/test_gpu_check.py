@@ -197,3 +197,38 @@ def test_the_options_it_passes_exist(gpu_check, shape, tmp_path):
         overrides = [*gpu_check.RUN_COMMAND, *gpu_check.RUN_OVERRIDES[shape], *([autocast] if autocast else [])]
         config = make_config(*overrides)
         assert config.scenario.view == "chat" and config.trainer.num_iterations == 2
+
+
+def test_stress_test_figures_and_row(gpu_check):
+    def arm(name, per_seed, iqm, low, high, seconds):
+        return {"arm": name, "seeds": [0, 1, 2], "per_seed": per_seed, "interval": "range of 3 runs",
+                "metrics": {"test/attack_success_rate": {"iqm": iqm, "iqm_low": low, "iqm_high": high},
+                            "test/likelihood": {"iqm": -3.0, "iqm_low": -3.1, "iqm_high": -2.9}},
+                "run_wall_seconds_mean": seconds}
+
+    results = {"arms": [arm("untrained", [0.1, 0.0, 0.05], 0.05, 0.0, 0.1, 41.2),
+                        arm("dpo", [0.2, 0.3, 0.25], 0.25, 0.2, 0.3, 130.6), arm("ppo", [0.1, 0.2, 0.3], 0.2, 0.1, 0.3, None)],
+               "size": {"iterations": 20, "envs": 16}, "keywords": ["hate", "awful"], "wall_seconds_this_call": 301.0}
+    figures = gpu_check.stress_test_figures(results)
+    assert list(figures["arms"]) == ["untrained", "dpo", "ppo"]
+    assert figures["arms"]["dpo"]["per_seed"] == [0.2, 0.3, 0.25] and figures["arms"]["dpo"]["iqm"] == 0.25
+    assert figures["seconds"] == 301.0
+    reason, run_time, notes = gpu_check.stress_test_row(figures)
+    assert reason == ("held-out attack success rate, IQM [range of 3 runs]: untrained 0.050 [0.000, 0.100], "
+                      "dpo 0.250 [0.200, 0.300], ppo 0.200 [0.100, 0.300]")
+    assert run_time == "a run: untrained 41 s, dpo 131 s"  # an arm without a time is left out
+    assert notes == ["seeds 0 1 2", "size iterations 20, envs 16", "keywords hate awful"]
+    # A results.json without arms (a call cut short): said so, not an error.
+    assert gpu_check.stress_test_row(gpu_check.stress_test_figures({}))[0] == "no arms in results.json"
+
+
+@pytest.mark.parametrize("shape", ["small", "398m"])
+def test_the_stress_test_options_it_passes_exist(gpu_check, shape, tmp_path):
+    with script_module("stress_test_result") as result:
+        args = result.parse_args(["--model", str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "out"),
+                                  *gpu_check.STRESS_TEST_ARGS[shape]])
+        size = result.chosen_size(args)
+        assert result.check_args(args) == list(result.KEYWORDS)
+    assert len(args.seeds) == (3 if shape == "398m" else 1) and args.arms == list(result.ARMS)
+    assert size == (result.SIZES["gpu"] if shape == "398m" else result.replace(result.SIZES["cpu"], iterations=1))
+    assert gpu_check.parse_args(["--skip", "stress_test"]).skip == ["stress_test"]
