@@ -141,7 +141,8 @@ def recording(file: Path | None = None, fresh_root: Path | None = None, keep: bo
         The caches' folder inside the run folder (``run.fresh_cache``); see :func:`fresh_folder`.
     keep : bool
         Start from the entries already in ``file`` (a resumed run): the record
-        then lists what every session of the run used.
+        then lists what every session of the run used (an unreadable file is
+        started again).
 
     Yields
     ------
@@ -150,7 +151,12 @@ def recording(file: Path | None = None, fresh_root: Path | None = None, keep: bo
     """
     global _current
     previous = _current
-    entries = _read_entries(Path(file)) if keep and file is not None else []
+    entries = []
+    if keep and file is not None:
+        try:
+            entries = _read_entries(Path(file))
+        except ConfigError:  # said by warn_changes before the run; the record starts again
+            entries = []
     _current = CacheRecord(file, fresh_root, entries)
     _current.save()
     try:
@@ -302,9 +308,12 @@ def changes(run_dir: Path) -> list[str]:
 
     An entry whose path the run used again later, with other contents (a
     resumed session that read it as it was then), is compared as that later
-    session found it.
+    session found it. A ``caches.json`` that cannot be read is one line too.
     """
-    latest = {(entry["kind"], entry["path"]): entry for entry in recorded_entries(run_dir)}
+    try:
+        latest = {(entry["kind"], entry["path"]): entry for entry in recorded_entries(run_dir)}
+    except ConfigError as error:  # a warning too: the run can go on without its record
+        return [str(error)]
     lines = []
     for entry in latest.values():
         what = f"the {entry['kind']} cache entry {entry['key']} that the run used ({entry['path']})"

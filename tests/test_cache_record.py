@@ -138,10 +138,12 @@ def test_a_changed_or_gone_entry_is_one_warning_line_each(tmp_path, capsys):
     assert lines[1] == f"the chat model cache entry tiny that the run used ({model.path}) is gone; it will be built again if needed"
 
 
-def test_an_unreadable_record_is_refused_in_one_line(tmp_path):
+def test_an_unreadable_record_is_one_warning_line_and_a_resumed_record_starts_again(tmp_path):
     (tmp_path / CACHES_FILE).write_text("{not json")
-    with pytest.raises(Exception, match=rf"^{tmp_path / CACHES_FILE} cannot be read as a record of cache entries \(JSONDecodeError\)$"):
-        changes(tmp_path)
+    assert changes(tmp_path) == [f"{tmp_path / CACHES_FILE} cannot be read as a record of cache entries (JSONDecodeError)"]
+    with recording(tmp_path / CACHES_FILE, keep=True) as resumed:
+        assert resumed.entries == []
+    assert json.loads((tmp_path / CACHES_FILE).read_text()) == {"entries": []}
 
 
 # ------------------------------------------------------------------ run.fresh_cache
