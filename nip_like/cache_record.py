@@ -165,8 +165,11 @@ def recording(file: Path | None = None, fresh_root: Path | None = None, keep: bo
         _current = previous
 
 
-def record(kind: str, key: str, path: Path, built: bool, checksum: str | None = None) -> CacheEntry | None:
+def record(kind: str, key: str, path: Path, built: bool) -> CacheEntry | None:
     """Report a cache entry the run in progress used; nothing outside a run (:func:`recording`).
+
+    Its checksum is taken by :func:`content_checksum`; a new entry is written
+    to the record's file and to the job log.
 
     Parameters
     ----------
@@ -178,8 +181,6 @@ def record(kind: str, key: str, path: Path, built: bool, checksum: str | None = 
         The entry's file or folder.
     built : bool
         Whether this run made it (else it read one that was there).
-    checksum : str, optional
-        SHA-256 of its contents if the caller has it; by default :func:`content_checksum`.
 
     Returns
     -------
@@ -191,7 +192,7 @@ def record(kind: str, key: str, path: Path, built: bool, checksum: str | None = 
     if _current is None:
         return None
     path = Path(path).expanduser().resolve()
-    entry = CacheEntry(kind, str(key), checksum or content_checksum(path), str(path), ACTIONS[0] if built else ACTIONS[1])
+    entry = CacheEntry(kind, str(key), content_checksum(path), str(path), ACTIONS[0] if built else ACTIONS[1])
     if _current.add(entry):
         write_job_log(f"cache: {entry.line()}")
     return entry
