@@ -62,8 +62,9 @@ def rebuilt_trainer(run_dir: Path, checkpoint: str = "tested", overrides: list[s
     or is gone since is named in one ``warning: ...`` line on standard error.
     A run with ``run.fresh_cache`` reads its own caches (``RUN_DIR/cache/``).
     Warm starts are skipped, nothing is logged, and the trainer writes only in
-    a scratch folder that is removed on leaving. A LoRA base fitted in the warm start, which the
-    checkpoint file leaves out, is read from the agent's folder (``base/``).
+    a scratch folder that is removed on leaving. A LoRA base fitted in the
+    warm start, which the checkpoint file leaves out, is read from the agent's
+    folder (``base/``).
 
     Parameters
     ----------
