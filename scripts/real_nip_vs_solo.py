@@ -23,8 +23,8 @@ Sizes (``--size``; each option below overrides its figure):
 
 * ``cpu`` (default): seed 0, 160 lists, 2 warm-start epochs, 1 PPO iteration
   of 32 frames, 16 test lists (the test split), 2 threads.
-* ``gpu``: seeds 0 1 2, 4,000 lists, 3 warm-start epochs, 20 iterations of 256
-  frames, 512 test lists, on ``cuda``.
+* ``gpu``: seeds 0 1 2, 2,000 lists, 2 warm-start epochs, 10 iterations of 128
+  frames, the 200 lists of the test split, on ``cuda``.
 
 Examples
 --------
@@ -88,8 +88,8 @@ SIZES = {
         num_envs=4, frames_per_batch=32, minibatch_size=16, test_episodes=16, device="cpu", threads=2,
     ),
     "gpu": Size(
-        seeds=(0, 1, 2), num_lists=4000, pretrain_epochs=3, pretrain_lr=1e-3, pretrain_minibatch=32, iterations=20,
-        num_envs=32, frames_per_batch=256, minibatch_size=64, test_episodes=512, device="cuda", threads=4,
+        seeds=(0, 1, 2), num_lists=2000, pretrain_epochs=2, pretrain_lr=1e-3, pretrain_minibatch=32, iterations=10,
+        num_envs=32, frames_per_batch=128, minibatch_size=64, test_episodes=200, device="cuda", threads=4,
     ),
 }
 
@@ -186,8 +186,8 @@ def warm_start_metrics(folder: Path) -> dict[str, float]:
 def runs_table(rows: list[dict], size: Size) -> str:
     """The Markdown table of every run: test accuracy, decided rate, warm start, wall time and load."""
     lines = [
-        f"Lists: {size.num_lists} (80% train); warm start: {size.pretrain_epochs} epochs at lr {size.pretrain_lr}; "
-        f"PPO: {size.iterations} iterations of {size.frames_per_batch} frames; test: {size.test_episodes} held-out lists; "
+        f"Lists: {size.num_lists} (80% train); warm-start epochs: {size.pretrain_epochs}, at lr {size.pretrain_lr}; "
+        f"PPO iterations: {size.iterations}, of {size.frames_per_batch} frames; held-out test lists: {size.test_episodes}; "
         f"device {size.device}, {size.threads} threads.",
         "",
         "| protocol | seed | test accuracy | test decided | verifier warm start: demonstrations reproduced | warm start "
