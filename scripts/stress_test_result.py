@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO_ROOT))  # the nip_like of this checkout, whatever is
 
 from nip_like.analysis.report import ReportOptions, TaskReport, build_report, format_markdown, write_report  # noqa: E402
 from nip_like.analysis.runs import find_runs  # noqa: E402
-from nip_like.cli import report_errors  # noqa: E402
+from nip_like.cli import OneLineArgumentParser, report_errors  # noqa: E402
 from nip_like.errors import ConfigError, TrainingError  # noqa: E402
 
 #: The arms, in the order of the tables.
@@ -122,7 +122,7 @@ def positive(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="python scripts/stress_test_result.py",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -69,6 +69,7 @@ def test_three_arms_run_and_are_tabulated_with_the_report(result, chat_model, tm
         (["--lr", "0"], "--lr must be positive, got 0.0"),
         (["--seeds", "1", "1"], "--seeds holds a seed twice"),
         (["--keywords", " , "], "--keywords is empty"),
+        (["--iterations", "0"], "argument --iterations: must be at least 1, got 0"),
     ],
 )
 def test_bad_input_is_one_line_before_any_run(result, tmp_path, capsys, arguments, message):
