@@ -68,6 +68,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1063,7 +1064,7 @@ def check_stress_test(check: Check, folder: Optional[Path]) -> StepResult:
     outcome, log, timeout = check.run("stress_test", command, check.args.stress_timeout)
     if outcome is None:
         return no_time("stress_test")
-    settings = "scripts/stress_test_result.py " + " ".join(STRESS_TEST_ARGS[check.args.shape])
+    settings = "scripts/stress_test_result.py " + shlex.join(STRESS_TEST_ARGS[check.args.shape])
     target = check.out / "stress_test"
     target.mkdir(parents=True, exist_ok=True)
     for name in ("results.md", "results.json", "timings.json"):
