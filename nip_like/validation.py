@@ -139,6 +139,9 @@ class _Pass:
 def validate(config: DictConfig) -> CheckedConfig:
     """Check the whole config in one pass; refuse it with every problem found, one line each.
 
+    A config that passes is noted (:func:`~nip_like.trainers.checked_configs.note_checked`),
+    so that a trainer built from it does not run its own checks again.
+
     Parameters
     ----------
     config : DictConfig
