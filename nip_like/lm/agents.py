@@ -312,11 +312,7 @@ class LMActor(TensorDictModuleBase):
             token_mask = token_mask & scored_agents.view(1, -1, 1)
         acting = token_mask.any(-1)  # (rows, agents)
         in_pass = [self._rows_in_pass(index, acting[:, index], with_value) for index in range(agents)]
-        # What the agents' passes hold together: each pass's rows times its longest row (not the full padded width).
-        padded = sum(
-            self.policy(name).held_tokens(prompt_mask[where, index], token_mask[where, index])
-            for index, (name, where) in enumerate(zip(self.agent_names, in_pass)) if bool(where.any())
-        )
+        padded = sum(int(where.sum()) * (prompt_ids.shape[-1] + length) for where in in_pass)
         per_agent_log_probs, per_agent_entropy, per_agent_value = [], [], []
         for index, name in enumerate(self.agent_names):
             policy = self.policy(name)

@@ -12,7 +12,6 @@ every rank takes as many passes (:func:`lockstep_stand_ins`).
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
@@ -27,14 +26,7 @@ from nip_like.lm.padding import trim_padding_columns
 ScoreRows = Callable[..., dict[str, torch.Tensor]]
 
 
-#: What one scoring pass costs besides its tokens (the Python and kernel launches of a model call, forward and
-#: backward), in padded tokens: :func:`micro_batches` splits rows of different lengths into separate passes where
-#: the padding this saves outweighs it. Measured on a 2-core CPU with a tiny Qwen2 under LoRA (a pass of a few
-#: hundred rows: about 30 microseconds a token, 15 to 30 milliseconds a pass).
-PASS_COST_TOKENS = 1024
-
-
-def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int], pass_cost: int = PASS_COST_TOKENS) -> list[torch.Tensor]:
+def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int]) -> list[torch.Tensor]:
     """Rows in groups whose padded size stays within a token budget, sorted by length.
 
     Parameters
@@ -45,11 +37,6 @@ def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int], pass
         Padded width of a row; a group of rows costs ``rows x longest row`` tokens.
     budget : int, optional
         Largest ``rows x longest row`` of a group; None: one group of all rows.
-    pass_cost : int
-        What a pass costs besides its tokens, in tokens (:data:`PASS_COST_TOKENS`):
-        with a budget, rows of different lengths go to separate groups where
-        that saves more padded tokens than the extra passes cost
-        (:func:`least_padding_runs`).
 
     Returns
     -------
@@ -73,59 +60,13 @@ def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int], pass
         )
     order = lengths.argsort(stable=True).tolist()
     sorted_lengths = lengths[order].tolist()
-    groups = []
-    for run_start, run_end in least_padding_runs(sorted_lengths, pass_cost):
-        start = run_start
-        for end in range(run_start + 1, run_end + 1):
-            # Rows are sorted, so the group's longest row is its last one.
-            if end == run_end or (end + 1 - start) * sorted_lengths[end] > budget:
-                groups.append(torch.tensor(order[start:end], device=lengths.device))
-                start = end
+    groups, start = [], 0
+    for end in range(1, rows + 1):
+        # Rows are sorted, so the group's longest row is its last one.
+        if end == rows or (end + 1 - start) * sorted_lengths[end] > budget:
+            groups.append(torch.tensor(order[start:end], device=lengths.device))
+            start = end
     return groups
-
-
-def least_padding_runs(sorted_lengths: list[int], pass_cost: int) -> list[tuple[int, int]]:
-    """Cut rows sorted by length into runs ``(start, end)`` that minimise padded tokens plus ``pass_cost`` per run.
-
-    A run of rows costs ``rows x its longest row + pass_cost``; the cuts fall
-    between rows of different lengths only. Exact (dynamic programming over
-    the distinct lengths, quadratic in their number).
-
-    Parameters
-    ----------
-    sorted_lengths : list of int
-        Rows' lengths, shortest first.
-    pass_cost : int
-        The cost of one more run, in tokens.
-
-    Returns
-    -------
-    list of (int, int)
-        Consecutive ranges of positions in ``sorted_lengths`` that cover them all.
-    """
-    if not sorted_lengths:
-        return []
-    # Ends of the runs of equal lengths: the only places where a cut can save padding.
-    ends = [end for end in range(1, len(sorted_lengths)) if sorted_lengths[end] != sorted_lengths[end - 1]] + [len(sorted_lengths)]
-    starts = [0, *ends]
-    best = [0.0] + [math.inf] * len(ends)  # best[k]: least cost of the rows before starts[k]
-    cut = [0] * (len(ends) + 1)
-    for k in range(1, len(ends) + 1):
-        longest = sorted_lengths[starts[k] - 1]
-        for j in range(k):
-            cost = best[j] + (starts[k] - starts[j]) * longest + pass_cost
-            if cost < best[k]:
-                best[k], cut[k] = cost, j
-    runs, k = [], len(ends)
-    while k:
-        runs.append((starts[cut[k]], starts[k]))
-        k = cut[k]
-    return runs[::-1]
-
-
-def held_tokens(groups: list[torch.Tensor], lengths: torch.Tensor) -> int:
-    """Padded tokens that the passes of ``groups`` take together: each group's rows times its longest row."""
-    return sum(group.numel() * int(lengths[group].max()) for group in groups if group.numel())
 
 
 def lockstep_stand_ins(passes: int, device: torch.device) -> int:
@@ -174,9 +115,7 @@ def scores_by_micro_batch(
         a stand-in pass scores the first row and counts zero.
     recompute : bool, optional
         Recompute each micro-batch's activations in the backward pass; None:
-        when the micro-batches together hold more padded tokens than ``budget``
-        (several groups of rows of different lengths that fit it together are
-        kept, as one pass of them all would be).
+        when there are several micro-batches.
     counts : list of int
         Real and padded tokens of the passes so far, incremented in place.
 
@@ -189,7 +128,7 @@ def scores_by_micro_batch(
     lengths = prompt_mask.sum(-1) + token_mask.sum(-1)
     groups = micro_batches(lengths, prompt_ids.shape[1] + tokens.shape[1], budget)
     stand_ins = lockstep_stand_ins(len(groups), lengths.device) if lockstep else 0
-    recompute = budget is not None and held_tokens(groups, lengths) > budget if recompute is None else recompute
+    recompute = len(groups) > 1 if recompute is None else recompute
     if len(groups) == 1 and not stand_ins and not recompute:
         counts[0] += int(lengths.sum())
         counts[1] += lengths.numel() * (prompt_ids.shape[1] + tokens.shape[1])

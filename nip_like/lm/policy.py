@@ -29,7 +29,7 @@ from torch import nn
 
 from nip_like.errors import ConfigError
 from nip_like.lm.decoding import cache_argument, forward_parameters, sampled_messages
-from nip_like.lm.micro_batches import held_tokens, micro_batches, scores_by_micro_batch
+from nip_like.lm.micro_batches import micro_batches, scores_by_micro_batch
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding, trim_padding_columns
 from nip_like.lm.sampling import SamplingSettings
 from nip_like.lm.scoring import check_chunking, score_rows, scores_in_chunks
@@ -462,18 +462,6 @@ class LMPolicy(nn.Module):
             recompute=recompute,
             counts=self._scored_tokens,
         )
-
-    def held_tokens(self, prompt_mask: torch.Tensor, token_mask: torch.Tensor) -> int:
-        """Padded tokens that :meth:`evaluate`'s passes over these rows take together (its micro-batches within its budget).
-
-        Parameters
-        ----------
-        prompt_mask, token_mask : torch.Tensor
-            ``(B, P)`` and ``(B, T)`` masks of the rows, as for :meth:`evaluate`.
-        """
-        lengths = prompt_mask.sum(-1) + token_mask.sum(-1)
-        groups = micro_batches(lengths, prompt_mask.shape[-1] + token_mask.shape[-1], self.max_tokens_per_micro_batch)
-        return held_tokens(groups, lengths)
 
     @property
     def defers_lora(self) -> bool:
