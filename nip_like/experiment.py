@@ -21,13 +21,11 @@ from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopNow, StopRequested
 from nip_like.logging import MetricLogger
 from nip_like.trainers.base import Trainer
-from nip_like.validation import (  # noqa: F401  (build_protocol, build_scenario, check_requirements, meets, resolve_trainer: re-exported)
+from nip_like.validation import (  # noqa: F401  (build_protocol, build_scenario, meets: re-exported)
     CheckedConfig,
     build_protocol,
     build_scenario,
-    check_requirements,
     meets,
-    resolve_trainer,
     validate,
 )
 

@@ -247,21 +247,6 @@ def _schema_pass(config: DictConfig, checks: _Pass) -> tuple[dict[str, Entry], d
     return entries, {kind: typed[kind] for kind in ("scenario", "protocol") if kind in typed}
 
 
-def resolve_trainer(config: DictConfig) -> Entry:
-    """The trainer ``config`` names (``trainer.trainer_type``: a registered name or a dotted path), looked up once.
-
-    Raises
-    ------
-    ConfigError
-        If the name is not a trainer's, or the class is not a
-        :class:`~nip_like.trainers.base.Trainer` subclass.
-    """
-    entry = TRAINERS.entry(str(config.trainer.trainer_type))
-    if not (isinstance(entry.cls, type) and issubclass(entry.cls, Trainer)):
-        raise ConfigError(f"trainer {config.trainer.trainer_type!r} is not a nip_like Trainer subclass")
-    return entry
-
-
 def note_unchecked_options(name: str, entry: Entry, options: Any) -> None:
     """Log, once per trainer and options, that a trainer without an options schema takes ``trainer.objective`` as it is.
 
@@ -528,14 +513,3 @@ def shared_base_problems(scenario: Scenario) -> list[str]:
         f"scenario.shared_base=true shares nothing here: {who} the model of the run it comes from (frozen_from), "
         f"{left}; drop scenario.shared_base"
     ]
-
-
-def check_requirements(trainer_class: type[Trainer], scenario: Scenario, config: DictConfig) -> None:
-    """Refuse a scenario without a capability the trainer requires (:func:`requirement_problems`), one line each.
-
-    Raises
-    ------
-    ConfigError
-        Every requirement that the scenario does not meet.
-    """
-    raise_problems(requirement_problems(trainer_class, scenario, config))

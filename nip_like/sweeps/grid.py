@@ -131,7 +131,7 @@ def declared_iterations(config: DictConfig, trainer_class: type) -> int:
     config : DictConfig
         The job's whole config.
     trainer_class : type
-        The trainer class it names (:func:`nip_like.validation.resolve_trainer`).
+        The trainer class it names (``trainer.trainer_type``, looked up in the registry).
     """
     shell = trainer_class.__new__(trainer_class)
     shell.config = config
