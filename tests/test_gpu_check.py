@@ -232,3 +232,33 @@ def test_the_stress_test_options_it_passes_exist(gpu_check, shape, tmp_path):
     assert len(args.seeds) == (3 if shape == "398m" else 1) and args.arms == list(result.ARMS)
     assert size == (result.SIZES["gpu"] if shape == "398m" else result.replace(result.SIZES["cpu"], iterations=1))
     assert gpu_check.parse_args(["--stress-test"]).stress_test and not gpu_check.parse_args([]).stress_test
+
+
+def test_real_nip_figures_and_row(gpu_check):
+    def run(protocol, seed, accuracy, decided, seconds):
+        return {"protocol": protocol, "seed": seed, "wall_seconds": seconds,
+                "metrics": {"test/accuracy": accuracy, "test/decided": decided}}
+
+    results = {"runs": [run("nip", 0, 0.9, 1.0, 100.0), run("nip", 1, 0.8, 0.95, 120.0), run("solo_verifier", 0, 0.5, 1.0, 60.0),
+                        {"protocol": "solo_verifier", "seed": 1, "error": "out of memory"}],
+               "size": {"seeds": [0, 1], "iterations": 10}}
+    figures = gpu_check.real_nip_figures(results)
+    assert list(figures["protocols"]) == ["nip", "solo_verifier"]
+    assert figures["protocols"]["nip"]["mean_accuracy"] == pytest.approx(0.85)
+    assert figures["protocols"]["solo_verifier"]["seeds"] == [0]  # the failed run is an error, not a seed
+    reason, run_time, notes = gpu_check.real_nip_row(figures)
+    assert reason == ("held-out accuracy, mean over seeds: nip 0.850 (seeds 0.900 0.800; decided 1.00 0.95), "
+                      "solo_verifier 0.500 (seeds 0.500; decided 1.00)")
+    assert run_time == "a run: nip 110 s, solo_verifier 60 s"
+    assert notes == ["seeds 0 1", "size iterations 10", "solo_verifier seed 1: out of memory"]
+    assert gpu_check.real_nip_row(gpu_check.real_nip_figures({}))[0] == "no finished runs in results.json"
+
+
+@pytest.mark.parametrize("shape", ["small", "398m"])
+def test_the_real_nip_options_it_passes_exist(gpu_check, shape, tmp_path):
+    with script_module("real_nip_vs_solo") as script:
+        args, size = script.parse_args(["--model", str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "out"),
+                                        *gpu_check.REAL_NIP_ARGS[shape]])
+    assert len(size.seeds) == (3 if shape == "398m" else 1) and size.device == "cpu"
+    assert size.iterations == (script.SIZES["gpu"].iterations if shape == "398m" else 1)
+    assert gpu_check.parse_args(["--real-nip"]).real_nip and not gpu_check.parse_args([]).real_nip
