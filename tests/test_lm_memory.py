@@ -198,7 +198,7 @@ def _peak_bytes_while(action) -> int:
 @pytest.mark.slow
 def test_a_memory_limit_shrinks_the_automatic_budget_and_the_run_stays_under_it(chat_model, tmp_path):
     from nip_like.experiment import build_trainer
-    from nip_like.lm.memory import automatic_budget, trainable_bytes
+    from nip_like.lm.memory import automatic_budget, memory_tokens, trainable_bytes
     from tests.test_lm_chat import chat_config
 
     folder = chat_model("qwen2")
@@ -215,6 +215,9 @@ def test_a_memory_limit_shrinks_the_automatic_budget_and_the_run_stays_under_it(
     assert budget < free.memory_metrics["lm/memory/prover/budget_tokens"]
     assert budget == automatic_budget(per_token, limit - held, reserved) > 0
     assert limited.policy.policy("prover").max_tokens_per_micro_batch == budget
+    # What the graph may hold across micro-batches: the same memory, not capped at one pass's size.
+    assert limited.policy.policy("prover").max_tokens_held == memory_tokens(per_token, limit - held, reserved) >= budget
+    assert free.policy.policy("prover").max_tokens_held >= free.policy.policy("prover").max_tokens_per_micro_batch
     peak = _peak_bytes_while(limited.train)
     assert peak <= limit - held, (peak, limit - held)
     # Room for less than one row of activations: refused when the budget is set, in one line naming what to change.

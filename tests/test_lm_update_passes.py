@@ -81,12 +81,43 @@ def test_over_the_budget_across_agents_each_micro_batch_is_recomputed_with_the_s
     agents, rollout = _rollout(tmp_path)
     whole, expected = _saved_bytes_and_gradients(agents, rollout)
     # Each agent's rows fit in one pass of this budget, both agents' together do not: the graph must not hold both.
-    rows = int(rollout.get(("agents", "active")).any(-1).sum())
-    width = rollout.get(("agents", "prompt_ids")).shape[-1] + rollout.get(("agents", "action")).shape[-1]
     for name in agents.policy.agent_names:
-        agents.policy.policy(name).max_tokens_per_micro_batch = rows * width
+        agents.policy.policy(name).max_tokens_per_micro_batch = max(_pass_tokens(rollout))
     bounded, found = _saved_bytes_and_gradients(agents, rollout)
     assert bounded < whole / 4, (bounded, whole)
     assert found.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(found[name], expected[name], rtol=1e-4, atol=1e-6)
+
+
+def _pass_tokens(rollout) -> list[int]:
+    """Each agent's pass (a shared value body: every row): rows x (prompt columns with a real token + message width)."""
+    mask = rollout.get(("agents", "prompt_mask"))
+    message = rollout.get(("agents", "action")).shape[-1]
+    return [mask.shape[0] * (int(mask[:, index].any(0).sum()) + message) for index in range(mask.shape[1])]
+
+
+def _pad_prompts_left(rollout, columns: int):
+    """The same rollout with ``columns`` more padding columns on the left of every prompt (the chat view's wide layout)."""
+    padded = rollout.clone()
+    ids, mask = rollout.get(("agents", "prompt_ids")), rollout.get(("agents", "prompt_mask"))
+    padded.set(("agents", "prompt_ids"), torch.cat([ids.new_zeros((*ids.shape[:-1], columns)), ids], -1))
+    padded.set(("agents", "prompt_mask"), torch.cat([mask.new_zeros((*mask.shape[:-1], columns)), mask], -1))
+    return padded
+
+
+def test_the_recompute_decision_counts_the_columns_a_pass_takes_not_the_padded_width(tmp_path):
+    agents, rollout = _rollout(tmp_path)
+    whole, expected = _saved_bytes_and_gradients(agents, rollout)
+    wide = _pad_prompts_left(rollout, 200)  # 8 x 2 rows x 200 more columns: far over the held limit if counted
+    needed = sum(_pass_tokens(rollout))
+    for name in agents.policy.agent_names:
+        agents.policy.policy(name).max_tokens_held = needed
+    held, found = _saved_bytes_and_gradients(agents, wide)
+    assert held == whole  # the same pass: nothing recomputed, nothing more saved
+    for name in expected:
+        torch.testing.assert_close(found[name], expected[name], rtol=1e-4, atol=1e-6)
+    for name in agents.policy.agent_names:  # one token less than both passes take: recomputed
+        agents.policy.policy(name).max_tokens_held = needed - 1
+    bounded, _ = _saved_bytes_and_gradients(agents, wide)
+    assert bounded < whole / 4, (bounded, whole)

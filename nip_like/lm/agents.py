@@ -35,6 +35,7 @@ from nip_like import keys
 from nip_like.agents import AgentModules, PerAgent
 from nip_like.lm.checkpoints import save_agent
 from nip_like.lm.lora import adapters_disabled, has_lora
+from nip_like.lm.micro_batches import largest_across_ranks
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.models import sharing_copy
 from nip_like.objectives.scoring import ActionScores
@@ -49,6 +50,19 @@ GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE)
 def _flat(tensor: torch.Tensor, batch_dims: int) -> torch.Tensor:
     """Merge the first ``batch_dims`` dimensions of ``tensor`` into one."""
     return tensor.reshape(-1, *tensor.shape[batch_dims:])
+
+
+def _pass_tokens(prompt_mask: torch.Tensor, message_tokens: int) -> int:
+    """Tokens of one scoring pass over these rows: rows x (prompt columns not padding in every row + ``message_tokens``).
+
+    The pass drops the prompt columns that are padding in every row
+    (:func:`~nip_like.lm.padding.trim_padding_columns`), so this is what it
+    holds, not the prompts' padded width.
+    """
+    rows = prompt_mask.shape[0]
+    if rows == 0:
+        return 0
+    return rows * (int(prompt_mask.any(0).sum()) + message_tokens)
 
 
 class LMActor(TensorDictModuleBase):
@@ -295,10 +309,15 @@ class LMActor(TensorDictModuleBase):
         log-probabilities and entropies are 0 and its token mask False, so
         they count in no loss.
 
-        When the scoring passes of all agents together hold more padded tokens
-        than an agent's ``max_tokens_per_micro_batch``, that agent's
-        micro-batches are recomputed in the backward pass, so the update's
-        graph holds one micro-batch's activations at a time, across agents too.
+        When the scoring passes of all agents together hold more tokens (rows
+        times the prompt columns that are not padding in every row, plus the
+        message's width) than an agent's ``max_tokens_held`` (set from the
+        memory free with the automatic budget; else its
+        ``max_tokens_per_micro_batch``), that agent's micro-batches are
+        recomputed in the backward pass, so the update's graph holds one
+        micro-batch's activations at a time, across agents too. Counting the
+        columns a pass really takes, not the prompts' padded width, keeps a
+        minibatch that fits from being computed twice.
         """
         active = tensordict.get(keys.ACTIVE_KEY)
         batch_shape, dims = active.shape[:-1], active.ndim - 1
@@ -312,12 +331,15 @@ class LMActor(TensorDictModuleBase):
             token_mask = token_mask & scored_agents.view(1, -1, 1)
         acting = token_mask.any(-1)  # (rows, agents)
         in_pass = [self._rows_in_pass(index, acting[:, index], with_value) for index in range(agents)]
-        padded = sum(int(where.sum()) * (prompt_ids.shape[-1] + length) for where in in_pass)
+        held = sum(_pass_tokens(prompt_mask[where, index], length) for index, where in enumerate(in_pass))
+        if any(self.policy(name).lockstep for name in self.agent_names):
+            # FSDP2: a recomputed pass gathers the weights again, so every rank must decide alike (the largest count).
+            held = largest_across_ranks(held, token_mask.device)
         per_agent_log_probs, per_agent_entropy, per_agent_value = [], [], []
         for index, name in enumerate(self.agent_names):
             policy = self.policy(name)
-            budget = policy.max_tokens_per_micro_batch
-            recompute = budget is not None and padded > budget
+            limit = policy.max_tokens_held if policy.max_tokens_held is not None else policy.max_tokens_per_micro_batch
+            recompute = limit is not None and held > limit
             where = in_pass[index]
             log_probs = tokens.new_zeros((rows, length), dtype=torch.float32)
             entropy = tokens.new_zeros((rows, length), dtype=torch.float32)

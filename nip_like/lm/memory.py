@@ -427,8 +427,14 @@ def trainable_bytes(policy) -> int:
     return sum(local_bytes(p) // p.element_size() for p in policy.parameters() if p.requires_grad) * 3 * 4
 
 
-def automatic_budget(per_token: float, free: int, reserved: int) -> int:
-    """The token budget of one micro-batch: :data:`BUDGET_SHARE` of what ``free`` leaves after ``reserved``, at most :data:`MAX_BUDGET` (0: nothing left)."""
+def memory_tokens(per_token: float, free: int, reserved: int) -> Optional[int]:
+    """Tokens of activations that :data:`BUDGET_SHARE` of what ``free`` leaves after ``reserved`` holds (0: nothing left; None: no limit, a policy that keeps nothing)."""
     if per_token <= 0:
-        return MAX_BUDGET
-    return min(MAX_BUDGET, int(max(free - reserved, 0) * BUDGET_SHARE / per_token))
+        return None
+    return int(max(free - reserved, 0) * BUDGET_SHARE / per_token)
+
+
+def automatic_budget(per_token: float, free: int, reserved: int) -> int:
+    """The token budget of one micro-batch: :func:`memory_tokens`, at most :data:`MAX_BUDGET` (0: nothing left)."""
+    held = memory_tokens(per_token, free, reserved)
+    return MAX_BUDGET if held is None else min(MAX_BUDGET, held)

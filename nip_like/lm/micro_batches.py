@@ -69,11 +69,16 @@ def micro_batches(lengths: torch.Tensor, width: int, budget: Optional[int]) -> l
     return groups
 
 
-def lockstep_stand_ins(passes: int, device: torch.device) -> int:
-    """Stand-in passes this rank adds so that every rank takes as many scoring passes as the rank with most (one ``all_reduce``)."""
-    most = torch.tensor([passes], device=device)
+def largest_across_ranks(count: int, device: torch.device) -> int:
+    """The largest ``count`` of all ranks (one ``all_reduce``), so that ranks in lockstep decide alike."""
+    most = torch.tensor([count], device=device)
     torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-    return int(most) - passes
+    return int(most)
+
+
+def lockstep_stand_ins(passes: int, device: torch.device) -> int:
+    """Stand-in passes this rank adds so that every rank takes as many scoring passes as the rank with most."""
+    return largest_across_ranks(passes, device) - passes
 
 
 def micro_batch_pass(score_rows: ScoreRows, inputs: tuple[torch.Tensor, ...], options: tuple, recompute: bool) -> dict[str, torch.Tensor]:

@@ -183,6 +183,10 @@ class LMPolicy(nn.Module):
         if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
             raise ConfigError(f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}")
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        #: Tokens of activations that an update's graph may hold at once before its micro-batches are recomputed in
+        #: the backward pass (:meth:`~nip_like.lm.agents.LMActor.score_actions`); None: the micro-batch budget. The
+        #: trainer sets it from the memory free when it sets the automatic budget (not capped as that budget is).
+        self.max_tokens_held: Optional[int] = None
         if score_chunk_tokens is not None and score_chunk_tokens < 0:
             raise ConfigError(f"score_chunk_tokens must be at least 0 (0: all logits at once; null: automatic), got {score_chunk_tokens}")
         self.score_chunk_tokens = score_chunk_tokens

@@ -103,11 +103,13 @@ class RlBuildSteps(TensorDictTrainer):
         ``run.memory_limit_gib``; on the CPU, shared by the ranks of the
         machine), less every agent's gradients and optimiser state (this
         rank's shards when sharded), sets the budget
-        (:func:`~nip_like.lm.memory.automatic_budget`). A number in the config
-        wins. Returns ``lm/memory/<agent>/...`` metrics (logged with the first
+        (:func:`~nip_like.lm.memory.automatic_budget`), and the tokens the
+        update's graph may hold before its micro-batches are recomputed
+        (``max_tokens_held``: the same memory, uncapped). A number in the
+        config wins for both. Returns ``lm/memory/<agent>/...`` metrics (logged with the first
         iteration); nothing for other agents.
         """
-        from nip_like.lm.memory import automatic_budget, available_memory, local_bytes, size, trainable_bytes
+        from nip_like.lm.memory import automatic_budget, available_memory, local_bytes, memory_tokens, size, trainable_bytes
 
         models = self._language_models()
         if not models:
@@ -136,6 +138,8 @@ class RlBuildSteps(TensorDictTrainer):
                     f"{where}.lora.r or the model's size, or set {where}.gradient_checkpointing=true or run.autocast_dtype=bfloat16"
                 )
             policy.max_tokens_per_micro_batch = budget
+            # What the graph may hold across micro-batches: the same memory, without the cap on one pass's size.
+            policy.max_tokens_held = memory_tokens(per_token, available[0], reserved)
             metrics[f"lm/memory/{name}/budget_tokens"] = float(budget)
             metrics[f"lm/memory/{name}/activation_bytes_per_token"] = float(per_token)
         return metrics
