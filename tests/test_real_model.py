@@ -309,8 +309,10 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     from tests.test_signals_in_phases import Signals
 
     signals, inside = Signals(signal.SIGTERM), {"on": False}
-    # The evaluation comes after iteration 1's update: REINFORCE's is the cheapest on this model.
-    overrides = {"evaluation": ["trainer.eval.every=1", "trainer=reinforce"], "update": ["trainer.minibatch_size=4"]}.get(phase, [])
+    # The evaluation comes after iteration 1's update: REINFORCE's is the cheapest on this model, and one step an
+    # environment (2 frames) the cheapest collection that still ends in an update.
+    evaluation = ["trainer.eval.every=1", "trainer=reinforce", "trainer.frames_per_batch=2", "trainer.minibatch_size=2"]
+    overrides = {"evaluation": evaluation, "update": ["trainer.minibatch_size=4"]}.get(phase, [])
     if phase == "update":  # the first minibatch's forward pass; the second minibatch is then not run
         _signal_when(monkeypatch, LossPasses, "forward", signals)
     else:  # a token sampled inside the collection, or inside the evaluation
