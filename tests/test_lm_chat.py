@@ -550,6 +550,10 @@ def test_an_interrupted_lora_run_in_the_chat_view_resumes_to_the_same_final_metr
         "scenario.default_agent.max_new_tokens=8", "scenario.default_agent.lora.r=4", "scenario.num_lists=60",
         "scenario.length=6", "scenario.num_values=12", f"scenario.cache_dir={tmp_path / 'data'}",
         "trainer.eval.metric=eval/accuracy",
+        # Smaller than the smoke preset's batches (16 environments, 64 test and 32 evaluation episodes): the claim is
+        # that the resumed run's metrics equal the reference's, whatever their size.
+        "trainer.num_envs=8", "trainer.frames_per_batch=48", "trainer.minibatch_size=16",
+        "trainer.num_test_episodes=16", "trainer.test_batch_episodes=16", "trainer.eval.num_episodes=16",
     )
     _interrupt_and_resume(tmp_path, monkeypatch, overrides)
 
