@@ -171,7 +171,11 @@ def test_killed_process_resumes_to_the_same_final_metrics(tmp_path, agents):
         "run.progress_bar=false", "run.num_threads=1",
     ]
     if agents == "language_models":
-        args += [*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy"]
+        # Half the smoke preset's batches and a quarter of its test and evaluation episodes: the claim is that the
+        # resumed run's metrics equal the reference's, whatever their size.
+        args += [*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", "trainer.num_envs=8", "trainer.frames_per_batch=48",
+                 "trainer.minibatch_size=16", "trainer.num_test_episodes=16", "trainer.test_batch_episodes=16",
+                 "trainer.eval.num_episodes=16"]
     # Only the killed run needs a process of its own (SIGKILL): the reference runs in this process, from the
     # config that the command composes, and the resume through nip_like.resume's entry function. Each saves an
     # interpreter start-up (about 5 s of imports); run.num_threads=1 gives all three the same arithmetic.
