@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,61 +68,117 @@ def _replaying(monkeypatch, record_dir: Path) -> None:
     monkeypatch.setattr(TensorDictRlTrainer, "fill_buffer", replay)
 
 
-def _two_ranks_against_one(
-    tmp_path, monkeypatch, overrides: tuple[str, ...], settings: tuple[str, ...] = (), one: tuple[str, ...] | None = None
-) -> subprocess.CompletedProcess:
-    """``settings``: run settings of the torchrun run only (``run.fsdp=true``); ``one``: the one-process run's overrides, if others.
+def _probe_run(folder: Path, overrides: tuple[str, ...], settings: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """A 3-iteration torchrun run of ``overrides`` and ``settings`` under the probe, in ``folder``.
 
-    Returns the torchrun run's completed process.
+    Its data cache goes to ``folder/data``, rank 0's records to ``folder/record``
+    and the run to ``folder/two``.
     """
-    args = cli_args(tmp_path, *overrides, *settings, "trainer.num_iterations=3")
-    distributed = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'two'}"], script=[str(PROBE), str(tmp_path / "record"), "--"]))
-    assert distributed.returncode == 0, distributed.stderr[-3000:]
+    args = cli_args(folder, *overrides, *settings, "trainer.num_iterations=3")
+    return run(torchrun([*args, f"hydra.run.dir={folder / 'two'}"], script=[str(PROBE), str(folder / "record"), "--"]))
+
+
+#: Torchrun runs that two tests share (made once per session by ``shared_probe_run``): name -> (the overrides, given
+#: the run's folder, and the run settings). Each is a test's two-rank run against one process and another test's
+#: uninterrupted reference for a killed and resumed run of the same config.
+SHARED_RUNS = {
+    "graph": (lambda folder: GRAPH_AGENTS, ()),
+    "lora-fsdp": (lambda folder: (*lm_overrides(folder), "trainer.eval.metric=eval/accuracy", "scenario.default_agent.lora.r=4",
+                                  "trainer.optimizer.grad_accumulation_steps=2"), ("run.fsdp=true",)),
+}
+
+
+@pytest.fixture(scope="session")
+def shared_probe_run(tmp_path_factory, worker_id):
+    """A function of a name of :data:`SHARED_RUNS`: that finished run's folder (see :func:`_probe_run`), its overrides
+    and torchrun's standard output, made once for the whole session, pytest-xdist workers included."""
+    root = tmp_path_factory.getbasetemp()
+    root = root if worker_id == "master" else root.parent  # the folder every worker's base folder is in
+
+    def made(name: str) -> tuple[Path, tuple[str, ...], str]:
+        overrides_of, settings = SHARED_RUNS[name]
+        folder = root / f"distributed_{name}"
+        with (root / f"distributed_{name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not (folder / "stdout.txt").is_file():  # written last: the run finished
+                    shutil.rmtree(folder, ignore_errors=True)
+                    folder.mkdir(parents=True)
+                    result = _probe_run(folder, overrides_of(folder), settings)
+                    assert result.returncode == 0, result.stderr[-3000:]
+                    (folder / "stdout.txt").write_text(result.stdout)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return folder, overrides_of(folder), (folder / "stdout.txt").read_text()
+
+    return made
+
+
+def _two_ranks_against_one(
+    tmp_path, monkeypatch, overrides: tuple[str, ...], settings: tuple[str, ...] = (), one: tuple[str, ...] | None = None,
+    shared: tuple[Path, str] | None = None,
+) -> str:
+    """``settings``: run settings of the torchrun run only (``run.fsdp=true``); ``one``: the one-process run's overrides, if others;
+    ``shared``: the folder and standard output of a finished :func:`_probe_run` of ``overrides`` and ``settings``, if any.
+
+    Returns the torchrun run's standard output.
+    """
+    if shared is None:
+        folder = tmp_path
+        distributed = _probe_run(folder, overrides, settings)
+        assert distributed.returncode == 0, distributed.stderr[-3000:]
+        stdout = distributed.stdout
+    else:
+        folder, stdout = shared
 
     # One process, optimising on the same global batches (and the same generator state at each update).
-    _replaying(monkeypatch, tmp_path / "record")
+    _replaying(monkeypatch, folder / "record")
     one = overrides if one is None else one
-    run_experiment(smoke_config(*one, "trainer.num_iterations=3", f"scenario.cache_dir={tmp_path / 'data'}"), tmp_path / "one")
+    run_experiment(smoke_config(*one, "trainer.num_iterations=3", f"scenario.cache_dir={folder / 'data'}"), tmp_path / "one")
 
-    two, one = parameters(tmp_path / "two"), parameters(tmp_path / "one")
+    two, one = parameters(folder / "two"), parameters(tmp_path / "one")
     assert two.keys() == one.keys()
-    initial = None
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6, msg=key)
     # The runs trained: the parameters moved from their initial values.
-    assert any(not torch.equal(one[key], value) for key, value in load_initial(tmp_path, overrides).items() if key in one)
+    initial = load_initial(tmp_path, overrides, folder / "data")
+    assert any(not torch.equal(one[key], value) for key, value in initial.items() if key in one)
 
     # The model folders beside the checkpoint (LM agents) hold the same weights: a sharded run writes them whole.
-    for folder in sorted((tmp_path / "one" / "checkpoints" / "last").glob("*/*.safetensors")):
-        written = load_file(tmp_path / "two" / folder.relative_to(tmp_path / "one"))
-        for key, value in load_file(folder).items():
-            torch.testing.assert_close(written[key], value, rtol=1e-5, atol=1e-6, msg=f"{folder.name}: {key}")
+    for model in sorted((tmp_path / "one" / "checkpoints" / "last").glob("*/*.safetensors")):
+        written = load_file(folder / "two" / model.relative_to(tmp_path / "one"))
+        for key, value in load_file(model).items():
+            torch.testing.assert_close(written[key], value, rtol=1e-5, atol=1e-6, msg=f"{model.name}: {key}")
 
     # Only rank 0 wrote the folder: one metrics file per metric, one row per step, one summary.
-    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    summary = json.loads((folder / "two" / "summary.json").read_text())
     assert summary["ranks"] == 2 and summary["iterations"] == 3
     assert summary["frames"] == 3 * 96  # the global batch (smoke: 96 frames), half from each rank
-    assert [step for step, _ in read_csv_metric(tmp_path / "two", "train/iteration")] == [1, 2, 3]
-    assert not (tmp_path / "two" / "run.lock").exists()
-    assert "Final test metrics" in distributed.stdout and distributed.stdout.count("Final test metrics") == 1
-    return distributed
+    assert [step for step, _ in read_csv_metric(folder / "two", "train/iteration")] == [1, 2, 3]
+    assert not (folder / "two" / "run.lock").exists()
+    assert "Final test metrics" in stdout and stdout.count("Final test metrics") == 1
+    return stdout
 
 
-def load_initial(tmp_path, overrides) -> dict[str, torch.Tensor]:
-    """The loss module's state of a freshly built trainer of the same config."""
+def load_initial(tmp_path, overrides, cache: Path) -> dict[str, torch.Tensor]:
+    """The loss module's state of a freshly built trainer of the same config (its data cache in ``cache``)."""
     from nip_like.experiment import build_trainer
 
-    config = smoke_config(*overrides, f"scenario.cache_dir={tmp_path / 'data'}")
+    config = smoke_config(*overrides, f"scenario.cache_dir={cache}")
     return build_trainer(config, tmp_path / "initial").loss_module.state_dict()
 
 
 @pytest.mark.slow
-def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch):
+def test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch(tmp_path, monkeypatch, shared_probe_run):
     # grad_accumulation_steps left at its default (null; torchrun's ranks were refused there): each optimiser step
     # takes one whole minibatch per rank, exactly as one process with grad_accumulation_steps=2.
-    distributed = _two_ranks_against_one(tmp_path, monkeypatch, GRAPH_AGENTS, one=GRAPH)
-    assert distributed.stdout.count("trainer.optimizer.grad_accumulation_steps is null: each optimiser step takes 2 "
-                                    "minibatches, one per rank") == 1  # logged once, by rank 0
+    # The torchrun run is also the reference of test_killed_two_rank_run_resumes_to_the_same_final_metrics[graph].
+    folder, overrides, stdout = shared_probe_run("graph")
+    one = (*overrides, "trainer.optimizer.grad_accumulation_steps=2")
+    assert (*GRAPH_AGENTS, "trainer.optimizer.grad_accumulation_steps=2") == GRAPH
+    stdout = _two_ranks_against_one(tmp_path, monkeypatch, overrides, one=one, shared=(folder, stdout))
+    assert stdout.count("trainer.optimizer.grad_accumulation_steps is null: each optimiser step takes 2 "
+                           "minibatches, one per rank") == 1  # logged once, by rank 0
 
 
 @pytest.mark.slow
@@ -144,20 +202,29 @@ def test_two_ranks_train_language_model_agents_like_one_process_on_the_same_glob
     "variant",
     [
         # Micro-batches of at most 64 tokens (two sequences): the ranks score different numbers of them (stand-in passes).
-        ("scenario.default_agent.max_tokens_per_micro_batch=64",),
+        # One epoch, not the smoke preset's two: every minibatch is split in micro-batches and scored with stand-in
+        # passes alike, and with two epochs this variant's updates took 7-12 s per iteration at load (an all-gather
+        # of the sharded weights per micro-batch), against about 1 s for the other variants.
+        ("scenario.default_agent.max_tokens_per_micro_batch=64", "trainer.num_epochs=1"),
         ("trainer=dpo", "trainer.minibatch_size=4"),
         ("scenario.default_agent.lora.r=4",),
     ],
     ids=["ppo-micro-batches", "dpo", "ppo-lora"],
 )
-def test_two_sharded_ranks_train_language_model_agents_like_one_process(tmp_path, monkeypatch, variant):
+def test_two_sharded_ranks_train_language_model_agents_like_one_process(tmp_path, monkeypatch, shared_probe_run, variant):
     # FSDP2 (run.fsdp): each rank holds half of every agent; the result is the replicated one-process run's.
     overrides = (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy", *variant, "trainer.optimizer.grad_accumulation_steps=2")
-    _two_ranks_against_one(tmp_path, monkeypatch, overrides, settings=("run.fsdp=true",))
+    folder, shared = tmp_path, None
+    if variant == ("scenario.default_agent.lora.r=4",):
+        # The same torchrun run is the reference of test_killed_two_rank_run_resumes_to_the_same_final_metrics[lm-fsdp].
+        folder, overrides, stdout = shared_probe_run("lora-fsdp")
+        assert SHARED_RUNS["lora-fsdp"][1] == ("run.fsdp=true",)
+        shared = folder, stdout
+    _two_ranks_against_one(tmp_path, monkeypatch, overrides, settings=("run.fsdp=true",), shared=shared)
     if not any("max_tokens_per_micro_batch" in setting for setting in variant):
         # The automatic token budget holds for sharded agents too: probed before sharding, logged with the first iteration.
         for agent in ("prover", "verifier"):
-            [(step, budget)] = read_csv_metric(tmp_path / "two", f"lm/memory/{agent}/budget_tokens")
+            [(step, budget)] = read_csv_metric(folder / "two", f"lm/memory/{agent}/budget_tokens")
             assert step == 1 and budget >= 1
 
 
@@ -172,6 +239,10 @@ def test_two_ranks_of_agents_on_one_base_train_like_one_process_of_two_copies(tm
         "scenario.num_lists=60", "scenario.length=6", "scenario.num_values=12", "trainer.eval.metric=eval/accuracy",
         f"scenario.default_agent.pretrained_path={folder}", "scenario.default_agent.max_new_tokens=12", "scenario.default_agent.lora.r=4",
         "trainer.optimizer.grad_accumulation_steps=2",
+        # Smaller than the smoke preset where the claim does not look (the weights after each update are compared):
+        # one epoch, not two, and 16 evaluation and test episodes, not 32 and 64. Each iteration took 4-6 s at load,
+        # most of it the update, and the chat models' test and evaluation episodes are generated token by token.
+        "trainer.num_epochs=1", "trainer.eval.num_episodes=16", "trainer.num_test_episodes=16", "trainer.test_batch_episodes=16",
     )
     verifier = f"+scenario.agents.verifier={{pretrained_path: {folder}, max_new_tokens: 12, lora: {{r: 4}}"
     shared, copies = (*agents, verifier + ", share_base_with: prover}"), (*agents, verifier + "}")
@@ -203,7 +274,11 @@ def test_the_ranks_wait_for_a_build_of_rank_zero_longer_than_the_collective_time
     # Rank 0 builds first (a warm start may take hours) while the others wait beyond NIP_LIKE_DISTRIBUTED_TIMEOUT;
     # a build that fails still stops them at once.
     args = cli_args(tmp_path, *GRAPH, "trainer.num_iterations=1", f"hydra.run.dir={tmp_path / 'run'}")
-    environment = {**_environment(), "NIP_LIKE_DISTRIBUTED_TIMEOUT": "10", "NIP_LIKE_PROBE_SLOW_BUILD": "25"}
+    # A collective timeout of 8 s, above the ranks' start-up skew (they join the group within a few seconds of
+    # each other even on a loaded machine), and a build 6 s longer than it: the other rank waits past the timeout.
+    # Both were 10 s and 25 s: the sleep is wall time, 11 s of it cut per test.
+    build_seconds = 14
+    environment = {**_environment(), "NIP_LIKE_DISTRIBUTED_TIMEOUT": "8", "NIP_LIKE_PROBE_SLOW_BUILD": str(build_seconds)}
     if fails:
         environment["NIP_LIKE_PROBE_FAIL_BUILD"] = "1"
     command = torchrun(args, script=[str(PROBE), str(tmp_path / "record"), "--"])
@@ -217,7 +292,7 @@ def test_the_ranks_wait_for_a_build_of_rank_zero_longer_than_the_collective_time
         assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
             "error: probe failure while rank 0 builds"
         ]
-        assert time.time() - started < 25 + 60, "the other rank must stop at once, not wait for a timeout"
+        assert time.time() - started < build_seconds + 60, "the other rank must stop at once, not wait for a timeout"
 
 
 def _iteration_of(path: Path) -> int:
@@ -267,15 +342,18 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("agents", ["graph", "lm-fsdp"])
-def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path, agents):
+def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path, agents, shared_probe_run):
     # lm-fsdp: LoRA language-model agents sharded with FSDP2 (a checkpoint holds whole tensors, each rank its shards).
-    chosen = GRAPH if agents == "graph" else (*lm_overrides(tmp_path), "trainer.eval.metric=eval/accuracy",
-                                               "scenario.default_agent.lora.r=4", "trainer.optimizer.grad_accumulation_steps=2",
-                                               "run.fsdp=true")
-    # 8 iterations (evaluations at 4 and 8), killed once iteration 3 is saved: the resumed run evaluates and tests.
-    args = cli_args(tmp_path, *chosen, "trainer.num_iterations=8", "trainer.eval.every=4", "run.checkpoint_every=1")
-    reference = run(torchrun([*args, f"hydra.run.dir={tmp_path / 'reference'}"]))
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    # The reference, an uninterrupted run of the same config, is the torchrun run of
+    # test_two_ranks_train_graph_agents_like_one_process_on_the_same_global_batch (graph) or of
+    # test_two_sharded_ranks_train_language_model_agents_like_one_process[ppo-lora] (lm-fsdp), made once for both
+    # (the probe only records what the run collects). It was a run of its own, of 8 iterations, killed after 3.
+    # 3 iterations (smoke: a checkpoint after each, an evaluation at 2), killed once iteration 1 is saved: the
+    # resumed run evaluates and tests. An iteration takes over a second, the kill lands within a poll of 0.05 s.
+    name = "graph" if agents == "graph" else "lora-fsdp"
+    folder, chosen, _ = shared_probe_run(name)
+    args = cli_args(folder, *chosen, *SHARED_RUNS[name][1], "trainer.num_iterations=3")
+    reference = folder / "two"
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(
@@ -284,22 +362,22 @@ def test_killed_two_rank_run_resumes_to_the_same_final_metrics(tmp_path, agents)
     )
     checkpoint = killed / "checkpoints" / "last.pt"
     deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None and _iteration_of(checkpoint) < 3:
+    while time.time() < deadline and process.poll() is None and _iteration_of(checkpoint) < 1:
         time.sleep(0.05)
     _kill_tree(process)  # torchrun and both ranks (its workers may be in sessions of their own)
-    assert 0 < _iteration_of(checkpoint) < 8, "the run must be killed part-way"
+    assert 0 < _iteration_of(checkpoint) < 3, "the run must be killed part-way"
     assert not (killed / "summary.json").exists()
 
     resumed = run(torchrun([str(killed), "run.progress_bar=false"], module="nip_like.resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = json.loads((killed / "summary.json").read_text())
-    expected = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    expected = json.loads((reference / "summary.json").read_text())
     assert final["test_metrics"] == expected["test_metrics"]
     assert final["frames"] == expected["frames"] and final["resumed"]
-    for key, value in parameters(tmp_path / "reference").items():
+    for key, value in parameters(reference).items():
         assert torch.equal(parameters(killed)[key], value), key
     for metric in ("loss/policy", "train/reward", "eval/accuracy"):
-        assert read_csv_metric(killed, metric) == read_csv_metric(tmp_path / "reference", metric)
+        assert read_csv_metric(killed, metric) == read_csv_metric(reference, metric)
 
     # A checkpoint of two ranks is refused by one process, in one line.
     alone = run([sys.executable, "-m", "nip_like.resume", str(killed)])
