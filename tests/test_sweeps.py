@@ -16,6 +16,7 @@ from nip_like.sweeps.grid import expand_sweep
 from nip_like.sweeps.progress import PROGRESS_FILE_ENV, progress_from_environment, read_progress
 from nip_like.sweeps.state import INCOMPLETE_DIR, JobState, inspect_job, move_aside
 from tests.conftest import popen_cli, run_cli, smoke_config, stop_at
+from tests.script_modules import script_module
 
 #: A two-objective, two-seed sweep that uses the shared sweep settings and no sizes of its own,
 #: so that preset=smoke on the command line makes every job take a few seconds.
@@ -49,6 +50,24 @@ def run_sweep(args: list[str], config_dir: Path, out: Path, timeout: int = 300):
         module="scripts.run_sweep",
         timeout=timeout,
     )
+
+
+def run_sweep_here(capsys, args: list[str], config_dir: Path, out: Path, sweep: str = "tiny") -> tuple[int, str]:
+    """Run ``scripts/run_sweep.py`` in this process (its jobs are still processes of their own).
+
+    For the tests whose claim is about what the sweep does, not about its
+    command line: the script's interpreter start-up (seconds) is saved. The
+    command line itself is run by ``finished_sweep`` and the interruption test.
+
+    Returns
+    -------
+    tuple[int, str]
+        The exit status ``main`` returns and what it printed to standard output.
+    """
+    with script_module("run_sweep") as script:
+        capsys.readouterr()
+        status = script.main([sweep, "--config-dir", str(config_dir), "--out", str(out), "--no-progress-bar", *args])
+    return status, capsys.readouterr().out
 
 
 # ------------------------------------------------------------ grid and states
@@ -150,12 +169,12 @@ def test_a_job_resumed_by_nip_like_resume_reports_its_progress_too(tmp_path, mon
     assert resume.main([str(tmp_path / "run"), "logger.print_metrics=false"]) == 0
     total = build_trainer(config, tmp_path / "count").get_total_num_iterations()
     assert read_progress(progress) == total  # the iterations done before the stop count too
-@pytest.mark.slow  # a subprocess: seconds of start-up
-def test_dry_run_lists_jobs_and_touches_nothing(config_dir, tmp_path):
+@pytest.mark.slow  # composes each grid point: a second or more
+def test_dry_run_lists_jobs_and_touches_nothing(config_dir, tmp_path, capsys):
     out = tmp_path / "sweep"
-    result = run_sweep(["--dry-run", *QUICK, "trainer=ppo,nope"], config_dir, out)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    status, stdout = run_sweep_here(capsys, ["--dry-run", *QUICK, "trainer=ppo,nope"], config_dir, out)
+    assert status == 0, stdout
+    lines = stdout.splitlines()
     assert lines[0].startswith(f"Sweep tiny in {out}: 4 jobs (2 to run, 2 failing before they start)")
     assert "of 10 iterations left" in lines[0]  # smoke: 3 train + 2 test iterations per job
     assert any(line.startswith("run") and "preset=smoke,seed=1,trainer=ppo" in line for line in lines)
@@ -175,7 +194,7 @@ def finished_sweep(config_dir, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_sweep_runs_every_job_and_the_report_reads_it(finished_sweep, tmp_path):
+def test_sweep_runs_every_job_and_the_report_reads_it(finished_sweep, tmp_path, capsys):
     names = sorted(path.name for path in finished_sweep.iterdir())
     assert names == [f"preset=smoke,seed={seed},trainer={trainer}" for seed in (0, 1) for trainer in ("dpo", "ppo")]
     for name in names:
@@ -183,16 +202,19 @@ def test_sweep_runs_every_job_and_the_report_reads_it(finished_sweep, tmp_path):
         assert summary["iterations"] == 3 and not summary["resumed"]
         assert not (finished_sweep / name / ".sweep_progress").exists()
     out = tmp_path / "report"
-    result = run_cli([str(finished_sweep), "--out", str(out), "--reps", "500"], module="scripts.compare_objectives")
-    assert result.returncode == 0, result.stderr
-    assert "Matched budget: every run collected 288 frames" in result.stdout
-    assert "| dpo | 2 |" in result.stdout and "| ppo | 2 |" in result.stdout
+    # The report script in this process: what is tested is what it reads from the sweep, not its start-up.
+    with script_module("compare_objectives") as report:
+        capsys.readouterr()
+        assert report.main([str(finished_sweep), "--out", str(out), "--reps", "500"]) == 0
+    stdout = capsys.readouterr().out
+    assert "Matched budget: every run collected 288 frames" in stdout
+    assert "| dpo | 2 |" in stdout and "| ppo | 2 |" in stdout
     written = {path.name for path in out.iterdir()}
     assert written >= {"report.md", "summary.csv", "curves_frames.png", "reward_vs_kl.png"}
 
 
 @pytest.mark.slow
-def test_rerun_finishes_only_what_was_missing(finished_sweep, config_dir, tmp_path):
+def test_rerun_finishes_only_what_was_missing(finished_sweep, config_dir, tmp_path, capsys):
     out = tmp_path / "tiny"
     shutil.copytree(finished_sweep, out)
     kept = out / "preset=smoke,seed=0,trainer=ppo"
@@ -205,34 +227,36 @@ def test_rerun_finishes_only_what_was_missing(finished_sweep, config_dir, tmp_pa
     shutil.rmtree(incomplete / "checkpoints")
     shutil.rmtree(missing)
 
-    plan = run_sweep(["--dry-run", *QUICK], config_dir, out)
-    assert "4 jobs (1 to run, 1 to resume, 1 to restart, 1 finished)" in plan.stdout
-    result = run_sweep([*QUICK, "--jobs", "2"], config_dir, out)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 finished, 1 already finished." in result.stdout
+    # The sweep script in this process (its jobs are processes): finished_sweep ran its command line.
+    status, plan = run_sweep_here(capsys, ["--dry-run", *QUICK], config_dir, out)
+    assert status == 0 and "4 jobs (1 to run, 1 to resume, 1 to restart, 1 finished)" in plan
+    status, stdout = run_sweep_here(capsys, [*QUICK, "--jobs", "2"], config_dir, out)
+    assert status == 0, stdout
+    assert "3 finished, 1 already finished." in stdout
     assert (kept / "summary.json").read_bytes() == kept_summary
     assert json.loads((interrupted / "summary.json").read_text())["resumed"] is True
     assert json.loads((incomplete / "summary.json").read_text())["resumed"] is False
     assert (out / INCOMPLETE_DIR / f"{incomplete.name}.1" / "config.yaml").is_file()
     assert json.loads((missing / "summary.json").read_text())["iterations"] == 3
-    again = run_sweep(["--dry-run", *QUICK], config_dir, out)
-    assert "4 jobs (4 finished); 0 of 20 iterations left" in again.stdout
+    status, again = run_sweep_here(capsys, ["--dry-run", *QUICK], config_dir, out)
+    assert status == 0 and "4 jobs (4 finished); 0 of 20 iterations left" in again
 
 
 @pytest.mark.slow
-def test_a_failing_job_is_reported_and_the_others_finish(config_dir, tmp_path):
+def test_a_failing_job_is_reported_and_the_others_finish(config_dir, tmp_path, capsys):
     out = tmp_path / "sweep"
     grid = ["trainer=ppo", "seed=0", "trainer.minibatch_size=32,5000"]
-    result = run_sweep([*QUICK, *grid, "--jobs", "2"], config_dir, out)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 finished, 1 failed." in result.stdout
+    # The sweep script in this process; both jobs are processes of their own, run side by side.
+    status, stdout = run_sweep_here(capsys, [*QUICK, *grid, "--jobs", "2"], config_dir, out)
+    assert status == 1, stdout
+    assert "1 finished, 1 failed." in stdout
     failure = "trainer.minibatch_size=5000,trainer=ppo: error: trainer.minibatch_size (5000) is larger than the batch"
-    assert failure in result.stdout
+    assert failure in stdout
     assert (out / "preset=smoke,seed=0,trainer.minibatch_size=32,trainer=ppo" / "summary.json").is_file()
 
 
 @pytest.mark.slow
-def test_hydra_multirun_runs_jobs_in_parallel_and_reports_a_failing_one(config_dir, tmp_path):
+def test_hydra_multirun_runs_jobs_in_parallel_and_reports_a_failing_one(config_dir, tmp_path, capsys):
     out = tmp_path / "multirun"
     args = ["--config-dir", str(config_dir), "+sweep=tiny", *QUICK, f"hydra.sweep.dir={out}"]
     args += ["hydra.sweeper.params.trainer=ppo", "hydra.sweeper.params.seed=0", "trainer.minibatch_size=32,5000"]
@@ -252,20 +276,19 @@ def test_hydra_multirun_runs_jobs_in_parallel_and_reports_a_failing_one(config_d
     assert json.loads((good / "summary.json").read_text())["resumed"] is True
     assert f"Restarting (no checkpoint yet; what it held moved to {out / INCOMPLETE_DIR / bad.name}.1)" in again.stdout
     # The batch script finds the same folders: it would skip the finished job and restart the failed one.
-    plan = run_cli(
-        ["tiny", "--config-dir", str(config_dir), "--out", str(out), "--dry-run", *QUICK, "trainer=ppo", "seed=0"]
-        + ["trainer.minibatch_size=32,5000"],
-        module="scripts.run_sweep",
+    status, plan = run_sweep_here(
+        capsys, ["--dry-run", *QUICK, "trainer=ppo", "seed=0", "trainer.minibatch_size=32,5000"], config_dir, out
     )
-    assert "2 jobs (1 to restart, 1 finished)" in plan.stdout, plan.stdout + plan.stderr
+    assert status == 0 and "2 jobs (1 to restart, 1 finished)" in plan, plan
 
 
 @pytest.mark.slow
-def test_interrupting_a_sweep_and_running_it_again(config_dir, tmp_path):
+def test_interrupting_a_sweep_and_running_it_again(config_dir, tmp_path, capsys):
     out = tmp_path / "sweep"
-    args = ["tiny", "--config-dir", str(config_dir), "--out", str(out), "--no-progress-bar", *QUICK]
-    # Enough iterations (a few seconds) that the first job is caught mid-run, once it has a checkpoint.
-    args += ["trainer=ppo", "seed=0,1", "trainer.num_iterations=40", "--jobs", "1"]
+    # Enough iterations (a few seconds) that the first job is caught mid-run, once it has a checkpoint; the
+    # second job, not started at the interrupt, needs no more than the smoke preset's 3 to show it runs later.
+    grid = [*QUICK, "trainer=ppo", "seed=0", "trainer.num_iterations=40,3", "--jobs", "1"]
+    args = ["tiny", "--config-dir", str(config_dir), "--out", str(out), "--no-progress-bar", *grid]
     first = out / "preset=smoke,seed=0,trainer.num_iterations=40,trainer=ppo"
     process = popen_cli(args, module="scripts.run_sweep")
     deadline = time.time() + 120
@@ -277,7 +300,8 @@ def test_interrupting_a_sweep_and_running_it_again(config_dir, tmp_path):
     assert "Interrupted" in stdout and "1 stopped, 1 not started." in stdout
     assert not (first / "summary.json").exists()
 
-    result = run_cli(args, module="scripts.run_sweep")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 jobs (1 to run, 1 to resume)" in result.stdout
+    # Run again (the script in this process; its jobs are processes): the same folders, finished.
+    status, stdout = run_sweep_here(capsys, grid, config_dir, out)
+    assert status == 0, stdout
+    assert "2 jobs (1 to run, 1 to resume)" in stdout
     assert json.loads((first / "summary.json").read_text())["resumed"] is True

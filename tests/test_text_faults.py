@@ -22,24 +22,34 @@ from pathlib import Path
 import pytest
 
 import nip_like.checkpoint as checkpoint_module
+from nip_like import resume
 from nip_like.checkpoint import load_checked
 from nip_like.cli import compose_config, report_errors
 from nip_like.errors import FineTuneError
 from nip_like.experiment import run_experiment
 from nip_like.trainers.text import PureTextRlTrainer
-from tests.conftest import popen_cli, run_cli
+from tests.conftest import popen_cli
 from tests.fake_servers import fake_server
 from tests.test_text_jobs import attempts
 from tests.test_text_server_errors import TEXT_RUN
-from tests.test_text_trainer import KEEP_ALL, TINY, config
+from tests.test_text_trainer import KEEP_ALL, NO_WARM_START, TINY, config, reference_run
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict[str, float]:
-    """The final metrics of the tiny text run (both agents local models, a job per group each iteration)."""
-    return run_experiment(config(KEEP_ALL), tmp_path_factory.mktemp("reference") / "run")
+    """The final metrics of the tiny text run (both agents local models, a job per group each iteration).
+
+    The same run as tests/test_text_trainer.py's reference: made once per session.
+    """
+    return reference_run(tmp_path_factory, "keep_all", KEEP_ALL)[1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_cold(tmp_path_factory) -> dict[str, float]:
+    """As :func:`uninterrupted`, without the warm start: for the faults of iteration 0's stages."""
+    return reference_run(tmp_path_factory, "keep_all_cold", KEEP_ALL, NO_WARM_START)[1]
 
 
 def state_of(run_dir: Path) -> tuple[int, str]:
@@ -105,9 +115,10 @@ def test_a_server_that_dies_mid_sampling_stops_the_run_in_one_line_and_the_resum
 
 
 # ------------------------------------------------------------------ the main process killed while jobs run
-def test_the_main_process_killed_while_its_jobs_run_resumes_to_the_same_metrics(tmp_path, uninterrupted):
+def test_the_main_process_killed_while_its_jobs_run_resumes_to_the_same_metrics(tmp_path, capsys, uninterrupted_cold):
     run_dir = tmp_path / "run"
-    process = popen_cli([*TINY, KEEP_ALL, f"hydra.run.dir={run_dir}"])
+    # Without the warm start, the first jobs the run waits for are iteration 0's (two fine-tune processes fewer).
+    process = popen_cli([*TINY, KEEP_ALL, NO_WARM_START, f"hydra.run.dir={run_dir}"])
     try:
         # Killed once the first iteration's jobs are submitted and the run waits for them.
         deadline = time.monotonic() + 240
@@ -121,10 +132,12 @@ def test_the_main_process_killed_while_its_jobs_run_resumes_to_the_same_metrics(
         process.kill()
         process.communicate()
     assert state_of(run_dir) == (0, "await_fine_tune_jobs")
-    result = run_cli([str(run_dir)], module="nip_like.resume")
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    assert json.loads((run_dir / "summary.json").read_text())["test_metrics"] == uninterrupted
+    # python -m nip_like.resume's entry point, in this process: what is killed is the first process, and the jobs
+    # it left running are processes of their own either way.
+    capsys.readouterr()
+    assert resume.main([str(run_dir)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert json.loads((run_dir / "summary.json").read_text())["test_metrics"] == uninterrupted_cold
     # The jobs the killed process left running were adopted, not run again.
     for job in (run_dir / "fine_tune").iterdir():
         assert len(attempts(job)) == 1, job
@@ -160,13 +173,15 @@ def disk_full_at_write(monkeypatch, name: str, count: int) -> None:
     monkeypatch.setattr(checkpoint_module, "open", open_, raising=False)
 
 
-def test_a_disk_that_fills_while_the_checkpoint_is_written_keeps_the_last_one(tmp_path, monkeypatch, capsys, uninterrupted):
+def test_a_disk_that_fills_while_the_checkpoint_is_written_keeps_the_last_one(tmp_path, monkeypatch, capsys, uninterrupted_cold):
     run_dir = tmp_path / "run"
-    # The warm start, sampling, statistics and test are saved; the save after the jobs were submitted fails.
-    disk_full_at_write(monkeypatch, "last.pt", 5)
+    # No warm start (its jobs are not what fails). Sampling, statistics and test are saved; the save after the jobs
+    # were submitted fails.
+    overrides = (KEEP_ALL, NO_WARM_START)
+    disk_full_at_write(monkeypatch, "last.pt", 4)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info, report_errors():
-        run_experiment(config(KEEP_ALL), run_dir)
+        run_experiment(config(*overrides), run_dir)
     assert exit_info.value.code == 2
     checkpoints = run_dir / "checkpoints"
     assert one_error_line(capsys) == (
@@ -175,7 +190,7 @@ def test_a_disk_that_fills_while_the_checkpoint_is_written_keeps_the_last_one(tm
     assert state_of(run_dir) == (0, "create_fine_tune_jobs")  # the last good state, whole
     assert sorted(path.name for path in checkpoints.iterdir()) == ["last.pt", "state.json"]  # no partial file
     monkeypatch.undo()
-    assert run_experiment(config(KEEP_ALL), run_dir, resume=True) == uninterrupted
+    assert run_experiment(config(*overrides), run_dir, resume=True) == uninterrupted_cold
     for job in (run_dir / "fine_tune").iterdir():
         assert len(attempts(job)) == 1, job  # the submitted jobs were adopted
 

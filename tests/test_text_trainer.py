@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,11 +53,59 @@ def config(*overrides: str):
     return compose_config([*TINY, *overrides])
 
 
+#: No warm start: a run whose first fine-tune jobs are iteration 0's. For the tests whose claim is about a later
+#: stage, this saves the two warm-start jobs (a process each, about 10 s of CPU) in the test and in its reference.
+NO_WARM_START = "trainer.warm_start_episodes=0"
+
+
+def reference_run(tmp_path_factory, name: str, *overrides: str) -> tuple[Path, dict]:
+    """A finished run of ``config(*overrides)`` and its final test metrics, made once for the whole test session.
+
+    The uninterrupted runs that the resume, retry and fault tests end against
+    (here and in tests/test_text_faults.py) are made once, under a file lock in
+    the folder that every pytest-xdist worker's base folder is in, and read
+    back by every later caller: each costs four fine-tune processes.
+
+    Parameters
+    ----------
+    tmp_path_factory : pytest.TempPathFactory
+        The session's temporary folders.
+    name : str
+        The reference's folder name (one per config).
+    *overrides : str
+        Overrides of :func:`config`.
+
+    Returns
+    -------
+    tuple[Path, dict]
+        The run folder (read only) and ``summary.json``'s ``test_metrics``, which a
+        run returns as its final metrics (``test_a_run_goes_through_every_stage...``).
+    """
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    folder = root / f"text_reference_{name}"
+    with (root / f"text_reference_{name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (folder / "run" / "summary.json").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                run_experiment(config(*overrides), folder / "run")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder / "run", json.loads((folder / "run" / "summary.json").read_text())["test_metrics"]
+
+
 @pytest.fixture(scope="module")
 def keep_all_run(tmp_path_factory) -> tuple[Path, dict]:
     """A finished run of ``config(KEEP_ALL)`` and its test metrics (read only): the reference of the resume and retry tests."""
-    run_dir = tmp_path_factory.mktemp("keep_all") / "run"
-    return run_dir, run_experiment(config(KEEP_ALL), run_dir)
+    return reference_run(tmp_path_factory, "keep_all", KEEP_ALL)
+
+
+@pytest.fixture(scope="module")
+def keep_all_cold_run(tmp_path_factory) -> tuple[Path, dict]:
+    """As :func:`keep_all_run`, without the warm start (``NO_WARM_START``)."""
+    return reference_run(tmp_path_factory, "keep_all_cold", KEEP_ALL, NO_WARM_START)
 
 
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
@@ -146,7 +197,9 @@ def test_a_run_stopped_after_every_stage_resumes_to_the_same_results(tmp_path, m
 
 
 @pytest.mark.slow
-def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollouts(tmp_path, monkeypatch, keep_all_run):
+def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollouts(tmp_path, monkeypatch, keep_all_cold_run):
+    # Iteration 0's job is the one killed: the warm start's jobs would add nothing but time.
+    overrides = (KEEP_ALL, NO_WARM_START)
     run_dir = tmp_path / "run"
     original = SubmititFineTuneBackend.submit
 
@@ -159,7 +212,7 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
 
     monkeypatch.setattr(SubmititFineTuneBackend, "submit", submit_and_kill)
     with pytest.raises(FineTuneError) as error:
-        run_experiment(config(KEEP_ALL), run_dir)
+        run_experiment(config(*overrides), run_dir)
     message = str(error.value)
     assert "\n" not in message and "ended without a result" in message
     log = Path(message.split("log: ")[1])
@@ -168,8 +221,8 @@ def test_a_failed_job_names_its_log_and_the_stage_is_retried_on_the_same_rollout
     assert state["iteration"] == 0 and state["stage"] == "create_fine_tune_jobs"
     rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text()
     monkeypatch.undo()
-    metrics = run_experiment(config(KEEP_ALL), run_dir, resume=True)
-    assert metrics == keep_all_run[1]
+    metrics = run_experiment(config(*overrides), run_dir, resume=True)
+    assert metrics == keep_all_cold_run[1]
     assert (run_dir / "rollouts" / "iteration_0000.jsonl").read_text() == rollouts
     assert len(attempts(log.parent)) == 2  # the retry ran the job again, with a log of its own
 
@@ -218,7 +271,9 @@ def test_the_documented_example_trainer_runs_from_its_own_file(tmp_path, monkeyp
 @pytest.mark.slow
 def test_malt_runs_on_trees_of_replies(tmp_path):
     run_dir = tmp_path / "run"
-    metrics = run_experiment(config("trainer=malt", "trainer.objective.branching=2", "trainer.episodes=6"), run_dir)
+    # No warm start: what is tested is how MALT samples (its two warm-start jobs would only add time).
+    overrides = ("trainer=malt", "trainer.objective.branching=2", "trainer.episodes=6", NO_WARM_START)
+    metrics = run_experiment(config(*overrides), run_dir)
     assert "test/accuracy" in metrics
     rollouts = (run_dir / "rollouts" / "iteration_0000.jsonl").read_text().splitlines()
     assert len(rollouts) == 1 + 6 * 2**2  # a header, then the 4 leaves of each of the 6 trees
