@@ -27,6 +27,22 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread_per_xdist_worker():
+    """Under pytest-xdist, every test starts on one torch thread (a run whose config sets ``run.num_threads`` still sets it).
+
+    The workers fill the cores already: a run that left torch at its default
+    (a thread per core) put two spinning threads per worker on the cores, and
+    a CLI test's command gets one thread anyway (``OMP_NUM_THREADS`` below).
+    Set before each test, because a run that sets its own count changes it
+    for the rest of the process, so that no test's threads depend on the
+    order the tests ran in.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+    yield
+
+
 def stop_at(monkeypatch, iteration: int, error: type[BaseException]) -> None:
     """Make every RL run raise ``error`` when it starts training iteration ``iteration + 1`` (``iteration`` done).
 
