@@ -91,10 +91,15 @@ def test_over_the_budget_across_agents_each_micro_batch_is_recomputed_with_the_s
 
 
 def _pass_tokens(rollout) -> list[int]:
-    """Each agent's pass (a shared value body: every row): rows x (prompt columns with a real token + message width)."""
+    """Each agent's pass (a shared value body: every row): rows x (prompt columns a pass keeps + message width).
+
+    A pass keeps the columns with a real token in some row, and the last column always (its output predicts the
+    message's first token).
+    """
     mask = rollout.get(("agents", "prompt_mask"))
     message = rollout.get(("agents", "action")).shape[-1]
-    return [mask.shape[0] * (int(mask[:, index].any(0).sum()) + message) for index in range(mask.shape[1])]
+    kept = [int(mask[:, index, :-1].any(0).sum()) + 1 for index in range(mask.shape[1])]
+    return [mask.shape[0] * (columns + message) for columns in kept]
 
 
 def _pad_prompts_left(rollout, columns: int):

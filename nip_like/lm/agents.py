@@ -36,6 +36,7 @@ from nip_like.agents import AgentModules, PerAgent
 from nip_like.lm.checkpoints import save_agent
 from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.micro_batches import largest_across_ranks
+from nip_like.lm.padding import kept_columns
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.models import sharing_copy
 from nip_like.objectives.scoring import ActionScores
@@ -56,13 +57,13 @@ def _pass_tokens(prompt_mask: torch.Tensor, message_tokens: int) -> int:
     """Tokens of one scoring pass over these rows: rows x (prompt columns not padding in every row + ``message_tokens``).
 
     The pass drops the prompt columns that are padding in every row
-    (:func:`~nip_like.lm.padding.trim_padding_columns`), so this is what it
-    holds, not the prompts' padded width.
+    (:func:`~nip_like.lm.padding.kept_columns`), so this is what it holds,
+    not the prompts' padded width.
     """
     rows = prompt_mask.shape[0]
     if rows == 0:
         return 0
-    return rows * (int(prompt_mask.any(0).sum()) + message_tokens)
+    return rows * (int(kept_columns(prompt_mask).sum()) + message_tokens)
 
 
 class LMActor(TensorDictModuleBase):

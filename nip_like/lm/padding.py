@@ -62,6 +62,15 @@ def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     return ids[:, first:], mask[:, first:]
 
 
+def kept_columns(mask: torch.Tensor) -> torch.Tensor:
+    """``(P,)``: the columns of ``(B, P)`` prompts that :func:`trim_padding_columns` keeps (all of them when no row has a real token)."""
+    keep = mask.any(0)
+    if not bool(keep.any()):
+        return torch.ones_like(keep)
+    keep[-1] = True
+    return keep
+
+
 def trim_padding_columns(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop every column of ``(B, P)`` prompts that is padding in every row, but the last column.
 
@@ -74,10 +83,7 @@ def trim_padding_columns(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.T
     column stays even where it is padding everywhere: its output predicts the
     message's first token.
     """
-    keep = mask.any(0)
-    if not bool(keep.any()):
-        return ids, mask
-    keep[-1] = True
+    keep = kept_columns(mask)
     if bool(keep.all()):
         return ids, mask
     return ids[:, keep], mask[:, keep]
