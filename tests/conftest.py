@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -41,6 +44,30 @@ def _one_torch_thread_per_xdist_worker():
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
     yield
+
+
+def built_once(tmp_path_factory, name: str, finished: str, build: Callable[[Path], None]) -> Path:
+    """The folder ``name``, built by ``build(folder)`` once for the whole session, pytest-xdist workers included.
+
+    The folder lies in the base temporary folder every worker's own is in;
+    a file lock beside it lets one worker build while the others wait, then
+    read what it built. ``finished`` (a path in the folder) is written last
+    by ``build``: while it is missing, what is there is a build that did not
+    end, removed and made again.
+    """
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    folder = root / name
+    with (root / f"{name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (folder / finished).is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                build(folder)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder
 
 
 def stop_at(monkeypatch, iteration: int, error: type[BaseException]) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +20,7 @@ from nip_like.errors import CheckpointError, ConfigError
 from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.trainers.rl import TensorDictRlTrainer
-from tests.conftest import REPO_ROOT, run_cli, smoke_config
+from tests.conftest import REPO_ROOT, built_once, run_cli, smoke_config
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 from tests.test_checkpoint import lm_overrides
 
@@ -89,26 +87,19 @@ SHARED_RUNS = {
 
 
 @pytest.fixture(scope="session")
-def shared_probe_run(tmp_path_factory, worker_id):
+def shared_probe_run(tmp_path_factory):
     """A function of a name of :data:`SHARED_RUNS`: that finished run's folder (see :func:`_probe_run`), its overrides
     and torchrun's standard output, made once for the whole session, pytest-xdist workers included."""
-    root = tmp_path_factory.getbasetemp()
-    root = root if worker_id == "master" else root.parent  # the folder every worker's base folder is in
 
     def made(name: str) -> tuple[Path, tuple[str, ...], str]:
         overrides_of, settings = SHARED_RUNS[name]
-        folder = root / f"distributed_{name}"
-        with (root / f"distributed_{name}.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if not (folder / "stdout.txt").is_file():  # written last: the run finished
-                    shutil.rmtree(folder, ignore_errors=True)
-                    folder.mkdir(parents=True)
-                    result = _probe_run(folder, overrides_of(folder), settings)
-                    assert result.returncode == 0, result.stderr[-3000:]
-                    (folder / "stdout.txt").write_text(result.stdout)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+
+        def build(folder: Path) -> None:
+            result = _probe_run(folder, overrides_of(folder), settings)
+            assert result.returncode == 0, result.stderr[-3000:]
+            (folder / "stdout.txt").write_text(result.stdout)  # written last: the run finished
+
+        folder = built_once(tmp_path_factory, f"distributed_{name}", "stdout.txt", build)
         return folder, overrides_of(folder), (folder / "stdout.txt").read_text()
 
     return made

@@ -9,10 +9,8 @@ first one on a machine also assembles and converts the model (minutes, once).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -24,7 +22,7 @@ from nip_like.evaluate import main as evaluate_main
 from nip_like.experiment import run_experiment
 from nip_like.export import main as export_main
 from nip_like.logging import read_csv_metric
-from tests.conftest import make_config, popen_cli, run_cli
+from tests.conftest import built_once, make_config, popen_cli, run_cli
 from tests.real_model import TEMPLATE, gemma_folder, gemma_gguf  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
@@ -177,22 +175,14 @@ def test_dpo_trains_an_auditor_against_the_real_model_as_its_own_target(gemma_gg
 
 
 @pytest.fixture(scope="session")
-def finished_run(gemma_gguf, gemma_folder, tmp_path_factory, worker_id) -> Path:
+def finished_run(gemma_gguf, gemma_folder, tmp_path_factory) -> Path:
     """A finished two-iteration PPO run of the real model (agents on one base, an opponent pool of prover snapshots),
     checkpointed after each iteration: made once for the whole session, pytest-xdist workers included."""
-    root = tmp_path_factory.getbasetemp()
-    root = root if worker_id == "master" else root.parent  # the folder every worker's base folder is in
-    folder = root / "real_finished"
-    with (root / "real_finished.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (folder / "run" / "summary.json").is_file():
-                shutil.rmtree(folder, ignore_errors=True)
-                folder.mkdir(parents=True)
-                run_experiment(real_config(gemma_gguf, folder, *FINISHED), folder / "run")
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return folder / "run"
+
+    def build(folder: Path) -> None:
+        run_experiment(real_config(gemma_gguf, folder, *FINISHED), folder / "run")
+
+    return built_once(tmp_path_factory, "real_finished", "run/summary.json", build) / "run"
 
 
 def test_ppo_trains_two_agents_on_one_shared_base(finished_run):

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from nip_like.text.rollouts import play_episodes
 from nip_like.errors import RunInterrupted
 from nip_like.text.jobs import SubmititFineTuneBackend
 from nip_like.trainers.text import STAGES, PureTextRlTrainer
-from tests.conftest import run_cli
+from tests.conftest import built_once, run_cli
 from tests.test_text_jobs import attempts, kill_when_started
 
 TINY = (
@@ -81,19 +78,12 @@ def reference_run(tmp_path_factory, name: str, *overrides: str) -> tuple[Path, d
         The run folder (read only) and ``summary.json``'s ``test_metrics``, which a
         run returns as its final metrics (``test_a_run_goes_through_every_stage...``).
     """
-    root = tmp_path_factory.getbasetemp()
-    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
-    folder = root / f"text_reference_{name}"
-    with (root / f"text_reference_{name}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (folder / "run" / "summary.json").is_file():
-                shutil.rmtree(folder, ignore_errors=True)
-                folder.mkdir(parents=True)
-                run_experiment(config(*overrides), folder / "run")
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return folder / "run", json.loads((folder / "run" / "summary.json").read_text())["test_metrics"]
+
+    def build(folder: Path) -> None:
+        run_experiment(config(*overrides), folder / "run")
+
+    run = built_once(tmp_path_factory, f"text_reference_{name}", "run/summary.json", build) / "run"
+    return run, json.loads((run / "summary.json").read_text())["test_metrics"]
 
 
 @pytest.fixture(scope="module")
