@@ -24,10 +24,17 @@ from nip_like.trainers.rl import TensorDictRlTrainer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+#: Test modules run before the other slow ones: the real model's (its first test converts the GGUF file, minutes
+#: on a machine without the cache, and its tests are the longest), so that they start while the other worker has
+#: work of its own, instead of ending the run on both workers (as they did when they came last).
+FIRST_MODULES = ("test_real_model.py", "test_real_model_memory.py")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Run the slow tests first (the order is otherwise kept): pytest-xdist then ends with short tests on every
-    worker, instead of one worker finishing a long test while the others have nothing left to run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Run the slow tests first, the real model's first of all (the order is otherwise kept): pytest-xdist then ends
+    with short tests on every worker, instead of one worker finishing a long test while the others have nothing left
+    to run."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.path.name not in FIRST_MODULES))
 
 
 @pytest.fixture(autouse=True)

@@ -159,6 +159,20 @@ def test_a_failed_conversion_leaves_no_entry(tmp_path, cache, monkeypatch):
     assert [p.name for p in cache.iterdir() if p.is_dir()] == []
 
 
+def test_the_conversion_parses_a_file_once_over_a_plain_array_and_reads_the_same_fields(tmp_path):
+    file = write_gguf(tmp_path / "m.gguf")
+    original = gguf.GGUFReader
+    plain = original(file)
+    with gguf_sources._one_reader_per_file():
+        first, second = gguf.GGUFReader(file), gguf.GGUFReader(str(file))  # config, then weights: one parse
+        assert first is second and type(first.data) is np.ndarray and type(plain.data) is np.memmap
+        assert list(first.fields) == list(plain.fields)
+        assert first.fields["tokenizer.ggml.tokens"].contents() == plain.fields["tokenizer.ggml.tokens"].contents()
+        for ours, theirs in zip(first.tensors, plain.tensors, strict=True):
+            assert ours.name == theirs.name and np.array_equal(ours.data, theirs.data)
+    assert gguf.GGUFReader is original
+
+
 def test_source_folder_passes_folders_through_and_refuses_hub_names(tmp_path):
     assert source_folder(tmp_path) == tmp_path
     with pytest.raises(ConfigError, match="only local folders are read"):

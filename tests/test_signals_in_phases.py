@@ -28,6 +28,7 @@ from nip_like.errors import RunInterrupted
 from nip_like.experiment import run_experiment
 from nip_like.interrupts import StopNow, handle_interrupts
 from nip_like.lm import LMAgentConfig, build_lm_policy
+from nip_like.lm.decoding import decoder_layers
 from nip_like.lm.static_decoding import Decoder
 from nip_like.run_lock import LOCK_FILE
 from nip_like.scenarios.environment import InteractionEnv
@@ -295,6 +296,31 @@ def test_a_signal_ends_a_long_decoding_before_its_next_token_and_returns_nothing
     assert policy.decoder.last_passes == 0  # no call of the decoder finished
     assert stopped.value.where == "in a language model's decoding"
     assert seconds < PROMPT_STOP_SECONDS, seconds
+
+
+def test_a_signal_cuts_the_prompts_pass_between_two_decoder_layers(tokenizer, monkeypatch):
+    # A pass cannot be cut inside a layer, but it is not waited for to its end either: a 256-row evaluation's pass
+    # over the prompts of a 262,144-token model took 57 s on one CPU thread (tests/test_real_model.py).
+    monkeypatch.setattr(interrupts, "GRACE_SECONDS", 0.0)
+    torch.manual_seed(0)
+    policy = build_lm_policy(LMAgentConfig(max_new_tokens=4, decoding="eager"), tokenizer)
+    layers = decoder_layers(policy.model)
+    assert len(layers) >= 2, layers
+    ran: list[int] = []
+    # The signal comes while the first layer works on the prompts (a forward hook: its output is made).
+    hooks = [
+        layers[0].register_forward_hook(lambda *args: (ran.append(0), os.kill(os.getpid(), signal.SIGTERM))),
+        layers[1].register_forward_hook(lambda *args: ran.append(1)),
+    ]
+    ids, mask = prompts(tokenizer)
+    with handle_interrupts(), pytest.raises(StopNow) as stopped:
+        policy.sample(ids, mask, torch.Generator().manual_seed(0))
+    assert stopped.value.where == "in a language model's decoding"
+    assert ran == [0]  # the second layer never ran: the prompts' pass was cut, not finished
+    assert not any(layer._forward_pre_hooks for layer in layers)  # the stop points went with the decoding
+    for hook in hooks:
+        hook.remove()
+    assert policy.sample(ids, mask, torch.Generator().manual_seed(0))["tokens"].shape[0] == ids.shape[0]  # no request
 
 
 @pytest.mark.slow
