@@ -28,7 +28,7 @@ from nip_like.errors import RunInterrupted
 from nip_like.experiment import run_experiment
 from nip_like.interrupts import StopNow, handle_interrupts
 from nip_like.lm import LMAgentConfig, build_lm_policy
-from nip_like.lm.decoding import decoder_layers
+from nip_like.lm.sharding import decoder_layers
 from nip_like.lm.static_decoding import Decoder
 from nip_like.run_lock import LOCK_FILE
 from nip_like.scenarios.environment import InteractionEnv

@@ -32,6 +32,7 @@ from torch import nn
 from nip_like.interrupts import stop_point
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
+from nip_like.lm.sharding import decoder_layers
 
 
 #: Decoding, as a stop request in the middle of it is reported.
@@ -94,16 +95,24 @@ def rows_ending_with_stop(
     return hit
 
 
-#: Names of the module list that holds a causal LM's decoder layers (Llama, Qwen2, Gemma: ``layers``; GPT-2: ``h``).
-LAYER_LISTS = ("layers", "h", "blocks")
+def message_buffers(batch_size: int, length: int, pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A decoding loop's buffers for ``batch_size`` messages of up to ``length`` tokens, on ``device``.
 
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of ``model`` (under any wrapper: PEFT, a shared base's view): the first module list named as in :data:`LAYER_LISTS`."""
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in LAYER_LISTS:
-            return list(module)
-    return []
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``tokens`` (pad-filled, long), ``token_mask``, ``token_log_probs`` and
+        ``token_entropy`` (zeros), each ``(batch_size, length)``; ``alive``
+        (ones) and ``ended`` (zeros), ``(batch_size,)`` booleans.
+    """
+    return (
+        torch.full((batch_size, length), pad_token_id, dtype=torch.long, device=device),
+        torch.zeros((batch_size, length), dtype=torch.bool, device=device),
+        torch.zeros((batch_size, length), dtype=torch.float32, device=device),
+        torch.zeros((batch_size, length), dtype=torch.float32, device=device),
+        torch.ones(batch_size, dtype=torch.bool, device=device),
+        torch.zeros(batch_size, dtype=torch.bool, device=device),
+    )
 
 
 def _layer_stop_point(module: nn.Module, args: tuple) -> None:
@@ -114,9 +123,11 @@ def _layer_stop_point(module: nn.Module, args: tuple) -> None:
 def stop_points_in_layers(model: nn.Module, stops: bool = True) -> Iterator[None]:
     """While it lasts, each decoder layer of ``model`` looks for a due stop request before it runs (a forward pre-hook).
 
-    One pass of a large batch (the prompts' pass above all) is then cut
-    within a layer's time of the grace's end. Nothing is registered when
-    ``stops`` is false (a sharded model's ranks must take every pass together).
+    The layers are those FSDP2 shards one by one
+    (:func:`~nip_like.lm.sharding.decoder_layers`). One pass of a large batch
+    (the prompts' pass above all) is then cut within a layer's time of the
+    grace's end. Nothing is registered when ``stops`` is false (a sharded
+    model's ranks must take every pass together).
     """
     handles = [layer.register_forward_pre_hook(_layer_stop_point) for layer in decoder_layers(model)] if stops else []
     try:
@@ -189,12 +200,9 @@ def decode(
         prompt_ids, prompt_mask = trim_left_padding(prompt_ids, prompt_mask)
         batch_size, device = prompt_ids.shape[0], prompt_ids.device
         length = max_new_tokens
-        tokens = torch.full((batch_size, length), pad_token_id, dtype=torch.long, device=device)
-        token_mask = torch.zeros((batch_size, length), dtype=torch.bool, device=device)
-        token_log_probs = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
-        token_entropy = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
-        alive = torch.ones(batch_size, dtype=torch.bool, device=device)
-        ended = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        tokens, token_mask, token_log_probs, token_entropy, alive, ended = message_buffers(
+            batch_size, length, pad_token_id, device
+        )
 
         attention_mask = prompt_mask.long()
         next_position = attention_mask.sum(-1, keepdim=True)

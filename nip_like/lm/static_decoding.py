@@ -64,7 +64,7 @@ from torch import nn
 
 from nip_like.interrupts import stop_point
 from nip_like.lm.decoding import (
-    DECODING_PHASE, decode, draw_tokens, forward_parameters, rows_ending_with_stop, sampled_messages,
+    DECODING_PHASE, decode, draw_tokens, forward_parameters, message_buffers, rows_ending_with_stop, sampled_messages,
 )
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
@@ -269,12 +269,7 @@ def static_decode(
     length = max_new_tokens
     if capacity < width + length:
         raise ValueError(f"a cache of {capacity} slots cannot hold {width} prompt and {length} message tokens")
-    tokens = torch.full((batch_size, length), pad_token_id, dtype=torch.long, device=device)
-    token_mask = torch.zeros((batch_size, length), dtype=torch.bool, device=device)
-    token_log_probs = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
-    token_entropy = torch.zeros((batch_size, length), dtype=torch.float32, device=device)
-    alive = torch.ones(batch_size, dtype=torch.bool, device=device)
-    ended = torch.zeros(batch_size, dtype=torch.bool, device=device)
+    tokens, token_mask, token_log_probs, token_entropy, alive, ended = message_buffers(batch_size, length, pad_token_id, device)
 
     # The mask over every slot: the prompt's, then one slot per token as it is fed back; unwritten slots stay 0.
     attention_mask = torch.zeros((batch_size, capacity), dtype=torch.long, device=device)
