@@ -49,7 +49,7 @@ from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.errors import ConfigError
 from nip_like.evaluate import EVALUATIONS_DIR, rebuilt_trainer
 from nip_like.registry import SCENARIOS
-from nip_like.scenarios.base import Messaging
+from nip_like.scenarios.messaging import Messaging
 
 #: The analyses this command runs, by name.
 ANALYSES = ("plot", "message-regression")

@@ -81,7 +81,7 @@ class WriteError(NipLikeError, OSError):
     """A file or folder could not be written (a full disk, a file-size limit, a read-only folder).
 
     Raised by the atomic writers (:mod:`nip_like.checkpoint`,
-    :func:`nip_like.lm.checkpoints.save_agent`), which keep the previous file
+    :func:`nip_like.lm.agent_folders.save_agent`), which keep the previous file
     or folder whole; the message names what was written, the reason and that.
     An :class:`OSError` too, so code that handles failed writes still does.
     """

@@ -122,7 +122,7 @@ def restore_fitted_bases(trainer: Any, folder: Path) -> None:
     Other agents (graph networks, bases loaded or built from config) are left
     as built.
     """
-    from nip_like.lm.checkpoints import load_saved_base
+    from nip_like.lm.agent_folders import load_saved_base
 
     actor = getattr(trainer, "policy", None)
     for agent in getattr(actor, "agent_names", ()) if hasattr(actor, "save_pretrained") else ():

@@ -21,13 +21,7 @@ from nip_like.errors import CheckpointError, ConfigError, RunInterrupted
 from nip_like.interrupts import StopNow, StopRequested
 from nip_like.logging import MetricLogger
 from nip_like.trainers.base import Trainer
-from nip_like.validation import (  # noqa: F401  (build_protocol, build_scenario, meets: re-exported)
-    CheckedConfig,
-    build_protocol,
-    build_scenario,
-    meets,
-    validate,
-)
+from nip_like.validation import CheckedConfig, validate
 
 #: Name of the resolved config a run folder keeps (read back by ``nip_like.resume``).
 CONFIG_FILE = "config.yaml"

@@ -39,7 +39,7 @@ from pathlib import Path
 from nip_like.checkpoint import check_manifest, load_checked
 from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.errors import CheckpointError, ConfigError
-from nip_like.lm.checkpoints import (
+from nip_like.lm.agent_folders import (
     ADAPTER_CONFIG,
     BASE_FOLDER,
     checked_agent_folder,

@@ -45,7 +45,7 @@ The run id and the run folder's ``config.yaml`` stay those of the config as
 given: a test run of a config is that config's, and resuming it shrinks the
 same way again. Generated data a test run reads (fewer lists, pairs or
 problems) are cached under their own keys; a test run's warm start is never
-cached (:mod:`nip_like.pretrain`).
+cached (:mod:`nip_like.warm_start`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The one supervised epoch of every supervised fit (warm starts, the solo-agent trainer), and its warm-up.
 
 A fit differs only in its step loss (:data:`StepLoss`): the decision
-cross-entropy of :func:`nip_like.pretrain.decision_loss`, the next-token
-cross-entropy of :func:`nip_like.lm.pretrain.demonstration_loss`;
-:func:`nip_like.pretrain.fit_loss` picks one by the data.
+cross-entropy of :func:`nip_like.warm_start.decision_loss`, the next-token
+cross-entropy of :func:`nip_like.lm.demonstration_fit.demonstration_loss`;
+:func:`nip_like.warm_start.fit_loss` picks one by the data.
 """
 
 from __future__ import annotations

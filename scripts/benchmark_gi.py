@@ -60,7 +60,7 @@ def measure_env(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     import torch
 
     from nip_like.cli import compose_config
-    from nip_like.experiment import build_scenario
+    from nip_like.validation import build_scenario
 
     torch.set_num_threads(args.threads)
     env = build_scenario(compose_config(_common(args))).make_env(num_envs, "train", 0, "cpu")

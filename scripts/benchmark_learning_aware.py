@@ -164,7 +164,7 @@ def _figures(run: dict[str, Any], seed: int) -> dict[str, Any]:
         "collect_seconds": collect,
         "update_seconds": update,
         "eval_seconds": run["wall"] - collect - update,
-        "optimiser_steps": trainer.state.gradient_steps,
+        "optimizer_steps": trainer.state.gradient_steps,
         "frames": trainer.state.frames,
         "frames_laid_out": sum(laid_out) / len(laid_out) if laid_out else 0.0,
         "frames_used": sum(used) / len(used) if used else 0.0,
@@ -234,7 +234,7 @@ def summarise(runs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]
         mine = [run for run in runs if run["trainer"] == name]
         row = {"trainer": name, "runs": len(mine)}
         for key in ("train_seconds", "cpu_seconds", "collect_seconds", "update_seconds", "eval_seconds",
-                    "optimiser_steps", "frames", "frames_laid_out", "frames_used"):
+                    "optimizer_steps", "frames", "frames_laid_out", "frames_used"):
             row[key] = median(run[key] for run in mine)
         paired = [run for run in mine if run["seed"] in reference]
         for key in ("train_seconds", "cpu_seconds"):
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["runs"].append(run)
             print(f"{run['trainer']:<8} {seed:>4} {run['train_seconds']:>8.1f} {run['cpu_seconds']:>8.1f} "
                   f"{run['collect_seconds']:>8.1f} {run['update_seconds']:>8.1f} {run['eval_seconds']:>7.1f} "
-                  f"{run['optimiser_steps']:>6} {run['frames']:>7} {run['frames_laid_out']:>8.3f} "
+                  f"{run['optimizer_steps']:>6} {run['frames']:>7} {run['frames_laid_out']:>8.3f} "
                   f"{run['frames_used']:>6.3f}", flush=True)
     results["summary"] = summarise(results["runs"], args.trainers[0])
     print(f"\nmedians over seeds; ratios to {args.trainers[0]} of the same seed (median)")
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for row in results["summary"]:
         ratio = lambda value: f"{value:.2f}" if value is not None else "-"  # noqa: E731
         print(f"{row['trainer']:<8} {row['train_seconds']:>8.1f} {ratio(row['train_seconds_ratio']):>8} "
-              f"{row['cpu_seconds']:>8.1f} {ratio(row['cpu_seconds_ratio']):>7} {row['optimiser_steps']:>6.0f} "
+              f"{row['cpu_seconds']:>8.1f} {ratio(row['cpu_seconds_ratio']):>7} {row['optimizer_steps']:>6.0f} "
               f"{row['frames_laid_out']:>8.3f} {row['frames_used']:>6.3f}")
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")

@@ -109,8 +109,10 @@ from nip_like.lm.lora import LoraOptions  # noqa: E402
 from nip_like.lm.models import LMAgentConfig, build_lm_policy  # noqa: E402
 from nip_like.lm.padding import position_ids  # noqa: E402
 from nip_like.lm.policy import LMPolicy  # noqa: E402
-from nip_like.lm.static_decoding import SAMPLING_DTYPES, Decoder, sampling_model  # noqa: E402
-from nip_like.scenarios.duplicates.chat_text import SYSTEM_PROMPTS, ChatSpeaker, list_line  # noqa: E402
+from nip_like.lm.sampling_copy import SAMPLING_DTYPES, sampling_model  # noqa: E402
+from nip_like.lm.static_decoding import Decoder  # noqa: E402
+from nip_like.scenarios.duplicates.chat_text import SYSTEM_PROMPTS, list_line
+from nip_like.scenarios.chat_prompts import ChatSpeaker
 
 #: Model shapes ``--build`` writes (Qwen2 architecture, tied embeddings): the benchmark's and a tiny one for tests.
 SHAPES: dict[str, dict[str, int]] = {
@@ -200,7 +202,7 @@ def chat_prompts(tokenizer, args: argparse.Namespace, device: torch.device) -> b
     """``B`` prover prompts of the chat view in groups of ``G`` equal ones, left-padded.
 
     Each group's prompt is what the chat view shows the prover at its first
-    turn (:class:`~nip_like.scenarios.duplicates.chat_text.ChatSpeaker`): the
+    turn (:class:`~nip_like.scenarios.chat_prompts.ChatSpeaker`): the
     tokenizer's chat template over the prover's system prompt and the
     ``list:`` line of a random list of ``--list-length`` cells in
     ``0 .. --num-values - 1``, written with their indices.

@@ -3,7 +3,7 @@
 ``scripts/benchmark_lm.py`` times :meth:`LMPolicy.sample` against ``generate``
 on one batch of prompts. This script times what a trainer really does to
 collect: the TorchRL ``Collector`` of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`
-stepping the duplicates environment with :class:`~nip_like.lm.agents.LMActor`
+stepping the duplicates environment with :class:`~nip_like.lm.actor_critic.LMActor`
 (building each turn's prompts, revealing the cells a message names, sampling
 each acting agent's message batched over the environments, writing the
 action, its mask and log-probabilities, resets). The baseline is the least a
@@ -68,7 +68,7 @@ from nip_like import keys  # noqa: E402
 from nip_like.checkpoint import write_text_atomic  # noqa: E402
 from nip_like.cli import compose_config  # noqa: E402
 from nip_like.experiment import build_trainer  # noqa: E402
-from nip_like.lm.agents import LMActor  # noqa: E402
+from nip_like.lm.actor_critic import LMActor  # noqa: E402
 from nip_like.lm.policy import LMPolicy  # noqa: E402
 
 #: Largest acceptable ratio of time per token, framework rollout over the plain generate loop.

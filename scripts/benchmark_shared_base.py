@@ -34,7 +34,7 @@ Three measurements, each the shared run against the copies run:
    once instead of twice; adapters, value heads and optimiser state are the
    same on both sides).
 2. **Peak memory of the update.** One more iteration of each run, with
-   ``TensorDictRlTrainer._optimise`` (the epochs x minibatches of PPO steps)
+   ``TensorDictRlTrainer._optimize`` (the epochs x minibatches of PPO steps)
    wrapped in :class:`benchmark_lm.MemoryProbe`: the peak tensor memory
    allocated during the update over what was allocated when it began
    (``torch.cuda.max_memory_allocated`` on CUDA; on the CPU the allocation and
@@ -192,7 +192,7 @@ def held_bytes(trainer: Any) -> dict[str, int]:
     """
     modules = (trainer.loss_module, trainer.policy)
     seen: set[tuple[str, int]] = set()
-    kinds = {"frozen": 0, "trained": 0, "buffers": 0, "gradients": 0, "optimiser": 0}
+    kinds = {"frozen": 0, "trained": 0, "buffers": 0, "gradients": 0, "optimizer": 0}
 
     def add(kind: str, tensor: torch.Tensor) -> None:
         key = storage_key(tensor)
@@ -213,7 +213,7 @@ def held_bytes(trainer: Any) -> dict[str, int]:
     for state in trainer.optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                add("optimiser", value)
+                add("optimizer", value)
     return {**kinds, "total": sum(kinds.values())}
 
 
@@ -300,16 +300,16 @@ class Run:
         """
         trainer = self.trainer
         if probe is not None:
-            optimise = trainer._optimise
+            optimize = trainer._optimize
 
             def probed(trained: tuple[str, ...]) -> dict[str, float]:
                 probe.start()
                 try:
-                    return optimise(trained)
+                    return optimize(trained)
                 finally:
                     self.update_peaks.append(probe.stop())
 
-            trainer._optimise = probed  # the bound method, on this instance only
+            trainer._optimize = probed  # the bound method, on this instance only
         torch.manual_seed(seed)
         try:
             bench.synchronize(self.device)
@@ -319,7 +319,7 @@ class Run:
             seconds = time.perf_counter() - started
         finally:
             if probe is not None:
-                del trainer._optimise
+                del trainer._optimize
         trainer.state.iteration += 1
         self.metrics.append({name: float(metrics[name]) for name in RECORDED_METRICS if name in metrics})
         self.phases.append({phase: float(metrics[name]) for phase, name in PHASES.items() if name in metrics})
@@ -499,7 +499,7 @@ def print_table(results: dict[str, Any]) -> None:
     print(f"{'':<28} {'shared':>12} {'copies':>12} {'ratio':>7}")
     print(f"{'held between iterations MiB':<28} {held['shared']['total'] / MIB:>12.2f} "
           f"{held['copies']['total'] / MIB:>12.2f} {held['ratio']:>7.3f}  {verdict(held['met'], held['target'])}")
-    for kind in ("frozen", "trained", "buffers", "gradients", "optimiser"):
+    for kind in ("frozen", "trained", "buffers", "gradients", "optimizer"):
         print(f"{'  ' + kind:<28} {held['shared'][kind] / MIB:>12.2f} {held['copies'][kind] / MIB:>12.2f}")
     if results["cuda_memory_allocated"]:
         cuda = results["cuda_memory_allocated"]

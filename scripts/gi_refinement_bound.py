@@ -78,7 +78,7 @@ def undetected(adj_a: np.ndarray, adj_b: np.ndarray, rounds: int, exchanges: int
 def load_split(overrides: list[str], split: str):
     """The scenario's ``split`` pairs for a composed experiment config."""
     from nip_like.cli import compose_config
-    from nip_like.experiment import build_scenario
+    from nip_like.validation import build_scenario
 
     return build_scenario(compose_config(overrides)).splits()[split]
 

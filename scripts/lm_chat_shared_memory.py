@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shared_over_copies": results["shared"]["total"] / results["copies"]["total"],
     }
     print(f"{'held bytes':<14}" + "".join(f"{name:>12}" for name in GAMES))
-    for kind in ("frozen", "trained", "buffers", "optimiser", "total"):
+    for kind in ("frozen", "trained", "buffers", "optimizer", "total"):
         print(f"{kind:<14}" + "".join(f"{results[name][kind]:>12,}" for name in GAMES))
     print(f"shared / preset {results['ratios']['shared_over_preset']:.3f}, shared / copies {results['ratios']['shared_over_copies']:.3f}")
     if args.output is not None:

@@ -22,7 +22,7 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from nip_like.lm.pretrain import demonstration_loss, held_out_scores
+from nip_like.lm.demonstration_fit import demonstration_loss, held_out_scores
 from nip_like.registry import PROTOCOLS
 from nip_like.scenarios.duplicates.scenario import DuplicatesConfig, DuplicatesScenario
 from nip_like.supervised import supervised_epoch, warmup_schedule

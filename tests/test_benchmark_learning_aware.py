@@ -33,7 +33,7 @@ def test_the_benchmark_reports_times_steps_frames_and_ratios(benchmark, tmp_path
     assert set(runs) == {"ppo", "pola"}
     for run in runs.values():
         assert run["iterations"] == 1 and run["frames"] == 96  # the smoke preset's batch
-        assert run["train_seconds"] > 0 and run["cpu_seconds"] > 0 and run["optimiser_steps"] > 0
+        assert run["train_seconds"] > 0 and run["cpu_seconds"] > 0 and run["optimizer_steps"] > 0
         assert 0 < run["frames_used"] <= run["frames_laid_out"] <= 1
     assert runs["ppo"]["frames_laid_out"] == runs["ppo"]["frames_used"] == 1.0  # every transition
     assert runs["pola"]["frames_used"] == pytest.approx(runs["pola"]["frames_laid_out"])  # every episode, every epoch

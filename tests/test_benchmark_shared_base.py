@@ -17,7 +17,7 @@ import pytest
 
 from tests.script_modules import script_module
 
-KINDS = ("frozen", "trained", "buffers", "gradients", "optimiser", "total")
+KINDS = ("frozen", "trained", "buffers", "gradients", "optimizer", "total")
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +49,9 @@ def test_smoke_run_reports_every_figure_and_holds_one_base_less(benchmark, tmp_p
     for run in ("shared", "copies"):
         assert set(held[run]) == set(KINDS)
         assert held[run]["total"] == sum(held[run][kind] for kind in KINDS[:-1])
-        assert held[run]["trained"] > 0 and held[run]["optimiser"] > 0
+        assert held[run]["trained"] > 0 and held[run]["optimizer"] > 0
     assert held["shared"]["trained"] == held["copies"]["trained"]
-    assert held["shared"]["optimiser"] == held["copies"]["optimiser"]
+    assert held["shared"]["optimizer"] == held["copies"]["optimizer"]
     assert held["shared"]["total"] < held["copies"]["total"]
     assert held["copies"]["total"] - held["shared"]["total"] == held["difference"] == model["base_bytes"]
     assert held["copies"]["frozen"] == 2 * held["shared"]["frozen"]

@@ -102,7 +102,7 @@ def test_the_learning_aware_solver_runs_in_float32_under_autocast(tmp_path, monk
     assert calls and all(call == (False, torch.float32) for call in calls)
 
 
-def test_the_forward_passes_of_the_train_context_see_each_optimiser_step(tmp_path):
+def test_the_forward_passes_of_the_train_context_see_each_optimizer_step(tmp_path):
     trainer = build_trainer(smoke_config("run.autocast_dtype=bfloat16", "trainer.num_iterations=1"), tmp_path / "run")
     layers = [m for m in trainer.loss_module.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
     torch.manual_seed(0)

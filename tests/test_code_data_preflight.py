@@ -12,7 +12,8 @@ import re
 import pytest
 
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, preflight
+from nip_like.experiment import preflight
+from nip_like.validation import build_scenario
 from tests.conftest import make_config
 
 #: A call-style problem whose first test is sound and whose second expects nothing (``null``).

@@ -23,11 +23,10 @@ from nip_like.scenarios.code_validation.data import (
     label_buggy_apps,
     load_buggy_apps,
     load_or_generate,
-    read_buggy_apps,
     split_by_problem,
     statistics,
-    write_buggy_apps,
 )
+from nip_like.scenarios.code_validation.buggy_apps import read_buggy_apps, write_buggy_apps
 from nip_like.scenarios.code_validation.mutations import (
     MUTATIONS,
     apply_site,

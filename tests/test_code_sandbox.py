@@ -13,13 +13,13 @@ from nip_like.scenarios.code_validation.sandbox import (
     ProgramRun,
     SandboxLimits,
     TestSuite,
-    canonical_value,
     child_environment,
     run_program,
     run_programs,
     text_digest,
     value_digest,
 )
+from nip_like.scenarios.code_validation.harness import canonical_value
 from tests.test_sandbox_isolation import listener
 
 #: Small limits, so that a looping program costs a fraction of a second.

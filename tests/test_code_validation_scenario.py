@@ -13,7 +13,8 @@ import nip_like.experiment as experiment
 from nip_like import keys
 from nip_like.cli import compose_config
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, preflight, run_experiment
+from nip_like.experiment import preflight, run_experiment
+from nip_like.validation import build_scenario
 from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS
 from nip_like.scenarios.code_validation.chat_text import (
     LAST_TURN_NOTICE,
@@ -437,7 +438,7 @@ def reply_text(speaker, tokens: torch.Tensor, mask: torch.Tensor) -> str:
 
 
 def test_the_chat_views_demonstrations_replay_the_scripted_play(cache, text_folder):
-    from nip_like.pretrain import ALL_AGENTS, pretrained_agent_names
+    from nip_like.warm_start import ALL_AGENTS, pretrained_agent_names
 
     scenario = build_scenario(demo_config(cache, text_folder))
     assert pretrained_agent_names(scenario, [ALL_AGENTS]) == ["prover", "verifier"] == scenario.demonstration_agents()

@@ -10,7 +10,7 @@ import pytest
 
 import nip_like.config as config_module
 from nip_like.config import CONFIG_DIR, run_id
-from nip_like.pretrain import pretrain_key
+from nip_like.warm_start import pretrain_key
 from nip_like.registry import REGISTRIES
 from nip_like.trainers import TensorDictRlTrainer
 from nip_like.validation import validate_schemas

@@ -14,7 +14,7 @@ import torch
 
 from nip_like import keys
 from nip_like.experiment import build_trainer
-from nip_like.objectives.scoring import score_actions
+from nip_like.objectives.action_scores import score_actions
 from tests.conftest import smoke_config
 from tests.lm_folders import chat_model  # noqa: F401 - the fixture
 from tests.test_duplicates_scenario import RL_TRAINERS, lm_smoke_config, scenario_for

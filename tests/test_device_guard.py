@@ -82,7 +82,7 @@ def test_the_guard_finds_a_tensor_made_without_a_device():
 @pytest.mark.parametrize("lora", [False, True])
 def test_a_policy_built_around_a_model_on_another_device_keeps_everything_there(chat_model, shared_body, lora):
     """The meta device stands in for a GPU: a policy, value head and reference built around a moved model stay with it."""
-    from nip_like.lm.agents import LMActor
+    from nip_like.lm.actor_critic import LMActor
     from nip_like.lm.lora import LoraOptions, add_lora
     from nip_like.lm.models import LMAgentConfig, build_lm
     from nip_like.lm.policy import LMPolicy

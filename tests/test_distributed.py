@@ -504,7 +504,7 @@ def test_fsdp_in_one_process_is_refused_in_one_line_before_the_run_folder(tmp_pa
 
 
 def test_fsdp_where_it_cannot_apply_is_refused_in_one_line(tmp_path, monkeypatch):
-    from nip_like.experiment import build_scenario
+    from nip_like.validation import build_scenario
     from nip_like.validation import check_fsdp
     from nip_like.registry import TRAINERS
 

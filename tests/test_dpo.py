@@ -10,7 +10,7 @@ from torch import nn
 from torchrl.modules import MaskedCategorical, ProbabilisticActor
 
 from nip_like import keys
-from nip_like.objectives.scoring import ActionScores, score_actions
+from nip_like.objectives.action_scores import ActionScores, score_actions
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
 from nip_like.logging import read_csv_metric

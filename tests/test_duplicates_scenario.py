@@ -13,7 +13,7 @@ from torchrl.envs.utils import ExplorationType, check_env_specs, set_exploration
 from nip_like import keys
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer, run_experiment
-from nip_like.objectives.scoring import score_actions
+from nip_like.objectives.action_scores import score_actions
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import PROTOCOLS, TRAINERS
 from nip_like.trainers.rl import TensorDictRlTrainer
@@ -271,7 +271,7 @@ def test_evaluations_and_the_test_write_readable_transcripts(tmp_path):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS.names(subclass_of=ProofProtocol))
 def test_every_agent_with_demonstrations_is_what_a_star_pretrains(tmp_path, protocol):
-    from nip_like.pretrain import ALL_AGENTS, pretrained_agent_names
+    from nip_like.warm_start import ALL_AGENTS, pretrained_agent_names
 
     scenario = scenario_for(protocol, tmp_path)
     assert pretrained_agent_names(scenario, [ALL_AGENTS]) == sorted(
@@ -280,7 +280,7 @@ def test_every_agent_with_demonstrations_is_what_a_star_pretrains(tmp_path, prot
 
 
 def test_per_agent_pretraining_epochs_are_checked_and_used(tmp_path):
-    from nip_like.pretrain import _epochs
+    from nip_like.warm_start import _epochs
 
     config = lm_smoke_config(tmp_path, "trainer.pretrain.epochs=3", "+trainer.pretrain.agent_epochs={verifier: 1}")
     assert len(_epochs(config, "verifier")) == 1 and len(_epochs(config, "prover")) == 3
@@ -292,7 +292,7 @@ def test_per_agent_pretraining_epochs_are_checked_and_used(tmp_path):
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_per_agent_restarts_fit_that_agent_again_and_leave_the_others_cache_keys(tmp_path):
     from nip_like.checkpoint import load_checked
-    from nip_like.pretrain import pretrain_key
+    from nip_like.warm_start import pretrain_key
 
     warm = tmp_path / "warm"
     common = ("trainer.pretrain.agents=[verifier,prover]", "trainer.pretrain.epochs=1", f"trainer.pretrain.cache_dir={warm}")
@@ -331,7 +331,7 @@ def test_decoy_weights_set_the_mix_of_decoy_kinds():
 
 
 def test_keep_best_pretraining_reports_the_held_out_accuracy_of_the_kept_weights(tmp_path):
-    from nip_like.lm.pretrain import held_out_scores
+    from nip_like.lm.demonstration_fit import held_out_scores
 
     config = lm_smoke_config(
         tmp_path, "trainer.pretrain.agents=[verifier]", "trainer.pretrain.epochs=3", "trainer.pretrain.keep_best=true",
@@ -349,7 +349,7 @@ def test_keep_best_pretraining_reports_the_held_out_accuracy_of_the_kept_weights
 
 
 def test_adapters_added_after_the_warm_start_share_it_with_full_fine_tuning(tmp_path):
-    from nip_like.pretrain import pretrain_key
+    from nip_like.warm_start import pretrain_key
 
     full = lm_smoke_config(tmp_path)
     later = lm_smoke_config(tmp_path, "scenario.default_agent.lora.r=8", "scenario.default_agent.lora.warm_start=full")
@@ -359,7 +359,7 @@ def test_adapters_added_after_the_warm_start_share_it_with_full_fine_tuning(tmp_
 
 
 def test_per_agent_pretraining_learning_rates_are_checked_and_keep_other_agents_cached(tmp_path):
-    from nip_like.pretrain import pretrain_key
+    from nip_like.warm_start import pretrain_key
 
     base = lm_smoke_config(tmp_path)
     faster = lm_smoke_config(tmp_path, "+trainer.pretrain.agent_lr={verifier: 0.01}")
@@ -386,7 +386,7 @@ def test_early_stopping_on_the_dev_metric_stops_an_lm_run_and_tests_the_best_age
 
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_the_solo_agent_trainer_fine_tunes_an_lm_agent_on_its_demonstrations(tmp_path):
-    from nip_like.lm.pretrain import held_out_scores
+    from nip_like.lm.demonstration_fit import held_out_scores
 
     config = smoke_config(
         "scenario=duplicates", "protocol=solo_verifier", "trainer=solo_agent", "trainer.num_iterations=2",

@@ -8,7 +8,8 @@ import pytest
 
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.evaluate import default_output, evaluate_run, main
-from nip_like.experiment import SUMMARY_FILE, build_scenario, run_experiment
+from nip_like.experiment import SUMMARY_FILE, run_experiment
+from nip_like.validation import build_scenario
 from nip_like.scenarios.datasets import DatasetFileError
 from tests.conftest import make_config, smoke_config, tiered
 from tests.test_duplicates_scenario import DEV_EVAL, lm_smoke_config

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from nip_like.experiment import build_scenario, build_trainer
+from nip_like.experiment import build_trainer
+from nip_like.validation import build_scenario
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import PROTOCOLS as REGISTERED_PROTOCOLS
 from nip_like.scenarios.graph_isomorphism.demonstrations import FAITHFUL, answer_score, best_answers

@@ -220,7 +220,7 @@ def test_pretraining_fits_once_then_loads_from_the_cache(tmp_path, cache_dir):
 
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_keep_best_pretraining_keeps_the_weights_of_its_reported_validation_accuracy(tmp_path, cache_dir):
-    from nip_like.pretrain import agent_data, held_out_accuracy, split_data
+    from nip_like.warm_start import agent_data, held_out_accuracy, split_data
 
     config = gi_config(
         cache_dir, "protocol=nip", "protocol.max_rounds=4", "trainer.pretrain.agents=[verifier]",
@@ -426,7 +426,7 @@ def test_protocol_results_plots_the_curves_each_protocol_logs(tmp_path):
 def test_gi_presets_build_agents_for_every_protocol(preset, protocol):
     # Built without the data (which the agents do not need): the presets must name
     # only agents every protocol has, and the provers must be the larger agents.
-    from nip_like.experiment import build_scenario
+    from nip_like.validation import build_scenario
     from tests.conftest import make_config
 
     scenario = build_scenario(make_config(f"preset={preset}", f"protocol={protocol}"))

@@ -9,7 +9,8 @@ import torch
 from torchrl.envs.utils import check_env_specs
 
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, build_trainer, run_experiment
+from nip_like.experiment import build_trainer, run_experiment
+from nip_like.validation import build_scenario
 from nip_like.protocols.proof import ProofProtocol
 from nip_like.registry import PROTOCOLS, TRAINERS
 from nip_like.scenarios.datasets import DatasetFileError

@@ -305,7 +305,7 @@ def test_agents_without_second_derivatives_are_refused_in_one_line(tmp_path, mon
 @pytest.mark.slow  # about a second or more: the fast tier keeps tests under ~0.8 s
 def test_protocols_declare_who_leads():
     assert len(LEARNING_AWARE) == 6  # SPG, LOLA, SOS and their PPO-clipped forms
-    from nip_like.experiment import build_protocol
+    from nip_like.validation import build_protocol
 
     assert build_protocol(make_config("protocol=nip")).leader_order == (("verifier",), ("prover",))
     assert build_protocol(make_config("protocol=debate")).leader_order == (("verifier",), ("prover0", "prover1"))
@@ -620,7 +620,7 @@ def test_the_critic_is_fitted_on_the_valid_steps_as_on_the_padded_ones(tmp_path)
 
 
 def test_agents_sharing_parameters_are_refused():
-    from nip_like.agents import PerAgent
+    from nip_like.agent_modules import PerAgent
     from nip_like.objectives.learning_aware import actor_parameters
 
     shared = torch.nn.Linear(2, 2)

@@ -18,9 +18,11 @@ from nip_like.errors import ConfigError
 from nip_like.export import main as export_main
 from nip_like.lm.lora import LoraOptions
 from nip_like.lm.models import LMAgentConfig, build_lm_policy
-from nip_like.lm.policy import micro_batches
+from nip_like.lm.policy import LMPolicy, micro_batches
 from nip_like.registry import TRAINERS
-from nip_like.scenarios.duplicates.chat_view import ChatSpeaker, DuplicatesChatViewEnv, list_line, parse_reply, read_list_line
+from nip_like.validation import build_scenario
+from nip_like.scenarios.duplicates.chat_view import ChatSpeaker, DuplicatesChatViewEnv, list_line, parse_reply
+from nip_like.scenarios.duplicates.chat_text import read_list_line
 from nip_like.trainers.learning_aware import LearningAwareTrainer
 from tests.conftest import make_config
 from tests.lm_folders import FAMILIES, chat_model  # noqa: F401 - the fixture
@@ -181,7 +183,7 @@ def test_scoring_in_chunks_gives_the_one_pass_scores_and_gradient(chat_model, fa
 
 
 def test_automatic_chunks_score_with_gradients_or_large_logits_and_bound_a_chunks_logits(chat_model, monkeypatch):
-    import nip_like.lm.scoring as scoring
+    import nip_like.lm.teacher_forcing as scoring
 
     policy = policy_of(chat_model("qwen2"), max_new_tokens=7)
     prompts, mask = torch.randint(300, 900, (5, 9)), torch.ones(5, 9, dtype=torch.bool)
@@ -261,7 +263,7 @@ def test_micro_batches_group_sorted_rows_within_the_budget():
 # ------------------------------------------------------------------ the chat view
 def test_the_chat_view_renders_prompts_through_each_agents_template(chat_model, tmp_path):
     config = chat_config(chat_model("qwen2"), tmp_path)
-    scenario = experiment.build_scenario(config)
+    scenario = build_scenario(config)
     env = scenario.make_env(4, "train", 0, "cpu")
     assert isinstance(env, DuplicatesChatViewEnv)
     check_env_specs(env)
@@ -299,7 +301,7 @@ def test_prompts_rendered_together_are_the_template_applied_to_each(chat_model):
 def test_a_reply_reaches_a_reader_of_another_vocabulary_as_its_text(chat_model, tmp_path):
     # The prover speaks Qwen2's vocabulary, the verifier reads Llama's: the quote is re-encoded, not spliced.
     config = chat_config(chat_model("qwen2"), tmp_path, f"+scenario.agents.verifier.pretrained_path={chat_model('llama')}")
-    scenario = experiment.build_scenario(config)
+    scenario = build_scenario(config)
     prover, verifier = scenario.chat_speakers
     assert not verifier.reads_as_own(prover) and prover.reads_as_own(prover)
     env = scenario.make_env(2, "train", 0, "cpu")
@@ -335,7 +337,7 @@ def test_replies_are_parsed_by_one_rule():
 
 def test_honest_chat_replies_reveal_the_pair_and_the_verifier_decides_right(chat_model, tmp_path):
     config = chat_config(chat_model("llama"), tmp_path, "scenario.positive_fraction=0.99")
-    scenario = experiment.build_scenario(config)
+    scenario = build_scenario(config)
     demonstrations = scenario.demonstrations("train")
     prover, verifier = demonstrations["prover"], demonstrations["verifier"]
     tokenizer = scenario.chat_speakers[0].tokenizer
@@ -477,19 +479,19 @@ def test_the_chat_view_without_a_model_folder_builds_a_small_one_once(tmp_path):
         "scenario.list_format=indexed",
     )
     config = chat_config(None, tmp_path, *options)
-    scenario = experiment.build_scenario(config)
+    scenario = build_scenario(config)
     folder = Path(scenario.chat_agent_configs["verifier"].pretrained_path)
     assert folder.parent == tmp_path / "cache" / "chat_models" and (folder / "model.safetensors").is_file()
     assert len(scenario.chat_speakers[0].tokenizer) == 600
     built = (folder / "model.safetensors").stat().st_mtime_ns
-    again = experiment.build_scenario(chat_config(None, tmp_path, *options))
+    again = build_scenario(chat_config(None, tmp_path, *options))
     assert Path(again.chat_agent_configs["prover"].pretrained_path) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == built  # built once, then reused
     env = again.make_env(2, "train", 0, "cpu")
     prompt = env.reset()["agents", "prompt_ids"][0, 0]
     assert "list: 0=" in again.chat_speakers[0].tokenizer.decode(prompt)
     with pytest.raises(ConfigError, match="cannot be built for the chat view"):
-        experiment.build_scenario(chat_config(None, tmp_path, "scenario.default_agent.architecture=mistral")).chat_speakers
+        build_scenario(chat_config(None, tmp_path, "scenario.default_agent.architecture=mistral")).chat_speakers
 
 
 def _objective_family_pairs() -> list[tuple[str, str]]:
@@ -563,7 +565,7 @@ def test_lm_chat_demonstrations_teach_the_verifier_to_compare_not_to_count(tmp_p
     # The lm_chat verifier once learnt "two cells were named -> accept", which the demonstrations of the even
     # decoy mix rewarded on 0.83 of lists; in the game the prover always names two cells, so it accepted all.
     config = make_config("preset=lm_chat", f"scenario.cache_dir={tmp_path}", "scenario.num_lists=600", "logger=none")
-    scenario = experiment.build_scenario(config)
+    scenario = build_scenario(config)
     verifier = scenario.demonstrations("train")["verifier"]
     tokenizer = scenario.chat_speakers[scenario.agent_names.index("verifier")].tokenizer
     prompts = tokenizer.batch_decode([ids[mask] for ids, mask in zip(verifier["prompt_ids"], verifier["prompt_mask"])])
@@ -593,3 +595,19 @@ def test_sampling_runs_in_eval_mode_and_gives_every_module_its_mode_back(chat_mo
     assert seen and not any(seen)
     assert int(sample["num_tokens"][0]) >= 1
     assert {name: module.training for name, module in policy.named_modules()} == modes
+
+
+def test_the_collector_is_built_from_the_actors_spec_without_sampling_and_the_spec_is_what_it_writes(chat_model, tmp_path, monkeypatch):
+    # TorchRL's collector sampled a whole batch of messages when it was built, to see the policy's keys (seconds with
+    # a 262,144-token vocabulary); the actor's spec now tells it.
+    calls = []
+    sample = LMPolicy.sample
+    monkeypatch.setattr(LMPolicy, "sample", lambda self, *args, **kwargs: calls.append(1) or sample(self, *args, **kwargs))
+    trainer = experiment.build_trainer(chat_config(chat_model("qwen2"), tmp_path, "scenario.default_agent.lora.r=4"), tmp_path / "run")
+    assert not calls
+    batch = next(trainer._collector_iterator)
+    assert calls
+    spec = trainer.policy.spec
+    for key in trainer.policy.out_keys:
+        written = batch.get(key)
+        assert written.dtype == spec[key].dtype and written.shape[written.ndim - len(spec[key].shape):] == spec[key].shape, key

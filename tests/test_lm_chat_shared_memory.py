@@ -21,7 +21,7 @@ def test_the_shared_base_holds_one_base_and_an_adapter_set_per_agent(tmp_path, m
     preset, copies, shared = results["preset"], results["copies"], results["shared"]
     # Two copies of the prover's shape hold its base twice; the shared game once, with the same adapters and state.
     assert copies["frozen"] == 2 * shared["frozen"]
-    assert copies["trained"] == shared["trained"] and copies["optimiser"] == shared["optimiser"]
+    assert copies["trained"] == shared["trained"] and copies["optimizer"] == shared["optimizer"]
     assert shared["total"] < preset["total"] < copies["total"]
     assert results["ratios"]["shared_over_copies"] == pytest.approx(shared["total"] / copies["total"])
     assert "shared / copies" in capsys.readouterr().out

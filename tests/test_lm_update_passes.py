@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nip_like.objectives.scoring import score_actions
+from nip_like.objectives.action_scores import score_actions
 from tests.test_duplicates_scenario import scenario_for
 
 

@@ -10,7 +10,7 @@ from nip_like import analyse
 from nip_like.analysis.message_regression import RegressionOptions, fit_and_score, pooled_inputs, regress_messages
 from nip_like.errors import ConfigError
 from nip_like.experiment import run_experiment
-from nip_like.scenarios.base import MessageFeatures, one_hot_messages
+from nip_like.scenarios.messaging import MessageFeatures, one_hot_messages
 from tests.conftest import smoke_config
 
 FAST = RegressionOptions(epochs=20, batch_size=128, learning_rate=3e-3, hidden_size=16)

@@ -242,3 +242,19 @@ def test_a_templated_folder_links_the_weights_and_saves_the_tokenizer_with_the_t
     with pytest.raises(ConfigError, match=r"scenario.models.verifier.path: chat template 'gemma' ends turns with '<end_of_turn>', which is not one token"):
         templated_folder(source, "gemma", tmp_path / "other", "scenario.models.verifier.path")
     assert not (tmp_path / "other").exists()
+
+
+def test_agents_on_one_base_get_tokenizers_that_change_on_their_own_over_one_backend(chat_model):  # noqa: F811
+    # A deep copy of a 262,144-token tokenizer took seconds per agent of a shared base; the agents' copies now share
+    # the Rust backend (vocabulary and merges) and copy their own settings.
+    from nip_like.lm.models import clone_tokenizer
+
+    original = load_tokenizer(chat_model("qwen2"))
+    clone = clone_tokenizer(original)
+    assert clone._tokenizer is original._tokenizer
+    apply_chat_template(clone, TEMPLATES["llama3"])
+    clone.padding_side = "right"
+    clone.eos_token = "<|im_start|>"
+    assert original.chat_template != clone.chat_template and original.padding_side == "left"
+    assert original.eos_token == "<|im_end|>" and clone.eos_token == "<|im_start|>"
+    assert clone("a b c").input_ids == original("a b c").input_ids

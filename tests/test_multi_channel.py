@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, build_trainer, run_experiment
+from nip_like.experiment import build_trainer, run_experiment
+from nip_like.validation import build_scenario
 from nip_like.protocols.multi_channel import MultiChannelTestProtocol, message_visibility
 from nip_like.registry import PROTOCOLS
 from nip_like.scenarios.image_classification.environment import ImageClassificationEnv

@@ -6,7 +6,8 @@ from omegaconf import OmegaConf
 
 from nip_like.config import AgentUpdateConfig, OptimizerConfig
 from nip_like.errors import ConfigError
-from nip_like.optim import OPTIMIZERS, AgentUpdateSchedule, LrFactor, build_optimizer
+from nip_like.optimizers import OPTIMIZERS, LrFactor, build_optimizer
+from nip_like.trainers.agent_updates import AgentUpdateSchedule
 
 
 def params():

@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from nip_like.cli import compose_config
-from nip_like.experiment import build_scenario, run_experiment
-from nip_like.pretrain import pretrain_agents, pretrain_key
+from nip_like.experiment import run_experiment
+from nip_like.validation import build_scenario
+from nip_like.warm_start import pretrain_agents, pretrain_key
 from nip_like.registry import SCENARIOS
 from nip_like.scenarios.base import code_key, code_tag
 from nip_like.scenarios.duplicates.scenario import DuplicatesScenario

@@ -175,7 +175,7 @@ def test_no_list_of_component_names_outside_the_registry():
 
 # ------------------------------------------------- what trainers require of scenarios
 def test_every_built_in_trainer_has_a_built_in_scenario_that_meets_its_requirements():
-    from nip_like.experiment import meets
+    from nip_like.validation import meets
     from nip_like.scenarios.chat import ChatGame
     from nip_like.scenarios.duplicates.chat import DuplicatesChatScenario
 

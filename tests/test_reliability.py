@@ -30,7 +30,8 @@ from nip_like.experiment import run_experiment
 from nip_like.logging import read_csv_metric
 from nip_like.run_lock import LOCK_FILE, acquire, lock_holder, release
 from nip_like.scenarios.environment import InteractionEnv
-from nip_like.scenarios.graph_isomorphism.data import CacheRebuildWarning, GraphPairSpec, cache_path, load_or_generate
+from nip_like.scenarios.graph_isomorphism.data import cache_path, GraphPairSpec, load_or_generate
+from nip_like.scenarios.datasets import CacheRebuildWarning
 from nip_like.sweeps.state import JobState, folder_state
 from nip_like.trainers.rl import TensorDictRlTrainer
 from tests.conftest import popen_cli, run_cli, smoke_config, stop_at

@@ -17,6 +17,7 @@ from nip_like.lm.served_config import ServedConfig
 from nip_like.text.served import ServedAgent
 from nip_like.lm.models import load_tokenizer
 from nip_like.scenarios.chat_prompts import ChatSpeaker
+from nip_like.validation import build_scenario
 from tests.fake_servers import fake_server, refusing_url
 from tests.lm_folders import FAMILIES, chat_model  # noqa: F401 - the fixture
 from tests.test_lm_chat import chat_config
@@ -112,7 +113,7 @@ def test_a_served_agent_that_cannot_play_is_refused_before_the_run_in_one_line(c
 @pytest.mark.slow
 def test_a_served_agent_with_lora_is_refused_in_one_line(chat_model, tmp_path):
     folder = chat_model("qwen2")
-    scenario = experiment.build_scenario(chat_config(folder, tmp_path, served_verifier(folder, refusing_url(), "lora: {r: 4}")))
+    scenario = build_scenario(chat_config(folder, tmp_path, served_verifier(folder, refusing_url(), "lora: {r: 4}")))
     with pytest.raises(ConfigError) as error:
         scenario.preflight()
     assert "lora.r=0" in str(error.value) and "\n" not in str(error.value)

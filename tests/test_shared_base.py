@@ -73,6 +73,8 @@ def test_agents_on_one_base_hold_it_once_and_train_like_two_copies(chat_model, t
             assert verifier.base_owner == "prover" and common == frozen_pointers(verifier.model)
             trained = [{p.data_ptr() for p in policy.parameters() if p.requires_grad} for policy in (prover, verifier)]
             assert trained[0] and trained[1] and not trained[0] & trained[1]
+            # Each agent's tokenizer is its own, over the base's one backend (no deep copy of the vocabulary).
+            assert verifier.tokenizer is not prover.tokenizer and verifier.tokenizer._tokenizer is prover.tokenizer._tokenizer
         else:
             assert not common and verifier.base_owner is None
         # The reference is each agent's model with its adapters off: the base, no copy.
@@ -224,7 +226,7 @@ def test_the_memory_preflight_counts_a_shared_base_once(chat_model):
 
 @pytest.mark.slow
 def test_a_warm_start_restart_of_one_agent_leaves_the_base_it_shares_alone(tmp_path, monkeypatch):
-    import nip_like.pretrain as pretrain
+    import nip_like.warm_start as pretrain
     from tests.test_checkpoint import lm_overrides
 
     seen = []  # the prover's frozen base as each of the verifier's fits starts
@@ -257,7 +259,7 @@ def warm_started_on_both_roles(folder: Path, tmp_path: Path, monkeypatch, settin
     Checks that the warm start made one fit, of the prover's model, on both
     roles' demonstrations; returns the trainer.
     """
-    import nip_like.pretrain as pretrain
+    import nip_like.warm_start as pretrain
 
     fitted = []
     fit = pretrain._fit

@@ -21,7 +21,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import nip_like.pretrain as pretrain
+import nip_like.warm_start as pretrain
 import nip_like.scenarios.duplicates.demonstrations as duplicate_demonstrations
 from nip_like import interrupts
 from nip_like.errors import RunInterrupted
@@ -191,7 +191,7 @@ def test_a_signal_in_a_long_update_drops_it_and_the_run_resumes_from_the_last_ch
     # The second iteration's update is long: each minibatch takes a second (six of them).
     when = {"slow": False}
     slowed(monkeypatch, LossPasses, "forward", 1.0, when, signals)
-    on_call(monkeypatch, update, "optimise", lambda: when.update(slow=True), call=2)
+    on_call(monkeypatch, update, "optimize", lambda: when.update(slow=True), call=2)
     run_dir = tmp_path / "run"
     error, seconds = interrupted(smoke_config(*overrides), run_dir, signals)
     assert seconds < PROMPT_STOP_SECONDS, seconds
@@ -212,7 +212,7 @@ def test_a_run_stopped_before_its_first_checkpoint_runs_again_in_its_folder_with
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
     when = {"slow": False}
     slowed(monkeypatch, LossPasses, "forward", 1.0, when, signals)
-    on_call(monkeypatch, update, "optimise", lambda: when.update(slow=True), call=2)
+    on_call(monkeypatch, update, "optimize", lambda: when.update(slow=True), call=2)
     run_dir = tmp_path / "run"
     error, _ = interrupted(smoke_config(*overrides), run_dir, signals)
     assert "during iteration 2, in the update, before the first checkpoint; start it again with" in str(error)

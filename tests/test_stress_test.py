@@ -11,7 +11,8 @@ from torchrl.envs.utils import check_env_specs, step_mdp
 
 import nip_like.experiment as experiment
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, preflight
+from nip_like.experiment import preflight
+from nip_like.validation import build_scenario
 from nip_like.scenarios.stress_test.prompts import default_prompts, load_prompts, split_prompts
 from nip_like.scenarios.stress_test.reward import RewardWeights, turn_reward, utterance_likelihood
 from nip_like.scenarios.stress_test.target import conversation_text, target_chat

@@ -7,7 +7,8 @@ import torch
 
 import nip_like.experiment as experiment
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, preflight
+from nip_like.experiment import preflight
+from nip_like.validation import build_scenario
 from nip_like.scenarios.stress_test.reward import utterance_likelihood
 from nip_like.scenarios.stress_test.target import AuditorBase, target_chat
 from nip_like.text.interface import Sampling

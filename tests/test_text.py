@@ -11,9 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nip_like.cli import compose_config
 from nip_like.errors import ConfigError
-from nip_like.experiment import build_scenario, build_trainer
+from nip_like.experiment import build_trainer
+from nip_like.validation import build_scenario
 from nip_like.scenarios.decisions import decision_metrics
-from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, parse_cells, parse_decision, read_list_line
+from nip_like.scenarios.duplicates.chat import ScriptedDuplicatesModel, read_list_line
+from nip_like.scenarios.duplicates.chat_text import parse_cells, parse_decision
 from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 from nip_like.text.interface import Sampling, TextModelConfig
 from nip_like.text.models import LocalTextModel, create_model_folder

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nip_like.agents import build_actor_critic
+from nip_like.agent_modules import build_actor_critic
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer
-from nip_like.lm.agents import LMActor
+from nip_like.lm.actor_critic import LMActor
 from nip_like.logging import MetricLogger
 from nip_like.trainers import PpoTrainer
 from nip_like.trainers.base import TensorDictTrainer

@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 from nip_like import __main__ as entry
 from nip_like.cli import compose_config, report_errors
 from nip_like.validation import validate
-from nip_like.experiment import build_scenario, run_experiment
+from nip_like.experiment import run_experiment
+from nip_like.validation import build_scenario
 from nip_like.registry import PROTOCOLS, SCENARIOS
 from nip_like.scenarios.hidden_bits.scenario import HiddenBitsConfig, HiddenBitsScenario
 from tests.conftest import make_config, smoke_config

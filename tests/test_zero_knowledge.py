@@ -7,7 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from nip_like.cli import report_errors
-from nip_like.experiment import build_scenario, build_trainer, run_experiment
+from nip_like.experiment import build_trainer, run_experiment
+from nip_like.validation import build_scenario
 from nip_like.logging import read_csv_metric
 from nip_like.protocols.base import zero_knowledge_protocols
 from nip_like.protocols.proof import ProofProtocol

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nip_like.errors import ConfigError
-from nip_like.scenarios.base import MESSAGE_KINDS, MessageFeatures
+from nip_like.scenarios.messaging import MESSAGE_KINDS, MessageFeatures
 
 
 @dataclass(frozen=True)
@@ -162,15 +162,15 @@ def _regressor(kind: str, inputs: torch.Tensor, options: RegressionOptions) -> t
 
 def _fit_probe(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, options: RegressionOptions) -> None:
     """Logistic regression: the cross-entropy plus ``weight_decay / 2 * |W|^2``, minimised over the whole fitting set by L-BFGS."""
-    optimiser = torch.optim.LBFGS(model.parameters(), max_iter=200, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(model.parameters(), max_iter=200, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
-        optimiser.zero_grad()
+        optimizer.zero_grad()
         loss = F.cross_entropy(model(x), labels) + 0.5 * options.weight_decay * model.weight.pow(2).sum()
         loss.backward()
         return loss
 
-    optimiser.step(closure)
+    optimizer.step(closure)
 
 
 def fit_and_score(
@@ -220,12 +220,12 @@ def fit_and_score(
     if name == "linear probe":
         _fit_probe(model, x[fit], labels[fit], options)
     else:
-        optimiser = torch.optim.Adam(model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay)
+        optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay)
         for _ in range(options.epochs):
             for batch in fit[torch.randperm(fit.numel(), generator=generator)].split(options.batch_size):
-                optimiser.zero_grad()
+                optimizer.zero_grad()
                 F.cross_entropy(model(x[batch]), labels[batch]).backward()
-                optimiser.step()
+                optimizer.step()
     model.eval()
     with torch.no_grad():
         predicted = model(x[test]).argmax(-1)

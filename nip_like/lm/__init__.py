@@ -6,10 +6,10 @@
 * :mod:`nip_like.lm.policy`: sampling, teacher-forced scoring and values;
 * :mod:`nip_like.lm.padding`: positions and trimming of padded prompts;
 * :mod:`nip_like.lm.decoding`: the sampling loop with the KV cache;
-* :mod:`nip_like.lm.scoring`: one teacher-forced pass (log-probabilities, entropies, value);
+* :mod:`nip_like.lm.teacher_forcing`: one teacher-forced pass (log-probabilities, entropies, value);
 * :mod:`nip_like.lm.micro_batches`: scoring passes within a token budget;
 * :mod:`nip_like.lm.value`: the value head;
-* :mod:`nip_like.lm.checkpoints`: ``save_pretrained`` folders plus the value head.
+* :mod:`nip_like.lm.agent_folders`: ``save_pretrained`` folders plus the value head.
 """
 
 
@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nip_like.lm.checkpoints import load_agent, save_agent
+    from nip_like.lm.agent_folders import load_agent, save_agent
     from nip_like.lm.models import LMAgentConfig, build_lm, build_lm_policy
     from nip_like.lm.policy import LMPolicy
     from nip_like.lm.sampling import SamplingSettings
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 #: (``nip_like.lm.sharding``, which every RL trainer imports) does not import transformers and peft for
 #: runs without language models.
 _HOMES = {
-    "load_agent": "checkpoints",
-    "save_agent": "checkpoints",
+    "load_agent": "agent_folders",
+    "save_agent": "agent_folders",
     "LMAgentConfig": "models",
     "build_lm": "models",
     "build_lm_policy": "models",

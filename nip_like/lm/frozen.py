@@ -40,7 +40,7 @@ from typing import Any, Mapping
 
 from nip_like import cache_record
 from nip_like.errors import CheckpointError, ConfigError
-from nip_like.lm.checkpoints import ADAPTER_CONFIG, checked_agent_folder
+from nip_like.lm.agent_folders import ADAPTER_CONFIG, checked_agent_folder
 from nip_like.lm.lora import lora_enabled
 
 #: The checkpoints a run folder offers.
@@ -82,7 +82,7 @@ def merged_folder(folder: Path, base: Path, cache_dir: str | Path, checksum: str
 
     The run in progress records the folder (:func:`nip_like.cache_record.record`, kind ``frozen merge``).
     """
-    from nip_like.lm.checkpoints import write_standalone
+    from nip_like.lm.agent_folders import write_standalone
 
     target = Path(cache_dir).expanduser() / "frozen" / checksum[:16]
     built = not (target / "config.json").is_file()

@@ -299,7 +299,7 @@ def _convert(info: GgufInfo, folder: Path) -> None:
     """Dequantize ``info``'s file through transformers and save it, float32, as a plain model folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nip_like.lm.checkpoints import quiet_progress
+    from nip_like.lm.agent_folders import quiet_progress
 
     where, name = str(info.path.parent), info.path.name
     try:

@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import quiet_progress
+from nip_like.lm.agent_folders import quiet_progress
 
 if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
     from transformers import PreTrainedTokenizerFast

@@ -10,7 +10,7 @@ cannot fit: the weights of every agent's model, plus the larger of
   (:func:`activation_estimate`) of one micro-batch of the agent's token
   budget, and the float32 logits of its message positions
   (:func:`logits_estimate`: :data:`LOGIT_COPIES` tensors of their size), or of
-  one chunk of at most :data:`~nip_like.lm.scoring.AUTO_CHUNK_BYTES` when the
+  one chunk of at most :data:`~nip_like.lm.teacher_forcing.AUTO_CHUNK_BYTES` when the
   agent scores in chunks (``score_chunk_tokens``: automatic unless its weights
   are sharded, or a number);
 
@@ -34,7 +34,7 @@ from typing import Mapping, Optional
 import torch
 
 from nip_like.errors import ConfigError
-from nip_like.lm.scoring import AUTO_CHUNK_BYTES
+from nip_like.lm.teacher_forcing import AUTO_CHUNK_BYTES
 from nip_like.lm.shared_models import base_owners, policy_owners
 from nip_like.lm.sharding import is_sharded
 
@@ -177,8 +177,8 @@ LOGIT_COPIES = 5
 def logits_estimate(vocab_size: int, positions: int, chunked: bool) -> int:
     """Bytes of the vocabulary-sized tensors of ``positions`` scored positions (:data:`LOGIT_COPIES` float32 copies).
 
-    Scored in chunks (:func:`~nip_like.lm.scoring.chunked_scores`), one
-    chunk's logits of at most :data:`~nip_like.lm.scoring.AUTO_CHUNK_BYTES`
+    Scored in chunks (:func:`~nip_like.lm.teacher_forcing.chunked_scores`), one
+    chunk's logits of at most :data:`~nip_like.lm.teacher_forcing.AUTO_CHUNK_BYTES`
     are alive at a time, whatever the number of positions.
     """
     logits = 4 * vocab_size * positions

@@ -106,7 +106,7 @@ def scores_by_micro_batch(
     Parameters
     ----------
     score_rows : callable
-        One pass over some rows (:func:`~nip_like.lm.scoring.score_rows` with
+        One pass over some rows (:func:`~nip_like.lm.teacher_forcing.score_rows` with
         the policy's model and distribution): ``score_rows(prompt_ids,
         prompt_mask, tokens, token_mask, *options)``.
     prompt_ids, prompt_mask, tokens, token_mask : torch.Tensor

@@ -22,13 +22,14 @@ from nip_like.checkpoint import check_manifest
 from nip_like.errors import ConfigError
 from nip_like.lm.chat_templates import apply_chat_template, resolve_chat_template
 from nip_like.lm.served_config import ServedConfig
-from nip_like.lm.checkpoints import local_model_folder, load_value_head, quiet_progress
+from nip_like.lm.agent_folders import local_model_folder, load_value_head, quiet_progress
 from nip_like.lm.gguf import converted_folder, is_gguf
 from nip_like.lm.lora import LoraOptions, add_lora, lora_enabled
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.sampling import MIN_TEMPERATURE
 from nip_like.lm.server import SamplerConfig
-from nip_like.lm.static_decoding import DECODING_MODES, SAMPLING_DTYPES
+from nip_like.lm.sampling_copy import SAMPLING_DTYPES
+from nip_like.lm.static_decoding import DECODING_MODES
 from nip_like.lm.value import LMValueHead
 
 if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
@@ -80,7 +81,7 @@ def source_folder(path: str | Path, field_name: str = "pretrained_path") -> Path
 
     A GGUF file is checked and, the first time, dequantized into a cached
     folder (:func:`~nip_like.lm.gguf.converted_folder`); a folder is checked
-    to exist (:func:`~nip_like.lm.checkpoints.local_model_folder`).
+    to exist (:func:`~nip_like.lm.agent_folders.local_model_folder`).
     """
     if is_gguf(path):
         return converted_folder(path, field_name)
@@ -176,18 +177,18 @@ def load_tokenizer(
         if len(_tokenizers) >= 16:
             _tokenizers.clear()
         _tokenizers[key] = loaded
-    tokenizer = _clone(_tokenizers[key])
+    tokenizer = clone_tokenizer(_tokenizers[key])
     tokenizer.padding_side = "left"
     if chat_template:
         apply_chat_template(tokenizer, resolve_chat_template(chat_template, _sibling(field_name, "chat_template")))
     return tokenizer
 
 
-#: Tokenizers loaded in this process, by folder and the sizes and times of its tokenizer files (see :func:`_clone`).
+#: Tokenizers loaded in this process, by folder and the sizes and times of its tokenizer files (see :func:`clone_tokenizer`).
 _tokenizers: dict[tuple, PreTrainedTokenizerBase] = {}
 
 
-def _clone(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+def clone_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """A copy of ``tokenizer`` whose settings (special tokens, template, padding side) change on their own.
 
     Loading a tokenizer of a 262,144-token vocabulary takes seconds, and a
@@ -412,7 +413,7 @@ def build_lm_policy(
         parameter is frozen. With a value head (``value_head``, or its
         default: yes unless frozen), a ``pretrained_path`` folder's
         ``value_head.pt`` (written by
-        :func:`~nip_like.lm.checkpoints.save_agent`) is loaded if there is
+        :func:`~nip_like.lm.agent_folders.save_agent`) is loaded if there is
         one; its ``shared_body`` must match the config's.
     tokenizer : PreTrainedTokenizerBase, optional
         As for :func:`build_lm`.

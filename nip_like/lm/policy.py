@@ -4,7 +4,7 @@
 a message token by token with the KV cache (:meth:`LMPolicy.sample`, the loop
 in :mod:`nip_like.lm.decoding`), and recomputes the same log-probabilities
 with gradients in one teacher-forced pass (:meth:`LMPolicy.log_probs`, the
-pass in :mod:`nip_like.lm.scoring`, in micro-batches within a token budget by
+pass in :mod:`nip_like.lm.teacher_forcing`, in micro-batches within a token budget by
 :mod:`nip_like.lm.micro_batches`), so that the PPO ratio is exactly 1 on the
 first epoch. Everything is dense and padded (:mod:`nip_like.lm.padding`):
 
@@ -32,8 +32,9 @@ from nip_like.lm.decoding import cache_argument, forward_parameters, sampled_mes
 from nip_like.lm.micro_batches import micro_batches, scores_by_micro_batch
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding, trim_padding_columns
 from nip_like.lm.sampling import SamplingSettings
-from nip_like.lm.scoring import check_chunking, score_rows, scores_in_chunks
-from nip_like.lm.static_decoding import DECODING_MODES, SAMPLING_DTYPES, Decoder
+from nip_like.lm.teacher_forcing import check_chunking, score_rows, scores_in_chunks
+from nip_like.lm.sampling_copy import SAMPLING_DTYPES
+from nip_like.lm.static_decoding import DECODING_MODES, Decoder
 from nip_like.lm.value import LMValueHead
 
 if TYPE_CHECKING:  # transformers loads on first use: runs without language models never import it
@@ -120,7 +121,7 @@ class LMPolicy(nn.Module):
         which refuses another model; for the default at the first scoring
         pass with gradients, see :attr:`chunkable`). None (the default): automatic, i.e.
         in passes with gradients, chunks of at most 256 MiB of logits
-        (:func:`~nip_like.lm.scoring.auto_chunk_positions`) for a model that
+        (:func:`~nip_like.lm.teacher_forcing.auto_chunk_positions`) for a model that
         allows it and is not sharded (:attr:`sharded`), all logits at once
         otherwise (logged once); 0: all logits at once.
     deferred_lora : LoraOptions, optional
@@ -184,7 +185,7 @@ class LMPolicy(nn.Module):
             raise ConfigError(f"max_tokens_per_micro_batch must be at least 1, got {max_tokens_per_micro_batch}")
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         #: Tokens of activations that an update's graph may hold at once before its micro-batches are recomputed in
-        #: the backward pass (:meth:`~nip_like.lm.agents.LMActor.score_actions`); None: the micro-batch budget. The
+        #: the backward pass (:meth:`~nip_like.lm.actor_critic.LMActor.score_actions`); None: the micro-batch budget. The
         #: trainer sets it from the memory free when it sets the automatic budget (not capped as that budget is).
         self.max_tokens_held: Optional[int] = None
         if score_chunk_tokens is not None and score_chunk_tokens < 0:
@@ -351,7 +352,7 @@ class LMPolicy(nn.Module):
         return self.evaluate(prompt_ids, prompt_mask, tokens, token_mask, with_log_probs=False, with_value=True)["value"]
 
     def _probe_output(self):
-        """The model's output on two tokens, with its hidden states: what :func:`~nip_like.lm.scoring.check_chunking` compares."""
+        """The model's output on two tokens, with its hidden states: what :func:`~nip_like.lm.teacher_forcing.check_chunking` compares."""
         tokens = torch.zeros((1, 2), dtype=torch.long, device=self.banned.device)
         with torch.no_grad():
             return self.model(input_ids=tokens, use_cache=False, output_hidden_states=True)
@@ -427,7 +428,7 @@ class LMPolicy(nn.Module):
             Recompute each micro-batch's activations in the backward pass
             (see above); None: when there are several micro-batches. The
             actor asks for it whenever the passes of all its agents together
-            exceed the budget (:meth:`~nip_like.lm.agents.LMActor.score_actions`).
+            exceed the budget (:meth:`~nip_like.lm.actor_critic.LMActor.score_actions`).
 
         Returns
         -------

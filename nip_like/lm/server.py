@@ -44,7 +44,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 import torch
@@ -54,7 +54,7 @@ from nip_like.allowed import checked
 from nip_like.checkpoint import derive_seed
 from nip_like.dependency_warnings import dependency_warnings_once
 from nip_like.errors import ConfigError, ModelServerError
-from nip_like.lm.checkpoints import quiet_progress
+from nip_like.lm.agent_folders import quiet_progress
 from nip_like.lm.completions import (
     BAN,
     CompletionPrompt,

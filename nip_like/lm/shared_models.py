@@ -43,11 +43,10 @@ import copy
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from torch import nn
 
 from nip_like.errors import ConfigError
 from nip_like.lm.lora import lora_enabled
-from nip_like.lm.models import agent_option, build_base, build_lm_policy
+from nip_like.lm.models import agent_option, build_base, build_lm_policy, clone_tokenizer
 
 #: The fields that make a from-config base (with the same architecture, the same weights are drawn once).
 SIZE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
@@ -282,19 +281,19 @@ def build_policies(
                 policy = build_policy(config, tokenizers.get(name))
             else:
                 played = policies[owner]
-                policy = build_policy(config, copy.deepcopy(played.tokenizer), model=played.model)
+                policy = build_policy(config, clone_tokenizer(played.tokenizer), model=played.model)
             policy.base_owner = owner
             policies[name] = policy
             continue
         if owner not in bases:
             bases[owner] = build_base(configs[owner], tokenizers.get(owner))
         base, tokenizer = bases[owner]
-        policy = build_policy(config, copy.deepcopy(tokenizer), base)
+        policy = build_policy(config, clone_tokenizer(tokenizer), base)
         policy.base_owner = owner
         policies[name] = policy
     for name, owner in sharers.items():
         played = policies[owner]
-        policy = build_policy(configs[name], copy.deepcopy(played.tokenizer), model=played.model)
+        policy = build_policy(configs[name], clone_tokenizer(played.tokenizer), model=played.model)
         policy.policy_owner = owner
         policy.base_owner = played.base_owner
         policies[name] = policy

@@ -68,7 +68,7 @@ from nip_like.lm.decoding import (
 )
 from nip_like.lm.padding import check_prompts, position_ids, trim_left_padding
 from nip_like.lm.sampling import SamplingSettings, entropy, processed_log_probs
-from nip_like.lm.sampling_copy import SAMPLING_DTYPES, sampling_model  # noqa: F401 - SAMPLING_DTYPES re-exported
+from nip_like.lm.sampling_copy import SAMPLING_DTYPES, sampling_model
 
 log = logging.getLogger(__name__)
 

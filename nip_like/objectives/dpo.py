@@ -25,7 +25,7 @@ from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, lengthened
 from nip_like.objectives.options import check_options
 from nip_like.objectives.reference import ReferencePolicy
-from nip_like.objectives.scoring import ActionScores, score_actions
+from nip_like.objectives.action_scores import ActionScores, score_actions
 
 #: The loss variants :func:`preference_loss` knows.
 LOSS_TYPES = ("sigmoid", "ipo", "hinge")
@@ -111,7 +111,7 @@ def episode_log_probs(
     ----------
     scores : ActionScores
         The policy's scores of the actions on ``steps``, ``(pairs, time,
-        num_agents, T)`` (see :func:`~nip_like.objectives.scoring.score_actions`).
+        num_agents, T)`` (see :func:`~nip_like.objectives.action_scores.score_actions`).
     steps : TensorDictBase
         ``(pairs, time)`` steps with active flags; padding steps are marked
         inactive for every agent.
@@ -223,7 +223,7 @@ class DPOLoss(RolloutLoss):
     Parameters
     ----------
     actor_network : ProbabilisticActor
-        The policy (any actor :func:`~nip_like.objectives.scoring.score_actions` scores).
+        The policy (any actor :func:`~nip_like.objectives.action_scores.score_actions` scores).
     agent_names : tuple of str
         Agents, in the order of the agent dimension.
     reference : ReferencePolicy

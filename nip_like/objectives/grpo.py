@@ -18,7 +18,7 @@ from nip_like.objectives.masking import set_per_agent
 from nip_like.objectives.options import check_options
 from nip_like.objectives.ppo import clipped_surrogate, importance_ratio
 from nip_like.objectives.reference import ReferencePolicy
-from nip_like.objectives.scoring import AGGREGATIONS, aggregate, sampler_weights, token_kl
+from nip_like.objectives.action_scores import AGGREGATIONS, aggregate, sampler_weights, token_kl
 
 #: The reference policy's log-probability of each action token, ``(*batch, agents, T)``.
 REFERENCE_LOG_PROBS_KEY = ("agents", "reference_token_log_probs")
@@ -48,7 +48,7 @@ class GRPOLoss(RolloutLoss):
     update is PPO's clipped surrogate, per agent over its active steps' tokens,
     with an optional penalty ``kl_coeff * KL(pi || pi_ref)`` to a reference
     policy, estimated per token on the sampled tokens
-    (:func:`~nip_like.objectives.scoring.token_kl`, TRL's estimator).
+    (:func:`~nip_like.objectives.action_scores.token_kl`, TRL's estimator).
 
     The keyword options and their defaults are :class:`GRPOConfig`'s; a
     value outside a field's declared range is refused with a
@@ -70,7 +70,7 @@ class GRPOLoss(RolloutLoss):
         Weight of the entropy bonus.
     loss_aggregation : str
         ``"token_mean"`` or ``"sequence_mean"``: how token-level terms are
-        averaged (:func:`~nip_like.objectives.scoring.aggregate`).
+        averaged (:func:`~nip_like.objectives.action_scores.aggregate`).
     """
 
     @dataclass

@@ -20,7 +20,7 @@ from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.options import check_options
 from nip_like.objectives.reference import categorical_kl
-from nip_like.objectives.scoring import (
+from nip_like.objectives.action_scores import (
     AGGREGATIONS,
     ActionScores,
     critic_value,
@@ -98,7 +98,7 @@ class MultiAgentPPOLoss(RolloutLoss):
         For actions that are token sequences: the ratio, surrogate, entropy
         and statistics are per token, averaged ``"token_mean"`` (over all of
         an agent's tokens) or ``"sequence_mean"`` (per message, then over
-        messages); see :func:`~nip_like.objectives.scoring.aggregate`. A
+        messages); see :func:`~nip_like.objectives.action_scores.aggregate`. A
         categorical action is one token, and both give the same loss.
 
     Notes
@@ -253,7 +253,7 @@ class MultiAgentPPOLoss(RolloutLoss):
 
         Exact for categorical actions (the behaviour logits are stored); for
         token sequences the per-token estimate on the sampled tokens
-        (:func:`~nip_like.objectives.scoring.token_kl` with the roles of the
+        (:func:`~nip_like.objectives.action_scores.token_kl` with the roles of the
         two policies as sampled: the tokens come from the behaviour policy).
         """
         old_logits = tensordict.get(self.tensor_keys.logits, None)
@@ -278,7 +278,7 @@ def importance_ratio(
     Parameters
     ----------
     actor
-        The current policy (see :func:`~nip_like.objectives.scoring.score_actions`).
+        The current policy (see :func:`~nip_like.objectives.action_scores.score_actions`).
     tensordict : TensorDictBase
         Steps with the actions and their log-probs at collection
         (``("agents", "token_log_probs")`` for token sequences, else
@@ -288,7 +288,7 @@ def importance_ratio(
     active : torch.Tensor
         ``(*batch, num_agents)``: who acted.
     with_value : bool
-        Ask the actor for the values too (see :func:`~nip_like.objectives.scoring.critic_value`).
+        Ask the actor for the values too (see :func:`~nip_like.objectives.action_scores.critic_value`).
 
     Returns
     -------

@@ -10,7 +10,7 @@ from torch import nn
 
 from nip_like import keys
 from nip_like.distributions import masked_log_softmax
-from nip_like.objectives.scoring import ActionScores, score_actions, token_kl
+from nip_like.objectives.action_scores import ActionScores, score_actions, token_kl
 
 
 class ReferencePolicy(nn.Module):
@@ -20,7 +20,7 @@ class ReferencePolicy(nn.Module):
     ----------
     policy : nn.Module
         The policy to copy: a probabilistic actor, or an actor that scores
-        token sequences (see :func:`~nip_like.objectives.scoring.score_actions`).
+        token sequences (see :func:`~nip_like.objectives.action_scores.score_actions`).
     moving : bool
         Whether the reference will follow the policy (:meth:`refresh`). A
         fixed reference lets a policy that offers ``frozen_reference()`` (LM
@@ -38,7 +38,7 @@ class ReferencePolicy(nn.Module):
     def scores(self, tensordict: TensorDictBase) -> ActionScores:
         """The reference's log-probabilities (and entropies) of the actions stored in ``tensordict``.
 
-        See :func:`~nip_like.objectives.scoring.score_actions`; without gradients.
+        See :func:`~nip_like.objectives.action_scores.score_actions`; without gradients.
         """
         return score_actions(self.policy, tensordict)
 
@@ -74,7 +74,7 @@ def divergence_from_reference(
 
     * Categorical actions (the batch holds ``("agents", "logits")``): both exact.
     * Token sequences: per-token estimates on the sampled tokens, summed over
-      each message: :func:`~nip_like.objectives.scoring.token_kl` between the
+      each message: :func:`~nip_like.objectives.action_scores.token_kl` between the
       stored log-probabilities and the reference's, and the stored entropy of
       each token's distribution. Both sums are unbiased estimates of the
       message distributions' KL and entropy.

@@ -16,7 +16,7 @@ from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import episode_ids
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.options import check_options
-from nip_like.objectives.scoring import critic_value, sampler_weights, score_actions
+from nip_like.objectives.action_scores import critic_value, sampler_weights, score_actions
 
 RETURN_KEY = ("agents", "return")
 

@@ -40,15 +40,9 @@ import torch
 from omegaconf import MISSING, DictConfig
 from tensordict import TensorDictBase
 
-from nip_like.agents import AgentModules
+from nip_like.agent_modules import AgentModules
 from nip_like.errors import ConfigError
 from nip_like.keys import EPISODE_RETURN_KEY
-from nip_like.scenarios.messaging import (  # noqa: F401 - the Messaging capability, re-exported with the others
-    MESSAGE_KINDS,
-    MessageFeatures,
-    Messaging,
-    one_hot_messages,
-)
 from nip_like.protocols.base import Protocol
 from nip_like.scenarios.datasets import load_or_build, stratified_split
 from nip_like.scenarios.environment import InteractionEnv

@@ -28,9 +28,9 @@ import torch
 from tensordict import TensorDictBase
 
 from nip_like import cache_record, keys
-from nip_like.agents import AgentModules
+from nip_like.agent_modules import AgentModules
 from nip_like.errors import ConfigError
-from nip_like.lm.agents import lm_agent_modules
+from nip_like.lm.actor_critic import lm_agent_modules
 from nip_like.lm.frozen import FrozenSource, check_frozen_config, resolve
 from nip_like.text.served import ServedAgent, check_served_agent
 from nip_like.lm.local_models import FAMILIES as CHAT_FAMILIES

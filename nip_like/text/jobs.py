@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from submitit import LocalExecutor, SlurmExecutor
 from submitit.core.core import Job
-from submitit.core.utils import FailedJobError, UncompletedJobError
+from submitit.core.utils import FailedJobError
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmJob
 

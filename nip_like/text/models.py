@@ -22,7 +22,7 @@ import torch
 from nip_like import interrupts
 
 from nip_like.errors import ConfigError
-from nip_like.lm.checkpoints import local_model_folder, quiet_progress
+from nip_like.lm.agent_folders import local_model_folder, quiet_progress
 from nip_like.lm.models import LMAgentConfig, build_lm, disable_dropout
 from nip_like.text.interface import BACKENDS, Chat, Sampling, TextModel, TextModelConfig
 from nip_like.text.remote import OpenAIChatModel

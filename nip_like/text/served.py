@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from nip_like.errors import ConfigError, ModelServerError
 from nip_like.lm.lora import lora_enabled
-from nip_like.lm.served_config import ServedConfig
 
 if TYPE_CHECKING:
     import re
@@ -25,7 +24,7 @@ __all__ = ["ServedAgent", "check_served", "check_served_agent", "served_player"]
 
 
 def served_player(served: Any, where: str):
-    """The chat client of a served co-player (``served``: its :class:`ServedConfig` entry at config path ``where``).
+    """The chat client of a served co-player (``served``: its :class:`~nip_like.lm.served_config.ServedConfig` entry at config path ``where``).
 
     Returns
     -------
@@ -175,7 +174,7 @@ class ServedAgent:
     and cut to ``max_new_tokens``, is the agent's message, which the game
     parses as a local agent's. Its log-probabilities and entropies are 0:
     the agent never trains, and the actor leaves its messages out of every
-    scoring pass and loss (:meth:`~nip_like.lm.agents.LMActor.score_actions`).
+    scoring pass and loss (:meth:`~nip_like.lm.actor_critic.LMActor.score_actions`).
 
     Parameters
     ----------

@@ -28,7 +28,7 @@ from nip_like.objectives.learning_aware.opponent_shaping import (
 )
 from nip_like.objectives.learning_aware.second_order import actor_parameters, twice_differentiable
 from nip_like.objectives.learning_aware.stackelberg import PSPGConfig, SPGConfig, SPGLoss
-from nip_like.objectives.scoring import score_actions
+from nip_like.objectives.action_scores import score_actions
 from nip_like.registry import register_trainer
 from nip_like.trainers import update
 from nip_like.trainers.rl import TensorDictRlTrainer
@@ -126,9 +126,9 @@ class LearningAwareTrainer(TensorDictRlTrainer):
         if self.loss_module.cover_episodes:
             self.buffer = update.covering(self.buffer)
 
-    def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
+    def _optimize(self, trained: tuple[str, ...]) -> dict[str, float]:
         """The standard update, and ``train/frames_used``: the share of the collected frames in an epoch's minibatches."""
-        stats = super()._optimise(trained)
+        stats = super()._optimize(trained)
         frames = stats.get(self.loss_contract.metric_name("frames"))  # valid steps per minibatch, on average
         if frames is not None:
             collected = int(self.trainer_config.frames_per_batch)

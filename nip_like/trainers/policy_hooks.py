@@ -1,7 +1,7 @@
 """What the RL trainer asks of its policy beyond a TorchRL actor: the hooks, declared once.
 
 The RL loop runs any TorchRL actor. Language-model agents
-(:class:`~nip_like.lm.agents.LMActor`) need a word from the loop at a few
+(:class:`~nip_like.lm.actor_critic.LMActor`) need a word from the loop at a few
 named points: after the warm start (LoRA adapters added late), after an
 update (inference servers fetch the new weights), at a checkpoint (Hugging
 Face folders), when the run ends (servers stopped), and they report what the
@@ -25,7 +25,7 @@ __all__ = ["PolicyHooks", "TensorPolicyHooks", "hook_names", "policy_hooks"]
 class PolicyHooks(Protocol):
     """The points at which the RL loop tells its policy what happens, and what it reads from it.
 
-    :class:`~nip_like.lm.agents.LMActor` implements every hook with its own
+    :class:`~nip_like.lm.actor_critic.LMActor` implements every hook with its own
     methods; a policy of tensor agents implements none and gets
     :class:`TensorPolicyHooks`.
     """
@@ -106,7 +106,7 @@ def policy_hooks(policy: Any) -> PolicyHooks:
     Parameters
     ----------
     policy : TensorDictModuleBase
-        The agents' stacked policy (:attr:`~nip_like.agents.AgentModules.policy`).
+        The agents' stacked policy (:attr:`~nip_like.agent_modules.AgentModules.policy`).
 
     Raises
     ------

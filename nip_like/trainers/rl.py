@@ -80,7 +80,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
     Attributes
     ----------
     policy : ProbabilisticActor
-        The agents' stacked policy (``("agents", ...)`` keys, see :mod:`nip_like.agents`).
+        The agents' stacked policy (``("agents", ...)`` keys, see :mod:`nip_like.agent_modules`).
     value : TensorDictModule
         The agents' stacked value network.
     policy_hooks : PolicyHooks
@@ -136,7 +136,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         token_bytes = self.probe_token_bytes(sharded=True) if self.runs_sharded else None
         self.sharded = self.shard_agents()
         self._build_loss()
-        self._build_optimiser()
+        self._build_optimizer()
         self.opponent_pool = build_opponent_pool(self.trainer_config.opponent_pool, self)
         with self.whole_weights():  # the collector runs the policy once to read its outputs
             self._build_collection()
@@ -340,7 +340,7 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         grouped = {group["agent"] for group in self.optimizer.param_groups}
         trained = tuple(name for name in self.update_schedule.trained_agents(iteration) if name in grouped)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
-        loss_stats = self._optimise(trained) if trained and len(self.buffer) else {}
+        loss_stats = self._optimize(trained) if trained and len(self.buffer) else {}
         if loss_stats:
             self.policy_hooks.weights_changed()  # inference servers get the new weights
         if loss_stats or self._schedule_stepped:
@@ -379,15 +379,15 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         """
         self.buffer = update.fill_buffer(self.buffer, data, self.trainer_config.minibatch_size, self.device)
 
-    def _optimise(self, trained: tuple[str, ...]) -> dict[str, float]:
-        """Optimise the ``trained`` agents on the buffer (:func:`~nip_like.trainers.update.optimise`); the update's statistics."""
+    def _optimize(self, trained: tuple[str, ...]) -> dict[str, float]:
+        """Optimise the ``trained`` agents on the buffer (:func:`~nip_like.trainers.update.optimize`); the update's statistics."""
         # LM agents count the padding of their scoring passes: only the update's are reported.
         self.policy_hooks.pop_padding_fraction()
         if self._loss_passes is None:
             # Under torchrun, DDP (replicated agents) or FSDP2 (run.fsdp) sums the ranks' gradients. Built here, where
             # every rank arrives together (rank 0 builds the trainer before the others), after the warm start.
             self._loss_passes = LossPasses(self.loss_module, self.distributed, lockstep=self.sharded is not None)
-        records, norms = update.optimise(
+        records, norms = update.optimize(
             self._loss_passes,
             self.buffer,
             self.optimizer,

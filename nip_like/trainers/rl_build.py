@@ -19,8 +19,9 @@ from torchrl.objectives import LossModule
 from nip_like.errors import ConfigError
 from nip_like.lm.sharding import ShardedAgents
 from nip_like.objectives.contract import LossContract, contract_of
-from nip_like.optim import AgentUpdateSchedule, build_optimizer, build_scheduler
-from nip_like.pretrain import pretrain_agents
+from nip_like.optimizers import build_optimizer, build_scheduler
+from nip_like.trainers.agent_updates import AgentUpdateSchedule
+from nip_like.warm_start import pretrain_agents
 from nip_like.trainers.base import TensorDictTrainer
 from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.update import UpdateSettings
@@ -175,7 +176,7 @@ class RlBuildSteps(TensorDictTrainer):
                 f"set trainer.group_size >= 2, got {self.trainer_config.group_size}"
             )
 
-    def _build_optimiser(self) -> None:
+    def _build_optimizer(self) -> None:
         """One parameter group per agent, the learning-rate schedule, which agents each iteration trains."""
         optimizer_config = self.trainer_config.optimizer
         # Owners before the agents that play their model (share_policy_with): a shared model trains in its owner's group.
@@ -193,7 +194,7 @@ class RlBuildSteps(TensorDictTrainer):
             max_grad_norm=optimizer_config.max_grad_norm,
             divergence_bound=float(bound) if bound is not None else math.inf,
         )
-        self._loss_passes: LossPasses | None = None  # built at the first update (see _optimise)
+        self._loss_passes: LossPasses | None = None  # built at the first update (see _optimize)
         # Read once: OmegaConf lookups are slow enough to show in the inner loop.
         self._diagnostics_every = int(self.config.logger.diagnostics_every)
 

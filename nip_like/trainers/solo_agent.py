@@ -11,9 +11,9 @@ import torch
 
 from nip_like.checkpoint import derive_seed, get_rng_states, set_rng_states
 from nip_like.errors import ConfigError
-from nip_like.optim import build_optimizer
-from nip_like.lm.pretrain import held_out_scores
-from nip_like.pretrain import (
+from nip_like.optimizers import build_optimizer
+from nip_like.lm.demonstration_fit import held_out_scores
+from nip_like.warm_start import (
     TARGET_KEY,
     agent_data,
     fit_loss,

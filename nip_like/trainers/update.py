@@ -173,7 +173,7 @@ def accumulation_windows(num_minibatches: int, accumulation: int) -> list[int]:
     return [length for length in windows for _ in range(length)]
 
 
-def optimise(
+def optimize(
     passes: LossPasses,
     buffer: TensorDictReplayBuffer,
     optimizer: Optimizer,

@@ -35,7 +35,7 @@ from nip_like.objectives.learning_aware.second_order import (
 from nip_like.objectives.masking import per_agent_mean, set_per_agent, standardize_per_agent
 from nip_like.objectives.options import check_options
 from nip_like.objectives.ppo import CRITIC_LOSS_TYPES, PPOConfig, clipped_surrogate
-from nip_like.objectives.scoring import behaviour_token_log_probs, critic_value, score_actions
+from nip_like.objectives.action_scores import behaviour_token_log_probs, critic_value, score_actions
 
 #: ``(episodes, time)`` booleans of the episode layout: the step is part of its episode (not padding).
 VALID_KEY = "valid_step"
@@ -120,7 +120,7 @@ class LearningAwareLoss(RolloutLoss):
     ----------
     actor_network : ProbabilisticActor or an actor with ``score_actions``
         The agents' policy; each agent's parameters are those of its network
-        in the actor's :class:`~nip_like.agents.PerAgent` modules, and must be
+        in the actor's :class:`~nip_like.agent_modules.PerAgent` modules, and must be
         twice differentiable.
     critic_network : TensorDictModule
         The value network (``("agents", "state_value")``), GAE's baseline.

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nip_like.agents import PerAgent
+from nip_like.agent_modules import PerAgent
 
 #: A vector in parameter space: one tensor per parameter, each shaped like it.
 Vector = list[torch.Tensor]
@@ -184,7 +184,7 @@ def low_rank_inverse(
 
 
 def actor_parameters(actor: nn.Module, agent_names: Iterable[str]) -> dict[str, list[nn.Parameter]]:
-    """Each agent's trainable policy parameters: those of its network in the actor's :class:`~nip_like.agents.PerAgent` modules.
+    """Each agent's trainable policy parameters: those of its network in the actor's :class:`~nip_like.agent_modules.PerAgent` modules.
 
     Raises
     ------
@@ -193,7 +193,7 @@ def actor_parameters(actor: nn.Module, agent_names: Iterable[str]) -> dict[str, 
     """
     per_agent = [module for module in actor.modules() if isinstance(module, PerAgent)]
     if not per_agent:
-        raise ValueError(f"the actor {type(actor).__name__} has no per-agent networks (nip_like.agents.PerAgent)")
+        raise ValueError(f"the actor {type(actor).__name__} has no per-agent networks (nip_like.agent_modules.PerAgent)")
     parameters: dict[str, list[nn.Parameter]] = {}
     for name in agent_names:
         seen: dict[int, nn.Parameter] = {}

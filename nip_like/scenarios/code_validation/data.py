@@ -36,20 +36,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from nip_like.errors import ConfigError
-from nip_like.scenarios.code_validation.buggy_apps import (  # noqa: F401 - the Buggy-APPS layout, re-exported where it was
-    BUGGY_APPS_FIELDS,
-    BuggyAppsSpec,
-    file_sha256,
-    label_buggy_apps,
-    read_buggy_apps,
-    write_buggy_apps,
-)
-from nip_like.scenarios.code_validation.dataset import (  # noqa: F401 - the dataset's classes, re-exported where they were
-    GENERATOR_VERSION,
-    CodeProblem,
-    CodeProgram,
-    CodeValidationData,
-)
+from nip_like.scenarios.code_validation.buggy_apps import BuggyAppsSpec, file_sha256, label_buggy_apps
+from nip_like.scenarios.code_validation.dataset import GENERATOR_VERSION, CodeProblem, CodeProgram, CodeValidationData
 from nip_like.scenarios.code_validation.mutations import draw_mutants, rewrite
 from nip_like.scenarios.code_validation.problems import (
     all_problems,

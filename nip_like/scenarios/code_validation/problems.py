@@ -39,12 +39,7 @@ from nip_like.errors import ConfigError
 from nip_like.scenarios.code_validation.problems_arithmetic import ARITHMETIC_TEMPLATES
 from nip_like.scenarios.code_validation.problems_lists import LIST_TEMPLATES
 from nip_like.scenarios.code_validation.problems_strings import STRING_TEMPLATES
-from nip_like.scenarios.code_validation.templates import (  # noqa: F401 - re-exported where they were defined
-    Arguments,
-    Params,
-    Problem,
-    ProblemTemplate,
-)
+from nip_like.scenarios.code_validation.templates import Arguments, Problem, ProblemTemplate
 
 #: The family's order: the seeded draws (:func:`draw_problems`) permute the templates by their place in it,
 #: so it is fixed here, apart from the task families the templates are written in.

@@ -66,17 +66,14 @@ from typing import Any
 from nip_like import interrupts
 from nip_like.errors import ConfigError, NipLikeError
 from nip_like.scenarios.code_validation import isolation
-from nip_like.scenarios.code_validation.harness import (  # noqa: F401 - the child's side, re-exported where it was
+from nip_like.scenarios.code_validation.harness import (
     BLOCKED_MODULES,
     BOOTSTRAP,
     GUARDED_PATH_FUNCTIONS,
     PREVIEW_CHARS,
     REMOVED_FUNCTIONS,
-    canonical_value,
     child_environment,
     harness_code,
-    harness_source,
-    normalise_text,
     text_digest,
     value_digest,
 )

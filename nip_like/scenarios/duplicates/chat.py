@@ -33,15 +33,7 @@ import torch
 from nip_like.errors import ConfigError
 from nip_like.lm.models import agent_option, architecture_context, load_tokenizer, model_context
 from nip_like.registry import register_scenario
-from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, shared with the chat view
-    HIDDEN_TEXT,
-    SYSTEM_PROMPTS,
-    list_line,
-    parse_cells,
-    parse_decision,
-    parse_reply,
-    read_list_line,
-)
+from nip_like.scenarios.duplicates.chat_text import SYSTEM_PROMPTS, list_line, parse_reply, read_list_line
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
 from nip_like.scenarios.duplicates.game import DuplicatesDataConfig, DuplicatesGame
 from nip_like.scenarios.text_groups import TextModelGroups

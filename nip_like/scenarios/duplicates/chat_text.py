@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from nip_like.scenarios.chat_prompts import ENCODED_CACHE, ChatSpeaker  # noqa: F401 - shared, re-exported where they were
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT
 
 #: What a hidden cell shows in the ``list:`` line.

@@ -61,7 +61,7 @@ from torchrl.data import Unbounded
 
 from nip_like.errors import ConfigError
 from nip_like.protocols.proof import ProofProtocol
-from nip_like.scenarios.chat_prompts import (  # noqa: F401 - shared, re-exported where they were
+from nip_like.scenarios.chat_prompts import (
     as_lists,
     cyclic_gc_paused,
     packed_rows,
@@ -70,22 +70,13 @@ from nip_like.scenarios.chat_prompts import (  # noqa: F401 - shared, re-exporte
     scripted_reply_tensors,
 )
 from nip_like.scenarios.duplicates.data import DuplicateLists
-from nip_like.scenarios.duplicates.chat_text import (  # noqa: F401 - the text rules, re-exported where they were
-    ENCODED_CACHE,
-    HIDDEN_TEXT,
-    LIST_FORMATS,
-    SYSTEM_PROMPTS,
-    ChatSpeaker,
-    list_line,
-    parse_cells,
-    parse_decision,
-    parse_reply,
-    read_list_line,
-)
+from nip_like.scenarios.duplicates.chat_text import HIDDEN_TEXT, list_line, parse_reply
+from nip_like.scenarios.chat_prompts import ChatSpeaker
 from nip_like.scenarios.duplicates.environment import ACCEPT, REJECT, DuplicatesEnv
 
 #: Width of a move in game symbols: two cells and an end symbol.
 MOVE_TOKENS = 3
+
 
 class DuplicatesChatViewEnv(DuplicatesEnv):
     """The duplicates game with chat prompts and free-text replies (see the module docstring).

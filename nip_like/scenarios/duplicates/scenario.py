@@ -20,7 +20,8 @@ from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.lm.models import LMAgentConfig
 from nip_like.registry import register_scenario
-from nip_like.scenarios.base import Demonstrating, MessageFeatures, Messaging, TensorGame
+from nip_like.scenarios.base import Demonstrating, TensorGame
+from nip_like.scenarios.messaging import MessageFeatures, Messaging
 from nip_like.scenarios.decisions import decision_metrics
 from nip_like.scenarios.duplicates.chat_view import DuplicatesChatViewEnv
 from nip_like.scenarios.duplicates.data import DuplicateLists

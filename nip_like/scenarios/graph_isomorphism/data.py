@@ -18,8 +18,6 @@ import torch
 
 from nip_like.errors import ConfigError
 from nip_like.interrupts import stop_point
-from nip_like.scenarios.datasets import CacheRebuildWarning as CacheRebuildWarning  # re-exported
-from nip_like.scenarios.datasets import DatasetFileError as DatasetFileError  # re-exported
 from nip_like.scenarios.datasets import (
     DatasetSpec,
     TensorDataset,
@@ -395,7 +393,7 @@ def load_or_generate(spec: GraphPairSpec, cache_dir: Path) -> GraphPairs:
     The file is :func:`cache_path`; it holds the spec, :data:`GENERATOR_VERSION`
     and a checksum beside the tensors. A file that is unreadable, malformed,
     written for another spec or whose checksum fails is never used: a
-    :class:`CacheRebuildWarning` says what was wrong, and the pairs are drawn
+    :class:`~nip_like.scenarios.datasets.CacheRebuildWarning` says what was wrong, and the pairs are drawn
     again and written atomically (temporary file, then ``os.replace``).
 
     Parameters

@@ -9,23 +9,15 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from nip_like.agents import AgentModules
+from nip_like.agent_modules import AgentModules
 from nip_like.allowed import Allowed, checked
 from nip_like.errors import ConfigError
 from nip_like.folders import check_writable_folder
 from nip_like.protocols.zero_knowledge import ADVERSARIAL_KEY
 from nip_like.distributions import masked_log_softmax
 from nip_like.registry import register_scenario, typed_entry
-from nip_like.scenarios.base import (
-    Demonstrating,
-    GeneratedData,
-    Labelled,
-    MessageFeatures,
-    Messaging,
-    ScenarioConfig,
-    TensorGame,
-    one_hot_messages,
-)
+from nip_like.scenarios.base import Demonstrating, GeneratedData, Labelled, ScenarioConfig, TensorGame
+from nip_like.scenarios.messaging import MessageFeatures, Messaging, one_hot_messages
 from nip_like.scenarios.decisions import check_proof_scenario, decision_metrics, precision_recall
 from nip_like.scenarios.graph_isomorphism.agents import MESSAGE_ENCODINGS, GraphAgentConfig, build_graph_agents
 from nip_like.scenarios.graph_isomorphism.data import GraphPairs, GraphPairSpec, cache_path, generate_pairs

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDictBase
 
 from nip_like.allowed import checked
-from nip_like.agents import AgentModules, AgentNetConfig, build_actor_critic, mlp
+from nip_like.agent_modules import AgentModules, AgentNetConfig, build_actor_critic, mlp
 from nip_like.errors import ConfigError
 from nip_like.registry import register_scenario, typed_entry
 from nip_like.scenarios.base import ScenarioConfig, TensorGame

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nip_like.agents import AgentModules, PerAgent, actor_critic_from_networks
+from nip_like.agent_modules import AgentModules, PerAgent, actor_critic_from_networks
 from nip_like.allowed import checked
 from nip_like.distributions import GroupedMaskedCategorical
 from nip_like.keys import OBSERVATION_KEY

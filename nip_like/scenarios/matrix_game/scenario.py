@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDictBase
 from torch import nn
 
-from nip_like.agents import AgentModules, PerAgent, actor_critic_from_networks
+from nip_like.agent_modules import AgentModules, PerAgent, actor_critic_from_networks
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
 from nip_like.keys import ACTION_MASK_KEY, LOGITS_KEY, OBSERVATION_KEY

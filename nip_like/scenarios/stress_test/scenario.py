@@ -24,7 +24,7 @@ from tensordict import TensorDictBase
 from nip_like import keys
 from nip_like.allowed import checked
 from nip_like.errors import ConfigError
-from nip_like.agents import AgentModules
+from nip_like.agent_modules import AgentModules
 from nip_like.lm.frozen import resolve
 from nip_like.lm.served_config import is_served
 from nip_like.text.served import check_served

@@ -150,7 +150,7 @@ class ClassifierScorer(Scorer):
         super().__init__(where)
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from nip_like.lm.checkpoints import quiet_progress
+        from nip_like.lm.agent_folders import quiet_progress
 
         if not path or not (Path(path).expanduser() / "config.json").is_file():
             raise ConfigError(f"{where}.path must be a local AutoModelForSequenceClassification folder with a config.json, got {path!r}")

@@ -9,7 +9,7 @@ tokens with :func:`aggregate` (TRL's ``token_mean`` or ``sequence_mean``) and
 never ask which kind of agent they train.
 
 An actor that samples token sequences provides ``score_actions(tensordict)``
-itself (:class:`~nip_like.lm.agents.LMActor`); any TorchRL probabilistic actor
+itself (:class:`~nip_like.lm.actor_critic.LMActor`); any TorchRL probabilistic actor
 is scored through its distribution.
 """
 

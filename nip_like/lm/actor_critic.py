@@ -6,14 +6,14 @@ where the agent acts, batched, and writes the ``(*batch, agents, T)`` action
 with its token mask, per-token log-probabilities and entropies and their sum.
 Its :meth:`LMActor.score_actions` recomputes the same log-probabilities with
 gradients in one teacher-forced pass per agent, which is all the objectives
-ask of a policy (:mod:`nip_like.objectives.scoring`). :class:`LMCritic` is the
+ask of a policy (:mod:`nip_like.objectives.action_scores`). :class:`LMCritic` is the
 value network: each agent's value head on its prompt.
 
 A frozen agent played by a chat server (:class:`~nip_like.text.served.ServedAgent`,
 :meth:`LMActor.attach_served`) has its messages written by that server; they
 carry no log-probabilities and enter no scoring pass, so no loss.
 
-Both hold the per-agent models in one :class:`~nip_like.agents.PerAgent`, so
+Both hold the per-agent models in one :class:`~nip_like.agent_modules.PerAgent`, so
 each agent's parameters (its model and value head) form its own optimiser
 group, as for the other agent kinds.
 """
@@ -29,17 +29,18 @@ import torch
 from torch import nn
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from torchrl.data import Composite, Unbounded
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from nip_like import keys
-from nip_like.agents import AgentModules, PerAgent
-from nip_like.lm.checkpoints import save_agent
+from nip_like.agent_modules import AgentModules, PerAgent
+from nip_like.lm.agent_folders import save_agent
 from nip_like.lm.lora import adapters_disabled, has_lora
 from nip_like.lm.micro_batches import largest_across_ranks
 from nip_like.lm.padding import kept_columns
 from nip_like.lm.policy import LMPolicy
 from nip_like.lm.models import sharing_copy
-from nip_like.objectives.scoring import ActionScores
+from nip_like.objectives.action_scores import ActionScores
 
 if TYPE_CHECKING:
     from nip_like.lm.server import InferenceServer
@@ -111,6 +112,31 @@ class LMActor(TensorDictModuleBase):
         #: The opponent pool (:class:`~nip_like.trainers.opponent_pool.OpponentPool`) whose snapshots play one
         #: agent's seat in training episodes (:meth:`attach_pool`).
         self.pool = None
+
+    @property
+    def spec(self) -> Composite:
+        """What :meth:`forward` writes, per step: each out key's shape (agent dimension last but the message's) and dtype.
+
+        TorchRL's collector reads it to lay out its rollouts; without it, the
+        collector samples a whole batch of messages once when it is built, to
+        see which keys come out (seconds for a model with a large vocabulary).
+        """
+        agents, length = len(self.agent_names), self.message_tokens
+        device = next((param.device for param in self.parameters()), torch.device("cpu"))
+        shapes = {
+            keys.ACTION_KEY: ((agents, length), torch.long),
+            keys.TOKEN_MASK_KEY: ((agents, length), torch.bool),
+            keys.TOKEN_LOG_PROBS_KEY: ((agents, length), torch.float32),
+            keys.TOKEN_ENTROPY_KEY: ((agents, length), torch.float32),
+            keys.LOG_PROB_KEY: ((agents,), torch.float32),
+            keys.SAMPLER_WEIGHT_KEY: ((agents, length), torch.float32),
+            keys.OPPONENT_VERSION_KEY: ((), torch.long),
+        }
+        spec = Composite(device=device)
+        for key in self.out_keys:
+            shape, dtype = shapes[key]
+            spec[key] = Unbounded(shape=shape, dtype=dtype, device=device)
+        return spec
 
     def attach_pool(self, pool) -> None:
         """Let ``pool`` choose who plays its agent's seat in each episode; every step then gets ``opponent_version``."""
@@ -204,7 +230,7 @@ class LMActor(TensorDictModuleBase):
         ``states`` (from :meth:`whole_states`) gives the weights of sharded
         agents; None: the modules' own. The folder of an agent whose LoRA
         adapters came after a warm start that fitted every weight also holds
-        that fitted base (``base/``, see :func:`~nip_like.lm.checkpoints.save_agent`).
+        that fitted base (``base/``, see :func:`~nip_like.lm.agent_folders.save_agent`).
         """
         states = states or {}
         return [
@@ -472,7 +498,7 @@ class LMCritic(TensorDictModuleBase):
 
 
 def lm_agent_modules(policies: Mapping[str, LMPolicy], message_tokens: int) -> AgentModules:
-    """The :class:`~nip_like.agents.AgentModules` of language-model agents.
+    """The :class:`~nip_like.agent_modules.AgentModules` of language-model agents.
 
     Parameters
     ----------

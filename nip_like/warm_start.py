@@ -25,14 +25,14 @@ from tensordict import TensorDictBase
 from tqdm.auto import tqdm
 
 from nip_like import cache_record
-from nip_like.agents import AgentModules, PerAgent
+from nip_like.agent_modules import AgentModules, PerAgent
 from nip_like.keys import LOGITS_KEY
 from nip_like.checkpoint import derive_seed, load_checked, save_atomic
 from nip_like.config import without_entries, without_locations
 from nip_like.errors import CheckpointError, ConfigError
 from nip_like.distributions import masked_log_softmax
 from nip_like.interrupts import stop_point
-from nip_like.lm.pretrain import demonstration_loss, held_out_scores, sync_value_body
+from nip_like.lm.demonstration_fit import demonstration_loss, held_out_scores, sync_value_body
 from nip_like.scenarios.base import Demonstrating, Labelled, code_key
 from nip_like.optimizers import make_optimizer
 from nip_like.supervised import StepLoss, supervised_epoch, warmup_schedule
@@ -124,7 +124,7 @@ def fit_loss(scenario, agents: AgentModules, agent: str, data: TensorDictBase) -
     """The step loss that fits ``agent`` to its :func:`agent_data` ``data``; the agent's network in train mode.
 
     Token demonstrations (:func:`is_token_data`) are fitted token by token
-    (:func:`~nip_like.lm.pretrain.demonstration_loss`; accuracy: the share of
+    (:func:`~nip_like.lm.demonstration_fit.demonstration_loss`; accuracy: the share of
     demonstrations reproduced); decision datapoints by the agent's
     log-probability of the target (:func:`decision_loss`). An epoch is
     :func:`~nip_like.supervised.supervised_epoch` with it.
@@ -214,11 +214,11 @@ def agent_restarts(options: Any, agent: str) -> int:
 
 
 def policy_network(agents: AgentModules, agent: str) -> torch.nn.Module:
-    """The policy network of ``agent`` inside the per-agent policy (:class:`~nip_like.agents.PerAgent`)."""
+    """The policy network of ``agent`` inside the per-agent policy (:class:`~nip_like.agent_modules.PerAgent`)."""
     for module in agents.policy.modules():
         if isinstance(module, PerAgent):
             return module.networks[agent]
-    raise ConfigError("pretraining needs per-agent policy networks (nip_like.agents.PerAgent)")
+    raise ConfigError("pretraining needs per-agent policy networks (nip_like.agent_modules.PerAgent)")
 
 
 def _copy_body_to_value(agents: AgentModules, agent: str) -> None:
@@ -372,7 +372,7 @@ def pretrain_agents(config: DictConfig, scenario, agents: AgentModules, device: 
 
     A scenario with ``demonstrations`` (agents that send messages) fine-tunes
     each agent on its demonstrated messages
-    (:func:`~nip_like.lm.pretrain.demonstration_loss`); otherwise the
+    (:func:`~nip_like.lm.demonstration_fit.demonstration_loss`); otherwise the
     agent's decisions are fitted to ``supervised_data`` (:func:`decision_loss`;
     each epoch :func:`~nip_like.supervised.supervised_epoch` with :func:`fit_loss`).
 
