@@ -43,7 +43,6 @@ import copy
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-
 from nip_like.errors import ConfigError
 from nip_like.lm.lora import lora_enabled
 from nip_like.lm.models import agent_option, build_base, build_lm_policy, clone_tokenizer
