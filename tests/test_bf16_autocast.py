@@ -16,6 +16,8 @@ no GPU (issue 35).
 
 from __future__ import annotations
 
+import dataclasses
+
 from contextlib import ExitStack
 
 import pytest
@@ -73,7 +75,7 @@ def _one_iteration_under_autocast(tmp_path, *overrides):
         original(batch)  # as the trainer runs it
         seen["output"] = batch.clone()
 
-    trainer.advantage_module = advantages
+    trainer.parts = dataclasses.replace(trainer.parts, advantage_module=advantages)  # the parts are frozen
     with ExitStack() as stack:
         trainer._build_train_context(stack)
         assert torch.is_autocast_enabled("cpu")

@@ -1,7 +1,10 @@
-"""The RL trainer's seams: policy hooks declared (no probes), TorchRL's private collector state read in one adapter, one test loop, one check of the config."""
+"""The RL trainer's seams: its parts in two frozen records made by one builder, few attributes written in one file, policy hooks declared (no probes), TorchRL's private collector state read in one adapter, one test loop, one check of the config."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -9,17 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from nip_like import distributed
 from nip_like.agent_modules import build_actor_critic
 from nip_like.errors import ConfigError
 from nip_like.experiment import build_trainer
 from nip_like.lm.actor_critic import LMActor
 from nip_like.logging import MetricLogger
-from nip_like.trainers import PpoTrainer
+from nip_like.objectives.ppo import MultiAgentPPOLoss
+from nip_like.trainers import PpoTrainer, collection, update
 from nip_like.trainers.base import TensorDictTrainer
 from nip_like.trainers.checked_configs import was_checked
 from nip_like.trainers.evaluation import RlEvaluation
 from nip_like.trainers.policy_hooks import PolicyHooks, TensorPolicyHooks, hook_names, policy_hooks
 from nip_like.trainers.rl import TensorDictRlTrainer
+from nip_like.trainers.rl_build import build_agents, build_parts
 from nip_like.validation import build_scenario, validate
 from tests.conftest import smoke_config
 
@@ -120,3 +126,85 @@ def test_a_config_changed_after_its_check_is_checked_again():
     assert was_checked(config)
     config.trainer.group_size = 3
     assert not was_checked(config)
+
+
+def _attributes_written(path: Path, classes: set[str]) -> dict[str, str]:
+    """``self.<name>`` assignments in the methods of ``classes`` in ``path``: each name, with the file and line."""
+    written = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            for target in ast.walk(node):
+                if isinstance(target, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                    for name in target.targets if isinstance(target, ast.Assign) else [target.target]:
+                        if isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "self":
+                            written.setdefault(name.attr, f"{path.name}:{target.lineno}")
+    return written
+
+
+def _rl_trainer_classes() -> dict[Path, set[str]]:
+    """The modules of nip_like.trainers and, in each, the RL trainer's own classes (its parts' and its subclasses'), not the base's."""
+    for module in sorted((PACKAGE / "trainers").glob("*.py")):  # every trainer of the package, imported
+        importlib.import_module(f"nip_like.trainers.{module.stem}")
+    own = {cls for cls in TensorDictRlTrainer.__mro__ if cls not in TensorDictTrainer.__mro__}
+    pending, found = [TensorDictRlTrainer], set(own)
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            if sub.__module__.startswith("nip_like."):
+                found.add(sub)
+                pending.append(sub)
+    by_file: dict[Path, set[str]] = {}
+    for cls in found:
+        by_file.setdefault(Path(inspect.getfile(cls)), set()).add(cls.__name__)
+    return by_file
+
+
+def test_the_rl_trainer_writes_few_attributes_all_in_one_file(tmp_path):
+    written = {}
+    for path, classes in _rl_trainer_classes().items():
+        written.update(_attributes_written(path, classes))
+    assert {where.split(":")[0] for where in written.values()} == {"rl.py"}, written
+    assert len(written) <= 8, written
+    # What a trained run holds beyond the base trainer's: those names and no other.
+    trainer = build_trainer(smoke_config("trainer.num_iterations=1", "trainer.eval.every=1"), tmp_path / "run")
+    trainer.train()
+    base = set(_attributes_written(Path(inspect.getfile(TensorDictTrainer)), {"Trainer", "TensorDictTrainer"}))
+    assert set(vars(trainer)) - base == set(written) - base, sorted(vars(trainer))
+
+
+def test_the_parts_are_built_once_and_read_only(tmp_path):
+    trainer = build_trainer(smoke_config("trainer.eval.every=0"), tmp_path / "run")
+    assert trainer.loss_module is trainer.parts.loss_module and trainer.policy is trainer.agents.modules.policy
+    with pytest.raises(AttributeError, match="built once"):
+        trainer.optimizer = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trainer.parts.optimizer = None
+
+
+def test_one_iteration_runs_on_the_parts_with_a_stand_in_policy_and_no_trainer(tmp_path, monkeypatch):
+    # The builder makes the agents and the parts from a config and a scenario alone; collect, lay out and update are
+    # functions of those parts. The scenario's networks are swapped for one linear layer per agent.
+    config = smoke_config("trainer.eval.every=0")
+    validate(config)
+    scenario = build_scenario(config)
+    probe = scenario.make_env(1, "train", 0, "cpu")
+    stand_in = build_actor_critic(scenario.agent_names, probe.observation_size, probe.num_actions, lambda name, size, out: torch.nn.Linear(size, out))
+    monkeypatch.setattr(scenario, "make_agents", lambda: stand_in)
+    cpu, dist = torch.device("cpu"), distributed.current()
+    agents = build_agents(config, scenario, tmp_path, cpu, dist)
+    assert agents.policy is stand_in.policy and agents.sharded is None
+    loss = MultiAgentPPOLoss(agents.policy, agents.value, scenario.agent_names)
+    parts = build_parts(config, scenario, agents, (loss, loss.value_estimator), "stand-in", tmp_path, cpu, dist, 1, 1)
+
+    batch = collection.collect(parts.batches, cpu, dist, seed=0)
+    assert batch.batch_size[0] == config.trainer.num_envs
+    with torch.no_grad():
+        parts.advantage_module(batch)
+    data = parts.loss_contract.layout_rollouts(batch)
+    buffer = update.fill_buffer(None, data, int(config.trainer.minibatch_size), cpu)
+    before = [param.detach().clone() for param in stand_in.policy.parameters()]
+    records, norms = update.optimize(
+        parts.loss_passes, buffer, parts.optimizer, scenario.agent_names, parts.update_settings, dist, 1, lambda: "no checkpoint"
+    )
+    assert len(records) == update.minibatches_per_epoch(buffer) * config.trainer.num_epochs
+    assert len(norms) == len(records) and all(torch.isfinite(norm).all() for norm in norms)
+    assert all(not torch.equal(old, new) for old, new in zip(before, stand_in.policy.parameters()))

@@ -80,7 +80,6 @@ class LossPasses:
         self.loss_module = loss_module
         self.dist = dist
         self.lockstep = lockstep
-        self._replicas: nn.parallel.DistributedDataParallel | None = None
         trained = [(name, p) for name, p in loss_module.named_parameters() if p.requires_grad]
         if lockstep:
             left = [name for name, param in trained if not is_sharded(param)]
@@ -89,17 +88,24 @@ class LossPasses:
                     f"run.fsdp=true shards the language-model agents, but the loss's parameter {left[0]} is not "
                     "sharded (an agent that is not a language model): set run.fsdp=false"
                 )
-        elif dist.enabled and trained:
+        #: Whether DDP sums the ranks' gradients (replicated agents under torchrun); it wraps the loss at the first pass.
+        self.replicated = bool(dist.enabled and trained and not lockstep)
+        self._replicas: nn.parallel.DistributedDataParallel | None = None
+
+    def _wrapped(self) -> nn.parallel.DistributedDataParallel:
+        """The loss under DDP, wrapped at the first pass: there every rank arrives together (rank 0 builds its trainer first)."""
+        if self._replicas is None:
             # find_unused_parameters: a minibatch may hold no step of some agent (or of its value head).
             # broadcast_buffers=False: every rank takes the same steps, so the buffers stay equal.
-            with dist.collective():  # DDP checks the parameters' shapes across the ranks and broadcasts rank 0's
+            with self.dist.collective():  # DDP checks the parameters' shapes across the ranks and broadcasts rank 0's
                 self._replicas = nn.parallel.DistributedDataParallel(
-                    _TotalLoss(loss_module),
+                    _TotalLoss(self.loss_module),
                     find_unused_parameters=True,
                     broadcast_buffers=False,
                     gradient_as_bucket_view=True,  # the gradients live in DDP's buckets: no second copy of them
                 )
             self._replicas.register_comm_hook(None, _summed)
+        return self._replicas
 
     def forward(self, sample: TensorDictBase, last: bool) -> tuple[TensorDictBase, torch.Tensor]:
         """The loss module's outputs on ``sample`` and their sum.
@@ -108,21 +114,22 @@ class LossPasses:
         backward pass sums the window's gradients over the ranks (the others
         only accumulate).
         """
-        if self._replicas is None:
+        if not self.replicated:
             losses = self.loss_module(sample)
             return losses, total_loss(losses)
-        with nullcontext() if last else self._replicas.no_sync():
-            loss, losses = self._replicas(sample)
+        replicas = self._wrapped()
+        with nullcontext() if last else replicas.no_sync():
+            loss, losses = replicas(sample)
         return losses, loss
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """``loss.backward()``; a rank that stopped during the sum of a last pass raises :class:`PeerFailure`."""
-        with self.dist.collective() if last and self._replicas is not None else nullcontext():
+        with self.dist.collective() if last and self.replicated else nullcontext():
             loss.backward()
 
     def stand_ins(self, window: int) -> int:
         """Passes whose loss counts zero this rank adds at the end of a window of ``window`` minibatches (:func:`stand_in_count`)."""
-        return stand_in_count(window, self.dist.rank, self.dist.world_size, self.lockstep, self._replicas is not None)
+        return stand_in_count(window, self.dist.rank, self.dist.world_size, self.lockstep, self.replicated)
 
     def is_last(self, position: int, window: int) -> bool:
         """Whether the ``position``-th minibatch of a window of ``window``, which this rank owns, is its last one there."""

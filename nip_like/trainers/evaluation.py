@@ -132,12 +132,14 @@ class RlEvaluation(TensorDictTrainer):
         """
         dist = self.distributed
         num_episodes = dist.share(8 if self.test_run else self.trainer_config.eval.num_episodes, "trainer.eval.num_episodes")
-        if self.eval_env is None or self.eval_env.num_envs != num_episodes:
-            self.eval_env = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
+        env = self.eval_envs.get(num_episodes)
+        if env is None:  # built once for its number of episodes (a test run evaluates fewer)
+            self.eval_envs.clear()
+            env = self.eval_envs[num_episodes] = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
         # The same episodes at every evaluation, and no draw from the training generators.
-        self.eval_env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
+        env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
         with dist.rank_rng(int(self.config.seed)):
-            episodes = run_episodes(self.eval_env, self.policy, self.scenario.protocol.num_rounds)
+            episodes = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
         episodes = dist.gather_cat(episodes)  # each rank played its share
         self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
         return {f"eval/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}

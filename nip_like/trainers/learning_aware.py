@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 from omegaconf import DictConfig
+from torchrl.data import TensorDictReplayBuffer
 
 from nip_like import keys
 from nip_like.errors import ConfigError
@@ -113,7 +114,7 @@ class LearningAwareTrainer(TensorDictRlTrainer):
         return loss, loss.value_estimator
 
     # ------------------------------------------------------- the episodes used
-    def fill_buffer(self, data) -> None:
+    def fill_buffer(self, data) -> TensorDictReplayBuffer:
         """The standard buffer of the episodes; with ``cover_episodes``, minibatches that hold every episode every epoch.
 
         ``trainer.minibatch_size`` counts episodes, and a batch rarely holds a
@@ -122,9 +123,8 @@ class LearningAwareTrainer(TensorDictRlTrainer):
         (:func:`~nip_like.trainers.update.covering`) instead of leaving the
         remainder out.
         """
-        super().fill_buffer(data)
-        if self.loss_module.cover_episodes:
-            self.buffer = update.covering(self.buffer)
+        buffer = super().fill_buffer(data)
+        return update.covering(buffer) if self.loss_module.cover_episodes else buffer
 
     def _optimize(self, trained: tuple[str, ...]) -> dict[str, float]:
         """The standard update, and ``train/frames_used``: the share of the collected frames in an epoch's minibatches."""

@@ -279,8 +279,10 @@ def opponent_pool_problems(options: Any, scenario: Any, world_size: int) -> list
     return []
 
 
-def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
-    """The trainer's :class:`OpponentPool` (None without ``trainer.opponent_pool.agent``).
+def build_opponent_pool(
+    options: Any, policy: Any, agent_names: tuple[str, ...], seed: int, run_dir: Path
+) -> Optional[OpponentPool]:
+    """The run's :class:`OpponentPool` (None without ``trainer.opponent_pool.agent``), attached to ``policy``.
 
     The options were checked against the game (:func:`opponent_pool_problems`)
     when the trainer was validated; what is left needs the agents built.
@@ -289,14 +291,20 @@ def build_opponent_pool(options: Any, trainer: Any) -> Optional[OpponentPool]:
     ----------
     options : OpponentPoolConfig
         ``trainer.opponent_pool``.
-    trainer : TensorDictRlTrainer
-        The trainer, with its agents built.
+    policy : LMPolicy
+        The agents' stacked policy, built.
+    agent_names : tuple of str
+        The agents, in the order of the agent dimension.
+    seed : int
+        The run's seed.
+    run_dir : Path
+        The run folder.
     """
     if not options.agent:
         return None
-    policy = trainer.policy.policy(options.agent)
-    if not any(param.requires_grad for param in policy.model.parameters()):
+    played = policy.policy(options.agent)
+    if not any(param.requires_grad for param in played.model.parameters()):
         raise ConfigError(f"trainer.opponent_pool.agent={options.agent}: the agent's model trains nothing, so its snapshots would all be alike")
-    pool = OpponentPool(options, tuple(trainer.agent_names), trainer.policy, int(trainer.config.seed), trainer.run_dir)
-    trainer.policy.attach_pool(pool)
+    pool = OpponentPool(options, tuple(agent_names), policy, seed, run_dir)
+    policy.attach_pool(pool)
     return pool

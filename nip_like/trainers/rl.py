@@ -5,11 +5,14 @@ module -> replay buffer (TensorDict storage) -> epochs x minibatches ->
 optimiser -> logs -> periodic evaluation and checkpoint; a test loop at the
 end. A subclass implements only :meth:`TensorDictRlTrainer._get_loss_module_and_gae`.
 
-The build order (``__init__``), the loop
-(:meth:`TensorDictRlTrainer._run_train_loop`) and one iteration
-(:meth:`TensorDictRlTrainer.train_iteration`) read top to bottom here; the
-work of each part is in a sibling module: the build steps
-(:mod:`~nip_like.trainers.rl_build`), collection
+The trainer holds its config, scenario, logger and run folder, two frozen
+records of what it works with (:class:`~nip_like.trainers.rl_build.RlAgents`,
+then :class:`~nip_like.trainers.rl_build.RlParts`, both made by the builder
+:mod:`~nip_like.trainers.rl_build` in the build order), its counters
+(:class:`~nip_like.trainers.rl_state.TrainState`) and the replay buffer. The
+loop (:meth:`TensorDictRlTrainer._run_train_loop`) and one iteration
+(:meth:`TensorDictRlTrainer.train_iteration`: collect, lay out, update) read
+top to bottom here; the work of each step is in a sibling module: collection
 (:mod:`~nip_like.trainers.collection`), the update
 (:mod:`~nip_like.trainers.update`), evaluation and test
 (:mod:`~nip_like.trainers.evaluation`), the checkpoints and their state
@@ -41,18 +44,15 @@ from nip_like.checkpoint import load_checked
 from nip_like.errors import ModelServerError
 from nip_like.folders import resume_command
 from nip_like.logging import MetricLogger
-from nip_like.objectives.reference import ReferencePolicy
 from nip_like.precision import float32_region
 from nip_like.scenarios.base import Demonstrating, Labelled, Scenario, TensorGame
 from nip_like.trainers import collection, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.collector_state import in_flight
-from nip_like.trainers.data_parallel import LossPasses
 from nip_like.trainers.evaluation import RlEvaluation
 from nip_like.trainers.grad_flags import requires_grad_kept
-from nip_like.trainers.opponent_pool import build_opponent_pool, opponent_pool_problems
-from nip_like.trainers.policy_hooks import PolicyHooks, policy_hooks
-from nip_like.trainers.rl_build import RlBuildSteps
+from nip_like.trainers.opponent_pool import opponent_pool_problems
+from nip_like.trainers.rl_build import RlAgents, RlParts, build_agents, build_parts
 from nip_like.trainers.rl_state import RlCheckpoints, TrainState
 
 __all__ = ["TensorDictRlTrainer", "log"]
@@ -61,7 +61,20 @@ __all__ = ["TensorDictRlTrainer", "log"]
 log = logging.getLogger(__name__)
 
 
-class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictTrainer):
+class _part:
+    """A read-only name of the trainer for one field of its records (``agents`` or ``parts``)."""
+
+    def __init__(self, record: str, field: str, doc: str) -> None:
+        self.record, self.field, self.__doc__ = record, field, doc
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        return self if trainer is None else getattr(getattr(trainer, self.record), self.field)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        raise AttributeError(f"the trainer's parts are built once; {self.field} is {self.record}.{self.field}")
+
+
+class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
     """Standard on-policy RL trainer; subclasses supply the loss module.
 
     The trainer talks to the loss through the declared loss contract
@@ -79,26 +92,29 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
 
     Attributes
     ----------
-    policy : ProbabilisticActor
-        The agents' stacked policy (``("agents", ...)`` keys, see :mod:`nip_like.agent_modules`).
-    value : TensorDictModule
-        The agents' stacked value network.
-    policy_hooks : PolicyHooks
-        What the loop tells the policy and reads from it
-        (:func:`~nip_like.trainers.policy_hooks.policy_hooks`: the policy
-        itself for language-model agents, no-ops for tensor agents).
-    agent_names : tuple of str
-        Agents, in the order of the agent dimension.
     config : DictConfig
         The whole experiment config (``self.config.trainer`` holds the RL options).
+    agents : RlAgents
+        The agents, warm-started (:func:`~nip_like.trainers.rl_build.build_agents`):
+        ready when :meth:`_get_loss_module_and_gae` runs.
+    parts : RlParts
+        The loss, optimiser, schedule, collection and the rest, built from the
+        agents and the loss (:func:`~nip_like.trainers.rl_build.build_parts`).
+    state : TrainState
+        The loop's counters, saved in checkpoints.
+    buffer : TensorDictReplayBuffer or None
+        The loss's layout of the last batch.
 
     Notes
     -----
-    The attributes above are ready when :meth:`_get_loss_module_and_gae` runs.
-    The build steps (:class:`~nip_like.trainers.rl_build.RlBuildSteps`),
-    evaluation and test (:class:`~nip_like.trainers.evaluation.RlEvaluation`)
-    and the checkpoints (:class:`~nip_like.trainers.rl_state.RlCheckpoints`)
-    are parts of this class, each in its own module.
+    The trainer's names for its parts (:attr:`policy`, :attr:`value`,
+    :attr:`agent_names`, :attr:`reference_policy`, :attr:`loss_module`,
+    :attr:`optimizer`, :attr:`collector`, ...) read the two records; the
+    policy, value, agent names, scenario and device are ready when
+    :meth:`_get_loss_module_and_gae` runs. Evaluation and test
+    (:class:`~nip_like.trainers.evaluation.RlEvaluation`) and the checkpoints
+    (:class:`~nip_like.trainers.rl_state.RlCheckpoints`) are parts of this
+    class, each in its own module.
     """
 
     samples_from_servers = True
@@ -115,39 +131,64 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
 
     def __init__(self, config, scenario: TensorGame, run_dir: Path, logger: MetricLogger) -> None:
         super().__init__(config, scenario, run_dir, logger)
-        self.trainer_config = config.trainer
-        self.device = torch.device(config.run.device)
-        self.test_run = bool(config.run.test_run)
         self.test_episodes = int(config.trainer.num_test_episodes)
-        self.accumulation = self._accumulation_steps()
-        # The build order (its steps: rl_build): agents -> warm start -> reference -> loss -> optimiser -> collection.
-        self.agent_names = scenario.agent_names
-        self.agent_modules = scenario.make_agents()
-        self.agent_modules.modules().to(self.device)
-        self.policy = self.agent_modules.policy
-        self.value = self.agent_modules.value
-        #: What the loop tells the policy and reads from it (no-ops for tensor agents): see :mod:`~nip_like.trainers.policy_hooks`.
-        self.policy_hooks: PolicyHooks = policy_hooks(self.policy)
-        self._attach_inference_servers()
-        self.pretrain_metrics = self.warm_start()
-        # The initial policy, frozen: the common reference of objective/kl.
-        self.reference_policy = ReferencePolicy(self.policy)
-        # A sharded agent's automatic token budget is probed before sharding (its passes are then collectives).
-        token_bytes = self.probe_token_bytes(sharded=True) if self.runs_sharded else None
-        self.sharded = self.shard_agents()
-        self._build_loss()
-        self._build_optimizer()
-        self.opponent_pool = build_opponent_pool(self.trainer_config.opponent_pool, self)
-        with self.whole_weights():  # the collector runs the policy once to read its outputs
-            self._build_collection()
-        self.memory_metrics = self.set_token_budgets(token_bytes)
-        self.buffer: TensorDictReplayBuffer | None = None
+        # The build order (rl_build): agents -> warm start -> reference -> (shards) -> loss -> optimiser -> collection.
+        self.agents: RlAgents = build_agents(config, scenario, self.run_dir, self.device, self.distributed)
+        built = self._get_loss_module_and_gae()
+        self.parts: RlParts = build_parts(
+            config, scenario, self.agents, built, type(self).__name__, self.run_dir, self.device, self.distributed,
+            self.num_iterations, self._accumulation_steps(),
+        )
         self.state = TrainState()
+        self.buffer: TensorDictReplayBuffer | None = None
         self.final_metrics: dict[str, float] = {}
+        #: The evaluation's environments, by their number (built on first use; see :meth:`evaluate`).
+        self.eval_envs: dict[int, Any] = {}
+
+    # ------------------------------------------------------------- the parts
+    @property
+    def trainer_config(self) -> DictConfig:
+        """The RL options (``config.trainer``)."""
+        return self.config.trainer
+
+    @property
+    def device(self) -> torch.device:
+        """The run's device (``run.device``)."""
+        return torch.device(self.config.run.device)
+
+    @property
+    def test_run(self) -> bool:
+        """Whether every loop runs once (``run.test_run``)."""
+        return bool(self.config.run.test_run)
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        """Agents, in the order of the agent dimension."""
+        return self.scenario.agent_names
+
+    agent_modules = _part("agents", "modules", "The agents' stacked policy and value networks (:class:`~nip_like.agent_modules.AgentModules`).")
+    policy = _part("agents", "policy", "The agents' stacked policy (``(\"agents\", ...)`` keys, see :mod:`nip_like.agent_modules`).")
+    value = _part("agents", "value", "The agents' stacked value network.")
+    policy_hooks = _part("agents", "hooks", "What the loop tells the policy and reads from it (no-ops for tensor agents).")
+    reference_policy = _part("agents", "reference", "The initial policy, frozen: the common reference of ``objective/kl``.")
+    sharded = _part("agents", "sharded", "The FSDP2 units of the LM agents (``run.fsdp``), or None.")
+    pretrain_metrics = _part("agents", "warm_start_metrics", "The warm start's metrics, logged with the first iteration.")
+    loss_module = _part("parts", "loss_module", "The loss module of :meth:`_get_loss_module_and_gae`.")
+    advantage_module = _part("parts", "advantage_module", "Its advantage module (GAE), or None.")
+    loss_contract = _part("parts", "loss_contract", "How the loop talks to the loss (:mod:`nip_like.objectives.contract`).")
+    optimizer = _part("parts", "optimizer", "The optimiser: one parameter group per agent that trains.")
+    scheduler = _part("parts", "scheduler", "The learning-rate schedule, stepped once an iteration.")
+    update_schedule = _part("parts", "update_schedule", "Which agents each iteration trains.")
+    update_settings = _part("parts", "update_settings", "Epochs, accumulation, clipping and the divergence bound of the update.")
+    train_env = _part("parts", "train_env", "This rank's train environments.")
+    collector = _part("parts", "collector", "TorchRL's collector over the train environments.")
+    _collector_iterator = _part("parts", "batches", "The collector's batches, one an iteration.")
+    opponent_pool = _part("parts", "opponent_pool", "The opponent pool (``trainer.opponent_pool.agent``), or None.")
+    memory_metrics = _part("parts", "memory_metrics", "The LM agents' automatic token budgets, logged with the first iteration.")
 
     def whole_weights(self) -> Any:
         """A context in which sharded agents keep their weights whole (sampling, evaluation, test); else nothing."""
-        return self.sharded.gathered() if self.sharded is not None else nullcontext()
+        return self.agents.whole_weights()
 
     def _build_test_context(self, stack: ExitStack, deterministic: bool = True) -> None:
         super()._build_test_context(stack, deterministic)
@@ -301,10 +342,11 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         self.policy_hooks.pop_sampler_metrics()  # what evaluation sampled is not this iteration's
         # Sampling, advantages and the layout run with whole weights when the agents are sharded (run.fsdp):
         # the ranks' forward passes differ in number there.
-        pool = self.opponent_pool
+        parts = self.parts
+        pool = parts.opponent_pool
         with self.whole_weights():
             with pool.in_play() if pool is not None else nullcontext():
-                batch = collection.collect(self._collector_iterator, self.device, dist, int(self.config.seed))
+                batch = collection.collect(parts.batches, self.device, dist, int(self.config.seed))
             collected = time.perf_counter()
             frames = batch.numel() * dist.world_size
             self.state.frames += frames
@@ -312,49 +354,50 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
             metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
             metrics.update(self.policy_hooks.pop_sampler_metrics())
             if iteration == 0:
-                metrics.update(self.pretrain_metrics)
-                metrics.update(self.memory_metrics)
+                metrics.update(self.agents.warm_start_metrics)
+                metrics.update(parts.memory_metrics)
             if pool is not None:  # the pooled agent trains (and is diagnosed) on the episodes it played itself
                 metrics.update(pool.record(batch, iteration))
-            every = self._diagnostics_every
+            every = parts.diagnostics_every
             if every and iteration % every == 0:
-                diagnostics = collection.policy_diagnostics(batch, self.reference_policy, self.agent_names, self.scenario)
+                diagnostics = collection.policy_diagnostics(batch, self.agents.reference, self.agent_names, self.scenario)
                 metrics.update(dist.mean(diagnostics))
 
             # The loss's layout of the batch: advantages, then its items in the replay buffer.
             with torch.no_grad():
-                if self.advantage_module is not None:
+                if parts.advantage_module is not None:
                     # In float32 under run.autocast_dtype too: GAE's discounted sums are a conv1d, which autocast
                     # would run in bfloat16 (advantages and value targets to ~3 significant digits).
-                    with float32_region(self.device), requires_grad_kept(self.loss_module):  # frozen weights stay frozen
-                        self.advantage_module(batch)
-                self.loss_contract.start_iteration(iteration)
+                    with float32_region(self.device), requires_grad_kept(parts.loss_module):  # frozen weights stay frozen
+                        parts.advantage_module(batch)
+                contract = parts.loss_contract
+                contract.start_iteration(iteration)
                 # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
-                data = dist.gather_cat(self.loss_contract.layout_rollouts(batch), self.loss_contract.join_layouts)
+                data = dist.gather_cat(contract.layout_rollouts(batch), contract.join_layouts)
             metrics["train/layout_items"] = data.batch_size[0]
-            metrics.update({f"train/{k}": v for k, v in dist.mean(self.loss_contract.layout_metrics()).items()})
-        self.fill_buffer(data)
+            metrics.update({f"train/{k}": v for k, v in dist.mean(contract.layout_metrics()).items()})
+        self.buffer = self.fill_buffer(data)
 
         # The update: epochs x minibatches for the agents this iteration trains, then the schedule's step.
         # Agents without an optimiser group (frozen co-players, a shared policy's sharer without a value head) train nothing.
-        grouped = {group["agent"] for group in self.optimizer.param_groups}
-        trained = tuple(name for name in self.update_schedule.trained_agents(iteration) if name in grouped)
-        learning_rates = {f"lr/{group['agent']}": group["lr"] for group in self.optimizer.param_groups}
+        grouped = {group["agent"] for group in parts.optimizer.param_groups}
+        trained = tuple(name for name in parts.update_schedule.trained_agents(iteration) if name in grouped)
+        learning_rates = {f"lr/{group['agent']}": group["lr"] for group in parts.optimizer.param_groups}
         loss_stats = self._optimize(trained) if trained and len(self.buffer) else {}
         if loss_stats:
-            self.policy_hooks.weights_changed()  # inference servers get the new weights
-        if loss_stats or self._schedule_stepped:
-            self.scheduler.step()
+            self.agents.hooks.weights_changed()  # inference servers get the new weights
+        if loss_stats or parts.scheduler.last_epoch > 0:
+            parts.scheduler.step()
         else:
-            # The schedule follows iterations, also those that made no update; torch warns when its first step comes
-            # before the optimiser's. Only then this block: every catch_warnings block makes Python show again the
-            # warnings it has shown, so a block at every iteration would repeat any warning raised at every one.
+            # The schedule follows iterations, also those that made no update; torch warns when the schedule's first
+            # step (last_epoch 0) comes before the optimiser's. Only then this block: every catch_warnings block makes
+            # Python show again the warnings it has shown, so a block at every iteration would repeat any warning
+            # raised at every one.
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
-                self.scheduler.step()
-        self._schedule_stepped = True
+                parts.scheduler.step()
         if pool is not None:
-            pool.after_update(iteration + 1, in_flight(self.collector).get(keys.GROUP_ID_KEY))
+            pool.after_update(iteration + 1, in_flight(parts.collector).get(keys.GROUP_ID_KEY))
         finished = time.perf_counter()
 
         metrics.update(loss_stats)
@@ -371,47 +414,46 @@ class TensorDictRlTrainer(RlBuildSteps, RlEvaluation, RlCheckpoints, TensorDictT
         metrics.update(learning_rates)
         return metrics
 
-    def fill_buffer(self, data: TensorDictBase) -> None:
-        """Put the loss's layout of this iteration's batch in the replay buffer (:func:`~nip_like.trainers.update.fill_buffer`).
+    def fill_buffer(self, data: TensorDictBase) -> TensorDictReplayBuffer:
+        """The replay buffer holding the loss's layout of this iteration's batch (:func:`~nip_like.trainers.update.fill_buffer`).
 
-        A named step of :meth:`train_iteration`: the distributed tests record
-        what fills it under torchrun and replay it in one process.
+        The last buffer, refilled where it fits. A named step of
+        :meth:`train_iteration`, which keeps what it returns as :attr:`buffer`:
+        the distributed tests record what fills it under torchrun and replay
+        it in one process.
         """
-        self.buffer = update.fill_buffer(self.buffer, data, self.trainer_config.minibatch_size, self.device)
+        return update.fill_buffer(self.buffer, data, self.trainer_config.minibatch_size, self.device)
 
     def _optimize(self, trained: tuple[str, ...]) -> dict[str, float]:
         """Optimise the ``trained`` agents on the buffer (:func:`~nip_like.trainers.update.optimize`); the update's statistics."""
+        parts, hooks = self.parts, self.agents.hooks
         # LM agents count the padding of their scoring passes: only the update's are reported.
-        self.policy_hooks.pop_padding_fraction()
-        if self._loss_passes is None:
-            # Under torchrun, DDP (replicated agents) or FSDP2 (run.fsdp) sums the ranks' gradients. Built here, where
-            # every rank arrives together (rank 0 builds the trainer before the others), after the warm start.
-            self._loss_passes = LossPasses(self.loss_module, self.distributed, lockstep=self.sharded is not None)
+        hooks.pop_padding_fraction()
         records, norms = update.optimize(
-            self._loss_passes,
+            parts.loss_passes,
             self.buffer,
-            self.optimizer,
+            parts.optimizer,
             trained,
-            self.update_settings,
+            parts.update_settings,
             self.distributed,
             self.state.iteration + 1,
             self._last_checkpoint_note,
         )
         self.state.gradient_steps += len(norms)
-        stats = update.update_statistics(records, self.loss_contract)
-        frozen = tuple(f"agents/{name}/" for name in self.policy_hooks.frozen_sources())
+        stats = update.update_statistics(records, parts.loss_contract)
+        frozen = tuple(f"agents/{name}/" for name in hooks.frozen_sources())
         stats = {name: value for name, value in stats.items() if not name.startswith(frozen)} if frozen else stats  # a frozen co-player trains nothing
-        padding = self.policy_hooks.pop_padding_fraction()
+        padding = hooks.pop_padding_fraction()
         if padding is not None:
             stats["train/padding_fraction"] = padding
         stats = self.distributed.mean(stats, weight=len(records))
-        stepped = [group["agent"] for group in self.optimizer.param_groups if group["agent"] in trained]  # the norms' order
+        stepped = [group["agent"] for group in parts.optimizer.param_groups if group["agent"] in trained]  # the norms' order
         for name, values in zip(stepped, torch.stack(norms).mean(0).tolist()):
             stats[f"train/grad_norm/{name}"] = values
         update.check_parameters(
-            self.optimizer,
+            parts.optimizer,
             trained,
-            self.update_settings.divergence_bound,
+            parts.update_settings.divergence_bound,
             self.state.iteration + 1,
             self._last_checkpoint_note,
             self.distributed,

@@ -41,6 +41,11 @@ class TrainState:
     stopped_early: bool = False  # whether early stopping ended training
     train_seconds: float = 0.0  # wall time spent in the train loop, over all sessions
 
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take the counters of ``saved`` (:func:`dataclasses.asdict` of a state, as a checkpoint holds it)."""
+        for name, value in asdict(TrainState(**saved)).items():
+            setattr(self, name, value)
+
 
 def frozen_keys(agents: nn.Module, loss_module: nn.Module) -> set[str]:
     """Keys of ``loss_module``'s state that hold frozen weights of ``agents`` (a LoRA agent's base model)."""
@@ -142,7 +147,7 @@ class RlCheckpoints(TensorDictTrainer):
             optimizer_state = shard_optimizer_state(optimizer_state, (p for g in self.optimizer.param_groups for p in g["params"]))
         self.optimizer.load_state_dict(optimizer_state)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.state = TrainState(**state["train_state"])
+        self.state.restore(state["train_state"])
         if self.opponent_pool is not None:
             if state.get("opponent_pool") is None:
                 raise CheckpointError("the checkpoint was written without trainer.opponent_pool: resume with the same settings")
@@ -150,4 +155,4 @@ class RlCheckpoints(TensorDictTrainer):
         load_collection_state(self.collector, self.train_env, own_collection, self.device)
         self.distributed.set_rng_state(own_collection.get("rank_rng"))
         set_rng_states(state["rng"])
-        self.progress_initial = {"_run_train_loop": self.state.iteration}
+        self.progress_initial["_run_train_loop"] = self.state.iteration
