@@ -297,7 +297,7 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     from nip_like.run_lock import LOCK_FILE
     from nip_like.trainers import collection
     from nip_like.trainers.data_parallel import LossPasses
-    from nip_like.trainers.evaluation import RlEvaluation
+    from nip_like.trainers.evaluation import RlEvaluator
     from tests.test_signals_in_phases import Signals
 
     signals, inside = Signals(signal.SIGTERM), {"on": False}
@@ -314,7 +314,7 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     if phase == "update":  # the first minibatch's forward pass; the second minibatch is then not run
         _signal_when(monkeypatch, LossPasses, "forward", signals)
     else:  # a token sampled inside the collection, or inside the evaluation
-        _inside(monkeypatch, *((collection, "collect") if phase == "sampling" else (RlEvaluation, "evaluate")), inside)
+        _inside(monkeypatch, *((collection, "collect") if phase == "sampling" else (RlEvaluator, "evaluate")), inside)
         _signal_when(monkeypatch, decoding, "entropy", signals, lambda: inside["on"])
     run_dir = tmp_path / "run"
     try:

@@ -36,7 +36,7 @@ from nip_like.scenarios.graph_isomorphism.data import GraphPairSpec, cache_path,
 from nip_like.supervised import supervised_epoch
 from nip_like.trainers import update
 from nip_like.trainers.data_parallel import LossPasses
-from nip_like.trainers.evaluation import RlEvaluation
+from nip_like.trainers.evaluation import RlEvaluator
 from tests.conftest import popen_cli, smoke_config
 from tests.test_reliability import assert_one_row_per_step, iteration_of, metric_steps
 from tests.test_reliability import default_sigint  # noqa: F401 - the autouse fixture: SIGINT as a terminal gives it
@@ -230,7 +230,7 @@ def test_a_run_stopped_before_its_first_checkpoint_runs_again_in_its_folder_with
 def test_a_signal_in_the_evaluation_before_the_first_iteration_stops_it_within_a_step(tmp_path, monkeypatch, signals):
     when = {"slow": False}
     slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)  # each step of every episode takes a second
-    on_call(monkeypatch, RlEvaluation, "evaluate", lambda: when.update(slow=True))
+    on_call(monkeypatch, RlEvaluator, "evaluate", lambda: when.update(slow=True))
     run_dir = tmp_path / "run"
     error, seconds = interrupted(smoke_config("trainer.eval.every=1"), run_dir, signals)
     assert seconds < PROMPT_STOP_SECONDS, seconds
@@ -247,7 +247,7 @@ def test_a_signal_in_a_long_test_batch_stops_it_and_resume_tests_again(tmp_path,
     reference = run_experiment(smoke_config(*overrides), tmp_path / "reference")
     when = {"slow": False}
     slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)
-    on_call(monkeypatch, RlEvaluation, "_play_test_loop", lambda: when.update(slow=True))
+    on_call(monkeypatch, RlEvaluator, "test_env", lambda: when.update(slow=True))
     run_dir = tmp_path / "run"
     error, seconds = interrupted(smoke_config(*overrides), run_dir, signals)
     assert seconds < PROMPT_STOP_SECONDS, seconds

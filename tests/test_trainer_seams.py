@@ -22,7 +22,6 @@ from nip_like.objectives.ppo import MultiAgentPPOLoss
 from nip_like.trainers import PpoTrainer, collection, update
 from nip_like.trainers.base import TensorDictTrainer
 from nip_like.trainers.checked_configs import was_checked
-from nip_like.trainers.evaluation import RlEvaluation
 from nip_like.trainers.policy_hooks import PolicyHooks, TensorPolicyHooks, hook_names, policy_hooks
 from nip_like.trainers.rl import TensorDictRlTrainer
 from nip_like.trainers.rl_build import build_agents, build_parts
@@ -99,7 +98,7 @@ def test_a_policy_with_some_hooks_only_is_refused_in_one_line():
 def test_every_tensor_trainer_has_one_test_loop_convention():
     # test() is TensorDictTrainer's: the test context around the hook _run_test_loop, which the RL trainer writes too.
     assert TensorDictRlTrainer.test is TensorDictTrainer.test
-    assert "_run_test_loop" in vars(RlEvaluation) and "test" not in vars(RlEvaluation)
+    assert "_run_test_loop" in vars(TensorDictRlTrainer) and "test" not in vars(TensorDictRlTrainer)
 
 
 def test_a_run_checks_its_trainer_options_once(tmp_path, monkeypatch):

@@ -1,18 +1,18 @@
 """Evaluation and test of the RL trainers: playing whole episodes, transcripts, the best checkpoint's bookkeeping.
 
-:class:`RlEvaluation` is the part of
-:class:`~nip_like.trainers.rl.TensorDictRlTrainer` that evaluates (periodic
-evaluation, the best checkpoint) and tests (the final test loop); the
-functions are its helpers (and those of other tensor trainers that play
-episodes).
+:class:`RlEvaluator` is the plain object with which
+:class:`~nip_like.trainers.rl.TensorDictRlTrainer` evaluates (periodic
+evaluation) and tests (the batches of the final test loop); the functions are
+its helpers (and those of other tensor trainers that play episodes):
+:func:`track_best` keeps the best checkpoint's bookkeeping.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -23,7 +23,6 @@ from nip_like.interrupts import StopNow, StopRequested, stop_point, stop_request
 from nip_like.logging import MetricLogger
 from nip_like.scenarios.base import TensorGame
 from nip_like.trainers import collection
-from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.collection import finished_episodes
 from nip_like.trainers.rl_state import TrainState
 
@@ -107,125 +106,95 @@ def with_optimality(metrics: dict[str, float], optimum: dict[str, float]) -> dic
     return metrics
 
 
-class RlEvaluation(TensorDictTrainer):
-    """Evaluation and test of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`: the part of it that plays fixed episodes.
+class RlEvaluator:
+    """What an RL trainer plays to evaluate and test its agents: fixed episodes of its scenario, by its policy.
 
-    Periodic evaluation on the scenario's eval split (with the best
-    checkpoint's bookkeeping) and the test loop on :attr:`test_split` (the
-    hook ``_run_test_loop`` that every tensor trainer writes, which
-    :meth:`~nip_like.trainers.base.TensorDictTrainer.test` runs), both in the
-    test context, with the agents and settings the RL trainer builds.
+    A plain object over the trainer's parts: the scenario, the policy (the
+    stacked agents of :class:`~nip_like.trainers.rl_build.RlAgents`), the
+    run's options and rank context, and where transcripts go. The trainer
+    (:class:`~nip_like.trainers.rl.TensorDictRlTrainer`) enters the test
+    context around each call and draws the test loop's progress bar.
+
+    Parameters
+    ----------
+    scenario : TensorGame
+        The game: its eval and test splits, episode metrics and transcripts.
+    policy : Module
+        The agents' stacked policy.
+    config : DictConfig
+        The whole experiment config (``trainer``, ``seed``, ``run.test_run``).
+    device : torch.device
+        Where the environments run.
+    dist : Distributed
+        The rank context: each rank plays its share of the episodes.
+    run_dir : Path
+        The run folder (``transcripts/``).
+    logger : MetricLogger
+        Where the transcripts are logged as text.
     """
 
-    @property
-    def num_test_iterations(self) -> int:
-        """Test-loop iterations (1 in test-run mode)."""
-        if self.test_run:
-            return 1
-        return math.ceil(self.test_episodes / self.trainer_config.test_batch_episodes)
+    def __init__(self, scenario: TensorGame, policy, config, device: torch.device, dist, run_dir: Path, logger: MetricLogger) -> None:
+        self.scenario, self.policy, self.config, self.device = scenario, policy, config, device
+        self.dist, self.run_dir, self.logger = dist, Path(run_dir), logger
+        #: The evaluation's environments, by their number of episodes (built on first use).
+        self.eval_envs: dict[int, Any] = {}
 
-    def evaluate(self) -> dict[str, float]:
+    @property
+    def test_run(self) -> bool:
+        """Whether every loop runs once (``run.test_run``): a few episodes instead of the configured numbers."""
+        return bool(self.config.run.test_run)
+
+    def evaluate(self, iteration: int) -> dict[str, float]:
         """Play ``trainer.eval.num_episodes`` episodes on fixed eval data; return ``eval/`` metrics.
 
-        The same episodes at every evaluation. Call it inside the test context
-        (:meth:`~nip_like.trainers.base.TensorDictTrainer._build_test_context`), as the train loop does.
+        The same episodes at every evaluation, and no draw from the training
+        generators. Call it inside the test context, as the train loop does;
+        the transcripts are ``transcripts/eval_<iteration>.jsonl``.
         """
-        dist = self.distributed
-        num_episodes = dist.share(8 if self.test_run else self.trainer_config.eval.num_episodes, "trainer.eval.num_episodes")
+        dist, seed = self.dist, int(self.config.seed)
+        num_episodes = dist.share(8 if self.test_run else self.config.trainer.eval.num_episodes, "trainer.eval.num_episodes")
         env = self.eval_envs.get(num_episodes)
         if env is None:  # built once for its number of episodes (a test run evaluates fewer)
             self.eval_envs.clear()
             env = self.eval_envs[num_episodes] = self.scenario.make_env(num_episodes, self.scenario.eval_split, 0, self.device)
-        # The same episodes at every evaluation, and no draw from the training generators.
-        env.rng.manual_seed(dist.seed(int(self.config.seed), "eval_env"))
-        with dist.rank_rng(int(self.config.seed)):
+        env.rng.manual_seed(dist.seed(seed, "eval_env"))
+        with dist.rank_rng(seed):
             episodes = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
         episodes = dist.gather_cat(episodes)  # each rank played its share
-        self._write_transcripts(episodes, f"eval_{self.state.iteration:06d}")
+        self.write_transcripts(episodes, f"eval_{iteration:06d}", iteration)
         return {f"eval/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
 
-    def _write_transcripts(self, episodes: TensorDictBase, name: str) -> None:
-        write_transcripts(
-            self.scenario,
-            episodes,
-            name,
-            int(self.trainer_config.eval.transcripts),
-            self.run_dir,
-            self.logger,
-            self.state.iteration,
-            writer=self.distributed.is_writer,
-        )
+    def num_test_batches(self, test_episodes: int) -> int:
+        """Batches of ``trainer.test_batch_episodes`` the test plays for ``test_episodes`` episodes (1 in test-run mode)."""
+        return 1 if self.test_run else math.ceil(test_episodes / self.config.trainer.test_batch_episodes)
 
-    def check_eval_metric(self) -> None:
-        """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
+    def test_env(self, split: str):
+        """This rank's environments of one test batch on ``split``, each datapoint ``trainer.test_rollouts`` times side by side."""
+        rollouts = int(self.config.trainer.get("test_rollouts", 1))
+        batch = rollouts * max(1, 8 // rollouts) if self.test_run else self.config.trainer.test_batch_episodes
+        batch_episodes = self.dist.share(batch, "trainer.test_batch_episodes")
+        seed = self.dist.seed(int(self.config.seed), "test_env")
+        return self.scenario.make_env(batch_episodes, split, seed, self.device, group_size=rollouts)
 
-        :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` calls it when
-        evaluation is on; a caller that builds a trainer may call it to learn
-        of a wrong metric before any training.
-        Plays one evaluation (on the generator state it would use anyway, and
-        with the global generators forked and restored, so training is the same
-        with or without this check) and looks the metric up among its results.
-        """
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), ExitStack() as stack:
-            self._build_test_context(stack, self.trainer_config.eval.deterministic)
-            require_eval_metric(self.trainer_config.eval.metric, self.evaluate())
+    def play_test_batch(self, env, iteration: int) -> TensorDictBase:
+        """One batch of test episodes on ``env``, all ranks' (a stop request ends it: ``StopRequested`` at ``iteration``)."""
+        dist = self.dist
+        if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
+            raise StopRequested(iteration, phase="test")
+        with dist.rank_rng(int(self.config.seed)):
+            try:
+                played = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
+            except StopNow:  # in a long batch of episodes: the same stop, the batch dropped
+                raise StopRequested(iteration, phase="test") from None
+        return dist.gather_cat(played)  # each rank played its share of the batch
 
-    def _track_best(self, metrics: dict[str, float]) -> None:
-        """Note the evaluation in the state (best so far, early stopping); a new best writes ``best.pt``."""
-        eval_config = self.trainer_config.eval
-        require_eval_metric(eval_config.metric, metrics)
-        value = metrics[eval_config.metric]
-        if track_best(self.state, value, eval_config.mode, eval_config.early_stopping_patience):
-            self.save_checkpoint("best")
-        metrics["eval/best"] = self.state.best_metric
-
-    def _run_test_loop(self) -> dict[str, float]:
-        """The test loop (the hook of :meth:`~nip_like.trainers.base.TensorDictTrainer.test`): the ``test/...`` metrics.
-
-        Plays :attr:`test_episodes` episodes on :attr:`test_split` (one batch
-        in test-run mode), each datapoint ``trainer.test_rollouts`` times side
-        by side, and writes their transcripts to ``transcripts/test.jsonl``.
-        Runs in the test context, as every trainer's test loop;
-        :meth:`~nip_like.trainers.rl.TensorDictRlTrainer.train` ends with the
-        test and ``python -m nip_like.evaluate`` calls it on a saved state.
-        """
-        all_episodes = self._play_test_loop()
-        self._write_transcripts(all_episodes, "test")
-        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, all_episodes).items()}
+    def test_metrics(self, episodes: TensorDictBase, iteration: int) -> dict[str, float]:
+        """The ``test/...`` metrics of the test's ``episodes`` (with each agent's optimality); their transcripts to ``transcripts/test.jsonl``."""
+        self.write_transcripts(episodes, "test", iteration)
+        metrics = {f"test/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
         return with_optimality(metrics, self.scenario.optimal_rewards() or {})
 
-    def play_test_episodes(self) -> TensorDictBase:
-        """The test's episodes, played in the test context: the ``"next"`` entries of each one's final step.
-
-        The same episodes as :meth:`~nip_like.trainers.base.TensorDictTrainer.test`
-        plays (same split, seed and number), for an analysis that needs more
-        than their metrics (``python -m nip_like.analyse message-regression``).
-        """
-        with ExitStack() as stack:
-            self._build_test_context(stack)
-            return self._play_test_loop()
-
-    @attach_progress_bar(lambda self: self.num_test_iterations)
-    def _play_test_loop(self, iteration_context: IterationContext) -> TensorDictBase:
-        iteration_context.set_description("Testing")
-        dist = self.distributed
-        rollouts = int(self.trainer_config.get("test_rollouts", 1))  # each datapoint played this many times, side by side
-        batch = rollouts * max(1, 8 // rollouts) if self.test_run else self.trainer_config.test_batch_episodes
-        batch_episodes = dist.share(batch, "trainer.test_batch_episodes")
-        env = self.scenario.make_env(
-            batch_episodes, self.test_split, dist.seed(int(self.config.seed), "test_env"), self.device, group_size=rollouts
-        )
-        episodes = []
-        for _ in range(self.num_test_iterations):
-            if dist.any(stop_requested()):  # training is done and saved: a resumed run tests again
-                raise StopRequested(self.state.iteration, phase="test")
-            with dist.rank_rng(int(self.config.seed)):
-                try:
-                    played = run_episodes(env, self.policy, self.scenario.protocol.num_rounds)
-                except StopNow:  # in a long batch of episodes: the same stop, the batch dropped
-                    raise StopRequested(self.state.iteration, phase="test") from None
-            episodes.append(dist.gather_cat(played))  # each rank played its share of the batch
-            iteration_context.step()
-        all_episodes = torch.cat(episodes)
-        return all_episodes if self.test_run else all_episodes[: self.test_episodes]
+    def write_transcripts(self, episodes: TensorDictBase, name: str, iteration: int) -> None:
+        """:func:`write_transcripts` of up to ``trainer.eval.transcripts`` of ``episodes``, by the writer rank."""
+        count = int(self.config.trainer.eval.transcripts)
+        write_transcripts(self.scenario, episodes, name, count, self.run_dir, self.logger, iteration, self.dist.is_writer)

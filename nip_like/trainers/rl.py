@@ -49,11 +49,11 @@ from nip_like.scenarios.base import Demonstrating, Labelled, Scenario, TensorGam
 from nip_like.trainers import collection, update
 from nip_like.trainers.base import IterationContext, TensorDictTrainer, attach_progress_bar
 from nip_like.trainers.collector_state import in_flight
-from nip_like.trainers.evaluation import RlEvaluation
+from nip_like.trainers.evaluation import RlEvaluator, require_eval_metric, track_best
 from nip_like.trainers.grad_flags import requires_grad_kept
 from nip_like.trainers.opponent_pool import opponent_pool_problems
 from nip_like.trainers.rl_build import RlAgents, RlParts, build_agents, build_parts
-from nip_like.trainers.rl_state import RlCheckpoints, TrainState
+from nip_like.trainers.rl_state import TrainState, load_loss_state, load_rl_state, rl_state_dict, save_agent_folders
 
 __all__ = ["TensorDictRlTrainer", "log"]
 
@@ -74,7 +74,7 @@ class _part:
         raise AttributeError(f"the trainer's parts are built once; {self.field} is {self.record}.{self.field}")
 
 
-class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
+class TensorDictRlTrainer(TensorDictTrainer):
     """Standard on-policy RL trainer; subclasses supply the loss module.
 
     The trainer talks to the loss through the declared loss contract
@@ -104,6 +104,8 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
         The loop's counters, saved in checkpoints.
     buffer : TensorDictReplayBuffer or None
         The loss's layout of the last batch.
+    evaluator : RlEvaluator
+        What plays the evaluation and test episodes (:mod:`~nip_like.trainers.evaluation`).
 
     Notes
     -----
@@ -111,10 +113,10 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
     :attr:`agent_names`, :attr:`reference_policy`, :attr:`loss_module`,
     :attr:`optimizer`, :attr:`collector`, ...) read the two records; the
     policy, value, agent names, scenario and device are ready when
-    :meth:`_get_loss_module_and_gae` runs. Evaluation and test
-    (:class:`~nip_like.trainers.evaluation.RlEvaluation`) and the checkpoints
-    (:class:`~nip_like.trainers.rl_state.RlCheckpoints`) are parts of this
-    class, each in its own module.
+    :meth:`_get_loss_module_and_gae` runs. Evaluation and test play through
+    :attr:`evaluator` (:class:`~nip_like.trainers.evaluation.RlEvaluator`, a
+    plain object over the scenario and the policy); what the checkpoints hold is
+    written and read by functions of the records (:mod:`~nip_like.trainers.rl_state`).
     """
 
     samples_from_servers = True
@@ -142,8 +144,7 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
         self.state = TrainState()
         self.buffer: TensorDictReplayBuffer | None = None
         self.final_metrics: dict[str, float] = {}
-        #: The evaluation's environments, by their number (built on first use; see :meth:`evaluate`).
-        self.eval_envs: dict[int, Any] = {}
+        self.evaluator = RlEvaluator(scenario, self.agents.policy, config, self.device, self.distributed, self.run_dir, logger)
 
     # ------------------------------------------------------------- the parts
     @property
@@ -290,7 +291,7 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
                 self._run_train_loop()
         if self.trainer_config.eval.test_checkpoint == "best" and self.state.best_iteration is not None:
             best = load_checked(self.checkpoint_dir / "best.pt", self.run_id)
-            self._load_loss_module_state(best["trainer"]["loss_module"])
+            load_loss_state(self.agents, self.parts, best["trainer"]["loss_module"])
         self.final_metrics = self.test()
         self.logger.log(self.final_metrics, step=self.state.iteration)
         return self.final_metrics
@@ -328,65 +329,102 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
     _postfix_keys = ("train/reward", "eval/reward", "loss/policy")
 
     def train_iteration(self) -> dict[str, float]:
-        """Collect one batch and optimise on it; return the iteration's metrics.
+        """Collect one batch, lay it out, update on it; return the iteration's metrics.
 
-        One iteration of the train loop, without evaluation, checkpoint or
-        the advance of ``state.iteration`` (the loop does those). Call it
-        inside the train context (:meth:`_build_train_context`), as the loop
-        does; tests call it to look at one iteration.
+        One iteration of the train loop in its three named steps
+        (:meth:`collect_rollouts`, :meth:`lay_out_rollouts`, :meth:`update_agents`), without
+        evaluation, checkpoint or the advance of ``state.iteration`` (the loop
+        does those). Call it inside the train context
+        (:meth:`_build_train_context`), as the loop does; tests call it to
+        look at one iteration.
         """
-        iteration = self.state.iteration
         started = time.perf_counter()
-        dist = self.distributed
-        # Collection: a batch, its finished episodes and their metrics.
         self.policy_hooks.pop_sampler_metrics()  # what evaluation sampled is not this iteration's
         # Sampling, advantages and the layout run with whole weights when the agents are sharded (run.fsdp):
         # the ranks' forward passes differ in number there.
-        parts = self.parts
-        pool = parts.opponent_pool
         with self.whole_weights():
-            with pool.in_play() if pool is not None else nullcontext():
-                batch = collection.collect(parts.batches, self.device, dist, int(self.config.seed))
+            batch, metrics = self.collect_rollouts()
             collected = time.perf_counter()
-            frames = batch.numel() * dist.world_size
-            self.state.frames += frames
-            episodes = dist.gather_cat(collection.finished_episodes(batch))
-            metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
-            metrics.update(self.policy_hooks.pop_sampler_metrics())
-            if iteration == 0:
-                metrics.update(self.agents.warm_start_metrics)
-                metrics.update(parts.memory_metrics)
-            if pool is not None:  # the pooled agent trains (and is diagnosed) on the episodes it played itself
-                metrics.update(pool.record(batch, iteration))
-            every = parts.diagnostics_every
-            if every and iteration % every == 0:
-                diagnostics = collection.policy_diagnostics(batch, self.agents.reference, self.agent_names, self.scenario)
-                metrics.update(dist.mean(diagnostics))
-
-            # The loss's layout of the batch: advantages, then its items in the replay buffer.
-            with torch.no_grad():
-                if parts.advantage_module is not None:
-                    # In float32 under run.autocast_dtype too: GAE's discounted sums are a conv1d, which autocast
-                    # would run in bfloat16 (advantages and value targets to ~3 significant digits).
-                    with float32_region(self.device), requires_grad_kept(parts.loss_module):  # frozen weights stay frozen
-                        parts.advantage_module(batch)
-                contract = parts.loss_contract
-                contract.start_iteration(iteration)
-                # Every rank optimises on the whole batch's layout: the ranks' layouts, in rank order.
-                data = dist.gather_cat(contract.layout_rollouts(batch), contract.join_layouts)
-            metrics["train/layout_items"] = data.batch_size[0]
-            metrics.update({f"train/{k}": v for k, v in dist.mean(contract.layout_metrics()).items()})
+            data, layout_metrics = self.lay_out_rollouts(batch)
+        metrics.update(layout_metrics)
         self.buffer = self.fill_buffer(data)
+        metrics.update(self.update_agents())
+        finished = time.perf_counter()
+        frames = batch.numel() * self.distributed.world_size
+        metrics.update(
+            {
+                "train/frames": self.state.frames,
+                "train/gradient_steps": self.state.gradient_steps,
+                "train/iteration": self.state.iteration + 1,
+                "SPS": frames / (finished - started),
+                "timers/collect": collected - started,
+                "timers/update": finished - collected,
+            }
+        )
+        return metrics
 
-        # The update: epochs x minibatches for the agents this iteration trains, then the schedule's step.
-        # Agents without an optimiser group (frozen co-players, a shared policy's sharer without a value head) train nothing.
+    def collect_rollouts(self) -> tuple[TensorDictBase, dict[str, float]]:
+        """Step 1 of an iteration: this rank's batch from the collector, and the metrics of its finished episodes.
+
+        With an opponent pool, the pooled seats play this iteration's draws and
+        the pool records the episodes; every ``trainer.diagnostics_every``
+        iterations, the policy's divergence from its reference is measured on
+        the batch. Counts the batch's frames (all ranks') in ``state.frames``.
+        """
+        iteration, dist, parts = self.state.iteration, self.distributed, self.parts
+        pool = parts.opponent_pool
+        with pool.in_play() if pool is not None else nullcontext():
+            batch = collection.collect(parts.batches, self.device, dist, int(self.config.seed))
+        self.state.frames += batch.numel() * dist.world_size
+        episodes = dist.gather_cat(collection.finished_episodes(batch))
+        metrics = {f"train/{k}": v for k, v in collection.episode_metrics(self.scenario, episodes).items()}
+        metrics.update(self.policy_hooks.pop_sampler_metrics())
+        if iteration == 0:
+            metrics.update(self.agents.warm_start_metrics)
+            metrics.update(parts.memory_metrics)
+        if pool is not None:  # the pooled agent trains (and is diagnosed) on the episodes it played itself
+            metrics.update(pool.record(batch, iteration))
+        every = parts.diagnostics_every
+        if every and iteration % every == 0:
+            diagnostics = collection.policy_diagnostics(batch, self.agents.reference, self.agent_names, self.scenario)
+            metrics.update(dist.mean(diagnostics))
+        return batch, metrics
+
+    def lay_out_rollouts(self, batch: TensorDictBase) -> tuple[TensorDictBase, dict[str, float]]:
+        """Step 2: the loss's layout of ``batch`` (advantages first, if any), all ranks' in rank order, and its metrics.
+
+        Every rank optimises on the whole batch's layout, so each one gathers
+        the others'. Runs without gradients.
+        """
+        parts, dist = self.parts, self.distributed
+        with torch.no_grad():
+            if parts.advantage_module is not None:
+                # In float32 under run.autocast_dtype too: GAE's discounted sums are a conv1d, which autocast
+                # would run in bfloat16 (advantages and value targets to ~3 significant digits).
+                with float32_region(self.device), requires_grad_kept(parts.loss_module):  # frozen weights stay frozen
+                    parts.advantage_module(batch)
+            contract = parts.loss_contract
+            contract.start_iteration(self.state.iteration)
+            data = dist.gather_cat(contract.layout_rollouts(batch), contract.join_layouts)
+        metrics = {"train/layout_items": data.batch_size[0]}
+        metrics.update({f"train/{k}": v for k, v in dist.mean(contract.layout_metrics()).items()})
+        return data, metrics
+
+    def update_agents(self) -> dict[str, float]:
+        """Step 3: epochs x minibatches on :attr:`buffer` for the agents this iteration trains, then the schedule's step.
+
+        Agents without an optimiser group (frozen co-players, a shared
+        policy's sharer without a value head) train nothing. Returns the
+        update's statistics and the learning rates it used (``lr/<agent>``).
+        """
+        iteration, parts = self.state.iteration, self.parts
         grouped = {group["agent"] for group in parts.optimizer.param_groups}
         trained = tuple(name for name in parts.update_schedule.trained_agents(iteration) if name in grouped)
         learning_rates = {f"lr/{group['agent']}": group["lr"] for group in parts.optimizer.param_groups}
-        loss_stats = self._optimize(trained) if trained and len(self.buffer) else {}
-        if loss_stats:
+        stats = self._optimize(trained) if trained and len(self.buffer) else {}
+        if stats:
             self.agents.hooks.weights_changed()  # inference servers get the new weights
-        if loss_stats or parts.scheduler.last_epoch > 0:
+        if stats or parts.scheduler.last_epoch > 0:
             parts.scheduler.step()
         else:
             # The schedule follows iterations, also those that made no update; torch warns when the schedule's first
@@ -396,23 +434,9 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
                 parts.scheduler.step()
-        if pool is not None:
-            pool.after_update(iteration + 1, in_flight(parts.collector).get(keys.GROUP_ID_KEY))
-        finished = time.perf_counter()
-
-        metrics.update(loss_stats)
-        metrics.update(
-            {
-                "train/frames": self.state.frames,
-                "train/gradient_steps": self.state.gradient_steps,
-                "train/iteration": iteration + 1,
-                "SPS": frames / (finished - started),
-                "timers/collect": collected - started,
-                "timers/update": finished - collected,
-            }
-        )
-        metrics.update(learning_rates)
-        return metrics
+        if parts.opponent_pool is not None:
+            parts.opponent_pool.after_update(iteration + 1, in_flight(parts.collector).get(keys.GROUP_ID_KEY))
+        return {**stats, **learning_rates}
 
     def fill_buffer(self, data: TensorDictBase) -> TensorDictReplayBuffer:
         """The replay buffer holding the loss's layout of this iteration's batch (:func:`~nip_like.trainers.update.fill_buffer`).
@@ -459,6 +483,97 @@ class TensorDictRlTrainer(RlEvaluation, RlCheckpoints, TensorDictTrainer):
             self.distributed,
         )
         return stats
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, name: str = "last") -> Path:
+        """Write the trainer state to ``checkpoints/<name>.pt``, and the agents in their own format.
+
+        Agents that write themselves in their own format (the policy hook
+        :meth:`~nip_like.trainers.policy_hooks.PolicyHooks.save_pretrained`:
+        language-model agents, as Hugging Face folders) are also saved under
+        ``checkpoints/<name>/<agent>/`` (model, tokenizer, value head), beside
+        the full trainer state that exact resumption reads.
+        """
+        path = super().save_checkpoint(name)
+        save_agent_folders(self.agents, self.checkpoint_dir / name, self.distributed)
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds (:func:`~nip_like.trainers.rl_state.rl_state_dict`)."""
+        return rl_state_dict(self.agents, self.parts, self.state, self.distributed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint's state (:func:`~nip_like.trainers.rl_state.load_rl_state`); the progress bar resumes there."""
+        load_rl_state(self.agents, self.parts, self.state, state, self.distributed, self.device)
+        self.progress_initial["_run_train_loop"] = self.state.iteration
+
+    # ------------------------------------------------------ evaluation and test
+    def evaluate(self) -> dict[str, float]:
+        """Play ``trainer.eval.num_episodes`` episodes on fixed eval data (:meth:`RlEvaluator.evaluate <nip_like.trainers.evaluation.RlEvaluator.evaluate>`); the ``eval/`` metrics.
+
+        Call it inside the test context (:meth:`_build_test_context`), as the train loop does.
+        """
+        return self.evaluator.evaluate(self.state.iteration)
+
+    def check_eval_metric(self) -> None:
+        """Refuse a ``trainer.eval.metric`` that evaluation does not report, before the first step.
+
+        :meth:`train` calls it when evaluation is on; a caller that builds a
+        trainer may call it to learn of a wrong metric before any training.
+        Plays one evaluation (on the generator state it would use anyway, and
+        with the global generators forked and restored, so training is the
+        same with or without this check) and looks the metric up among its results.
+        """
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), ExitStack() as stack:
+            self._build_test_context(stack, self.trainer_config.eval.deterministic)
+            require_eval_metric(self.trainer_config.eval.metric, self.evaluate())
+
+    def _track_best(self, metrics: dict[str, float]) -> None:
+        """Note the evaluation in the state (best so far, early stopping); a new best writes ``best.pt``."""
+        eval_config = self.trainer_config.eval
+        require_eval_metric(eval_config.metric, metrics)
+        if track_best(self.state, metrics[eval_config.metric], eval_config.mode, eval_config.early_stopping_patience):
+            self.save_checkpoint("best")
+        metrics["eval/best"] = self.state.best_metric
+
+    @property
+    def num_test_iterations(self) -> int:
+        """Test-loop iterations: batches of ``trainer.test_batch_episodes`` (1 in test-run mode)."""
+        return self.evaluator.num_test_batches(self.test_episodes)
+
+    def _run_test_loop(self) -> dict[str, float]:
+        """The test loop (the hook of :meth:`~nip_like.trainers.base.TensorDictTrainer.test`): the ``test/...`` metrics.
+
+        Plays :attr:`test_episodes` episodes on :attr:`test_split` (one batch
+        in test-run mode), each datapoint ``trainer.test_rollouts`` times side
+        by side, and writes their transcripts to ``transcripts/test.jsonl``.
+        :meth:`train` ends with the test and ``python -m nip_like.evaluate``
+        calls it on a saved state.
+        """
+        return self.evaluator.test_metrics(self._play_test_loop(), self.state.iteration)
+
+    def play_test_episodes(self) -> TensorDictBase:
+        """The test's episodes, played in the test context: the ``"next"`` entries of each one's final step.
+
+        The same episodes as :meth:`~nip_like.trainers.base.TensorDictTrainer.test`
+        plays (same split, seed and number), for an analysis that needs more
+        than their metrics (``python -m nip_like.analyse message-regression``).
+        """
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            return self._play_test_loop()
+
+    @attach_progress_bar(lambda self: self.num_test_iterations)
+    def _play_test_loop(self, iteration_context: IterationContext) -> TensorDictBase:
+        iteration_context.set_description("Testing")
+        env = self.evaluator.test_env(self.test_split)
+        episodes = []
+        for _ in range(self.num_test_iterations):
+            episodes.append(self.evaluator.play_test_batch(env, self.state.iteration))
+            iteration_context.step()
+        all_episodes = torch.cat(episodes)
+        return all_episodes if self.test_run else all_episodes[: self.test_episodes]
 
     @contextmanager
     def _server_failures_name_the_checkpoint(self) -> Iterator[None]:

@@ -1,9 +1,10 @@
 """What an RL trainer's checkpoint holds besides the optimiser: the loop's counters, the loss module, the collection.
 
-:class:`RlCheckpoints` is the part of
-:class:`~nip_like.trainers.rl.TensorDictRlTrainer` that writes and reads its
-checkpoints (``state_dict``, ``load_state_dict``, the agents' own folders);
-the functions are its helpers (the collection's state is
+:func:`rl_state_dict` and :func:`load_rl_state` write and read what
+:class:`~nip_like.trainers.rl.TensorDictRlTrainer`'s checkpoints hold, as
+functions of its two records (:class:`~nip_like.trainers.rl_build.RlAgents`,
+:class:`~nip_like.trainers.rl_build.RlParts`) and its counters; the agents'
+own folders are :func:`save_agent_folders`' (the collection's state is
 :mod:`~nip_like.trainers.collector_state`'s). Frozen agent weights (a LoRA agent's base
 model) are left out of the loss module's state: the model folders hold them
 already. The collection's state (the collector's in-flight episodes and the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,8 +25,11 @@ from nip_like.checkpoint import get_rng_states, set_rng_states
 from nip_like.errors import CheckpointError
 from nip_like.lm.frozen import check_sources, source_record
 from nip_like.lm.sharding import is_sharded, shard_like, shard_optimizer_state, whole
-from nip_like.trainers.base import TensorDictTrainer
 from nip_like.trainers.collector_state import collection_state, load_collection_state
+
+if TYPE_CHECKING:  # the records are built by rl_build, which does not need this module
+    from nip_like.distributed import Distributed
+    from nip_like.trainers.rl_build import RlAgents, RlParts
 
 
 @dataclass
@@ -86,73 +90,74 @@ def check_ranks(state: dict[str, Any], world_size: int) -> None:
         )
 
 
-class RlCheckpoints(TensorDictTrainer):
-    """The checkpoints of :class:`~nip_like.trainers.rl.TensorDictRlTrainer`: its state, and its agents in their own format."""
+def save_agent_folders(agents: RlAgents, folder: Path, dist: Distributed) -> None:
+    """The agents in their own format under ``folder/<agent>/``, where they have one (language models: Hugging Face folders).
 
-    def save_checkpoint(self, name: str = "last") -> Path:
-        """Write the trainer state to ``checkpoints/<name>.pt``, and the agents in their own format.
+    Sharded agents are made whole on every rank (a collective); the writer rank writes them.
+    """
+    states = agents.hooks.whole_states() if agents.sharded is not None else None
+    if dist.is_writer:
+        agents.hooks.save_pretrained(folder, states)
 
-        Agents that write themselves in their own format (the policy hook
-        :meth:`~nip_like.trainers.policy_hooks.PolicyHooks.save_pretrained`:
-        language-model agents, as Hugging Face folders) are also saved under
-        ``checkpoints/<name>/<agent>/`` (model, tokenizer, value head), beside
-        the full trainer state that exact resumption reads.
-        """
-        path = super().save_checkpoint(name)
-        # Sharded agents are made whole on every rank (a collective); rank 0 writes them.
-        states = self.policy_hooks.whole_states() if self.sharded is not None else None
-        if self.distributed.is_writer:
-            self.policy_hooks.save_pretrained(self.checkpoint_dir / name, states)
-        return path
 
-    def _frozen_keys(self) -> set[str]:
-        return frozen_keys(self.agent_modules.modules(), self.loss_module)
+def load_loss_state(agents: RlAgents, parts: RlParts, saved: dict[str, Any]) -> None:
+    """Load a checkpoint's loss-module state (``saved``) into ``parts.loss_module``; sharded agents keep their shards."""
+    if agents.sharded is not None:  # a checkpoint holds whole tensors: each rank keeps its shards
+        saved = shard_like(saved, parts.loss_module.state_dict())
+    load_loss_module_state(parts.loss_module, saved, frozen_keys(agents.modules.modules(), parts.loss_module))
 
-    def _load_loss_module_state(self, state: dict[str, Any]) -> None:
-        if self.sharded is not None:  # a checkpoint holds whole tensors: each rank keeps its shards
-            state = shard_like(state, self.loss_module.state_dict())
-        load_loss_module_state(self.loss_module, state, self._frozen_keys())
 
-    def state_dict(self) -> dict[str, Any]:
-        own_collection = collection_state(self.collector, self.train_env)
-        state = {
-            # Without frozen agent weights, which the model folders hold already.
-            "loss_module": loss_module_state(self.loss_module, self._frozen_keys()),
-            "reference_policy": self.reference_policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-        if self.sharded is not None:  # whole tensors (every rank gathers): the file a replicated run writes
-            state = whole(state)
-        state |= {
-            # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
-            "frozen_agents": source_record(self.policy_hooks.frozen_sources()),
-            "opponent_pool": self.opponent_pool.state_dict() if self.opponent_pool is not None else None,
-            "scheduler": self.scheduler.state_dict(),
-            "train_state": asdict(self.state),
-            "rng": get_rng_states(),
-        }
-        if not self.distributed.enabled:
-            return {**state, **own_collection}
-        # Under torchrun each rank's collection (and its own random stream) is its own: one entry per rank.
-        return {**state, "ranks": self.distributed.gather({**own_collection, "rank_rng": self.distributed.rng_state()})}
+def rl_state_dict(agents: RlAgents, parts: RlParts, state: TrainState, dist: Distributed) -> dict[str, Any]:
+    """What an RL trainer's checkpoint holds: the loss module, reference, optimiser, schedule, pool, counters, generators, collection.
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_ranks(state, self.distributed.world_size)
-        own_collection = state["ranks"][self.distributed.rank] if "ranks" in state else state
-        check_sources(state.get("frozen_agents", {}), self.policy_hooks.frozen_sources())
-        self._load_loss_module_state(state["loss_module"])
-        self.reference_policy.load_state_dict(state["reference_policy"])
-        optimizer_state = state["optimizer"]
-        if self.sharded is not None:
-            optimizer_state = shard_optimizer_state(optimizer_state, (p for g in self.optimizer.param_groups for p in g["params"]))
-        self.optimizer.load_state_dict(optimizer_state)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.state.restore(state["train_state"])
-        if self.opponent_pool is not None:
-            if state.get("opponent_pool") is None:
-                raise CheckpointError("the checkpoint was written without trainer.opponent_pool: resume with the same settings")
-            self.opponent_pool.load_state_dict(state["opponent_pool"], self.state.iteration)
-        load_collection_state(self.collector, self.train_env, own_collection, self.device)
-        self.distributed.set_rng_state(own_collection.get("rank_rng"))
-        set_rng_states(state["rng"])
-        self.progress_initial["_run_train_loop"] = self.state.iteration
+    Frozen agent weights are left out (the model folders hold them); a
+    sharded run writes whole tensors (every rank gathers), as a replicated
+    run does. Under torchrun each rank's collection and random stream are its
+    own: one entry per rank under ``ranks``.
+    """
+    own_collection = collection_state(parts.collector, parts.train_env)
+    saved = {
+        "loss_module": loss_module_state(parts.loss_module, frozen_keys(agents.modules.modules(), parts.loss_module)),
+        "reference_policy": agents.reference.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+    }
+    if agents.sharded is not None:
+        saved = whole(saved)
+    saved |= {
+        # Where frozen co-players were loaded from, with a checksum of the files read (their weights are not saved).
+        "frozen_agents": source_record(agents.hooks.frozen_sources()),
+        "opponent_pool": parts.opponent_pool.state_dict() if parts.opponent_pool is not None else None,
+        "scheduler": parts.scheduler.state_dict(),
+        "train_state": asdict(state),
+        "rng": get_rng_states(),
+    }
+    if not dist.enabled:
+        return {**saved, **own_collection}
+    return {**saved, "ranks": dist.gather({**own_collection, "rank_rng": dist.rng_state()})}
+
+
+def load_rl_state(agents: RlAgents, parts: RlParts, state: TrainState, saved: dict[str, Any], dist: Distributed, device: torch.device) -> None:
+    """Restore what :func:`rl_state_dict` wrote into the records and ``state``, refusing a checkpoint that does not fit.
+
+    Refused in one line: a checkpoint of another number of ranks, of other
+    frozen co-players' files, of other agents, or written without the opponent
+    pool this run has.
+    """
+    check_ranks(saved, dist.world_size)
+    own_collection = saved["ranks"][dist.rank] if "ranks" in saved else saved
+    check_sources(saved.get("frozen_agents", {}), agents.hooks.frozen_sources())
+    load_loss_state(agents, parts, saved["loss_module"])
+    agents.reference.load_state_dict(saved["reference_policy"])
+    optimizer_state = saved["optimizer"]
+    if agents.sharded is not None:
+        optimizer_state = shard_optimizer_state(optimizer_state, (p for g in parts.optimizer.param_groups for p in g["params"]))
+    parts.optimizer.load_state_dict(optimizer_state)
+    parts.scheduler.load_state_dict(saved["scheduler"])
+    state.restore(saved["train_state"])
+    if parts.opponent_pool is not None:
+        if saved.get("opponent_pool") is None:
+            raise CheckpointError("the checkpoint was written without trainer.opponent_pool: resume with the same settings")
+        parts.opponent_pool.load_state_dict(saved["opponent_pool"], state.iteration)
+    load_collection_state(parts.collector, parts.train_env, own_collection, device)
+    dist.set_rng_state(own_collection.get("rank_rng"))
+    set_rng_states(saved["rng"])
