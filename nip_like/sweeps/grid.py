@@ -120,7 +120,7 @@ def declared_iterations(config: DictConfig, trainer_class: type) -> int:
     every loop decorated with :func:`~nip_like.trainers.base.attach_progress_bar`
     declares. Building a trainer makes environments and writes into its run
     folder, so it is called here on a bare instance of the trainer class that
-    holds only the config (``config``; ``trainer_config`` and ``test_run`` where they are no properties reading it), which
+    holds only the config (``config``, which ``trainer_config`` and ``test_run`` read), which
     is what the built-in trainers' declarations read. A trainer whose
     declarations need more falls back to the train loop's iterations plus the
     test loop's, as :class:`~nip_like.trainers.rl.TensorDictRlTrainer` declares
@@ -134,10 +134,7 @@ def declared_iterations(config: DictConfig, trainer_class: type) -> int:
         The trainer class it names (``trainer.trainer_type``, looked up in the registry).
     """
     shell = trainer_class.__new__(trainer_class)
-    shell.config = config
-    for name, value in (("trainer_config", config.trainer), ("test_run", bool(config.run.test_run))):
-        if not isinstance(getattr(trainer_class, name, None), property):  # the RL trainer reads both from its config
-            setattr(shell, name, value)
+    shell.config = config  # what trainer_config and test_run read (nip_like.trainers.base.Trainer)
     try:
         return int(shell.get_total_num_iterations())
     except (AttributeError, KeyError, TypeError):

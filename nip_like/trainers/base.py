@@ -230,6 +230,16 @@ class Trainer(ABC):
         """Folder of ``last.pt`` (latest state) and ``best.pt`` (best evaluation)."""
         return self.run_dir / "checkpoints"
 
+    @property
+    def trainer_config(self) -> DictConfig:
+        """The trainer's options (``config.trainer``)."""
+        return self.config.trainer
+
+    @property
+    def test_run(self) -> bool:
+        """Whether every loop runs once (``run.test_run``)."""
+        return bool(self.config.run.test_run)
+
     @abstractmethod
     def train(self) -> dict[str, float]:
         """Train, test, and return the final test metrics."""

@@ -148,19 +148,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
 
     # ------------------------------------------------------------- the parts
     @property
-    def trainer_config(self) -> DictConfig:
-        """The RL options (``config.trainer``)."""
-        return self.config.trainer
-
-    @property
     def device(self) -> torch.device:
         """The run's device (``run.device``)."""
         return torch.device(self.config.run.device)
-
-    @property
-    def test_run(self) -> bool:
-        """Whether every loop runs once (``run.test_run``)."""
-        return bool(self.config.run.test_run)
 
     @property
     def agent_names(self) -> tuple[str, ...]:
@@ -338,7 +328,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         (:meth:`_build_train_context`), as the loop does; tests call it to
         look at one iteration.
         """
-        started = time.perf_counter()
+        started, frames_before = time.perf_counter(), self.state.frames
         self.policy_hooks.pop_sampler_metrics()  # what evaluation sampled is not this iteration's
         # Sampling, advantages and the layout run with whole weights when the agents are sharded (run.fsdp):
         # the ranks' forward passes differ in number there.
@@ -350,13 +340,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self.buffer = self.fill_buffer(data)
         metrics.update(self.update_agents())
         finished = time.perf_counter()
-        frames = batch.numel() * self.distributed.world_size
         metrics.update(
             {
                 "train/frames": self.state.frames,
                 "train/gradient_steps": self.state.gradient_steps,
                 "train/iteration": self.state.iteration + 1,
-                "SPS": frames / (finished - started),
+                "SPS": (self.state.frames - frames_before) / (finished - started),  # every rank's frames
                 "timers/collect": collected - started,
                 "timers/update": finished - collected,
             }
