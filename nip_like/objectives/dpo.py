@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
@@ -25,10 +24,8 @@ from nip_like.objectives.contract import ObjectiveConfig, RolloutLoss
 from nip_like.objectives.episodes import complete_episodes, lengthened
 from nip_like.objectives.options import check_options
 from nip_like.objectives.reference import ReferencePolicy
+from nip_like.preference import LOSS_TYPES, preference_loss
 from nip_like.objectives.action_scores import ActionScores, score_actions
-
-#: The loss variants :func:`preference_loss` knows.
-LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
 CHOSEN, REJECTED = "chosen", "rejected"
 PAIR_AGENT_KEY = "agent"
@@ -66,40 +63,6 @@ class IPOConfig(PreferenceConfig):
     # IPO's own defaults (TRL's): IPOLoss reads them; DPOLoss(loss_type="ipo") keeps DPO's, as trainer=dpo loss_type=ipo does.
     beta: float = checked(0.1, gt=0)  # regularisation strength: the loss pulls the log-ratio gap towards 1 / (2 beta)
     length_normalize: bool = True  # mean log-prob per token of the agent's actions, as TRL's IPO
-
-
-def preference_loss(
-    logits: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0
-) -> torch.Tensor:
-    """The per-pair preference loss of a log-ratio difference.
-
-    Parameters
-    ----------
-    logits : torch.Tensor
-        ``(pi_c - pi_r) - (ref_c - ref_r)``: how much more the policy than the
-        reference prefers the chosen episode (log-probabilities).
-    beta : float
-        Inverse temperature (DPO, hinge) or regularisation strength (IPO).
-    loss_type : str
-        ``"sigmoid"``: ``-log sigmoid(beta * logits)`` (DPO, Rafailov et al.
-        2023), with ``label_smoothing`` the conservative DPO mix;
-        ``"ipo"``: ``(logits - 1 / (2 beta))^2`` (Azar et al. 2023);
-        ``"hinge"``: ``max(0, 1 - beta * logits)`` (SLiC, Zhao et al. 2023).
-    label_smoothing : float
-        Assumed probability that a preference is flipped (sigmoid only).
-
-    Returns
-    -------
-    torch.Tensor
-        The loss of each pair, shape of ``logits``.
-    """
-    if loss_type == "sigmoid":
-        return -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
-    if loss_type == "ipo":
-        return (logits - 1 / (2 * beta)) ** 2
-    if loss_type == "hinge":
-        return torch.relu(1 - beta * logits)
-    raise ValueError(f"unknown preference loss type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")
 
 
 def episode_log_probs(

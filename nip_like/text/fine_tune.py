@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from nip_like.errors import ConfigError
 from nip_like.lm.agent_folders import quiet_progress, save_agent
 from nip_like.lm.models import disable_dropout
-from nip_like.objectives.dpo import LOSS_TYPES, preference_loss
+from nip_like.preference import LOSS_TYPES, preference_loss
 from nip_like.optimizers import make_optimizer
 from nip_like.text.models import chat_prompts
 
