@@ -37,13 +37,16 @@ import os
 import time
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
-from tensordict import TensorDictBase
 
 from nip_like.checkpoint import derive_seed
 from nip_like.errors import ConfigError, NipLikeError
+
+# TensorDict is imported where a rank gathers one: a process that only asks current() (a fine-tune job) never loads it.
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
 
 #: Seconds a rank waits for the others in one collective before it gives up
 #: (a rank that hangs), unless ``NIP_LIKE_DISTRIBUTED_TIMEOUT`` says otherwise.
@@ -205,6 +208,8 @@ class Distributed:
         """Every rank's ``value``, in rank order, on every rank (``[value]`` with one rank)."""
         if not self.enabled:
             return [value]
+        from tensordict import TensorDictBase
+
         moved = value.to("cpu") if isinstance(value, (torch.Tensor, TensorDictBase)) else value
         values: list[Any] = [None] * self.world_size
         with self.collective():

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from nip_like import distributed
 from nip_like.interrupts import stop_point
 from nip_like.lm.padding import trim_padding_columns
 
@@ -143,8 +144,6 @@ def scores_by_micro_batch(
     parts = []
     # A stop request that has waited its grace ends the scoring between two micro-batches, in one process only:
     # under torchrun a rank that stopped there would leave the others waiting in their gradient sums.
-    from nip_like import distributed  # here: a fine-tune job's process scores without TensorDict, which this imports
-
     stops = not lockstep and not distributed.current().enabled
     for rows in groups:
         if stops:
