@@ -150,7 +150,7 @@ def test_a_hostile_program_fails_with_a_reason_and_the_runner_returns_promptly(n
     elapsed = time.monotonic() - started
     assert not run.passed
     assert re.search(reason, run.outcomes[0].reason), run.outcomes[0].reason
-    assert elapsed < HOSTILE_LIMITS.time_limit + 1.0
+    assert elapsed < HOSTILE_LIMITS.time_limit + 5.0  # promptly: not a hang; the margin is for a loaded machine
 
 
 def test_a_crash_fails_the_remaining_tests_and_keeps_the_earlier_results():

@@ -35,10 +35,14 @@ TEXT = "preset=none scenario=duplicates_chat protocol=nip trainer=expert_iterati
 #: Text agents behind a server ({refusing}, {error_500}, ...: fake servers on 127.0.0.1), failing fast.
 SERVED = (
     f"{TEXT} scenario.default_model.backend=openai scenario.default_model.max_retries=1 "
-    "scenario.default_model.retry_backoff=0.01 scenario.default_model.timeout=0.3"
+    "scenario.default_model.retry_backoff=0.01"
 )
+#: A server that answers at all answers at once (a long timeout, so a busy machine's load spike is no hang) ...
+ANSWERING = f"{SERVED} scenario.default_model.timeout=30"
+#: ... and one that never answers is waited for a fraction of a second.
+SILENT = f"{SERVED} scenario.default_model.timeout=0.3"
 #: How the preflight's message on a server that does not answer begins.
-NO_ANSWER = "scenario.default_model: text-model server {url} (GET /models) failed after 2 tries (timeout 0.3 s): "
+NO_ANSWER = "scenario.default_model: text-model server {url} (GET /models) failed after 2 tries (timeout 30 s): "
 
 #: (overrides with {folder} and {server} placeholders, a fragment of the one-line error, with the same placeholders).
 CASES = [
@@ -113,11 +117,11 @@ CASES = [
     (f"{TEXT} scenario.default_model.path={{no_template}}", "has no chat_template, which text models need"),
     (f"{TEXT} scenario.default_model.path={{no_tokenizer}}", "scenario.default_model.path: "),
     # text agents behind a server: the preflight asks it, with the model's retries and timeout
-    (f"{SERVED} scenario.default_model.base_url={{refusing}}", NO_ANSWER.format(url="{refusing}") + "APIConnectionError"),
-    (f"{SERVED} scenario.default_model.base_url={{error_500}}", NO_ANSWER.format(url="{error_500}") + "HTTP 500"),
-    (f"{SERVED} scenario.default_model.base_url={{malformed}}", NO_ANSWER.format(url="{malformed}") + "malformed JSON answer"),
-    (f"{SERVED} scenario.default_model.base_url={{hang}}", "scenario.default_model: text-model server {hang} (GET /models) gave no answer within its timeout of 0.3 s"),
-    (f"{SERVED} scenario.default_model.base_url={{unauthorized}}", "text-model server {unauthorized} refused GET /models: HTTP 401"),
+    (f"{ANSWERING} scenario.default_model.base_url={{refusing}}", NO_ANSWER.format(url="{refusing}") + "APIConnectionError"),
+    (f"{ANSWERING} scenario.default_model.base_url={{error_500}}", NO_ANSWER.format(url="{error_500}") + "HTTP 500"),
+    (f"{ANSWERING} scenario.default_model.base_url={{malformed}}", NO_ANSWER.format(url="{malformed}") + "malformed JSON answer"),
+    (f"{SILENT} scenario.default_model.base_url={{hang}}", "scenario.default_model: text-model server {hang} (GET /models) gave no answer within its timeout of 0.3 s"),
+    (f"{ANSWERING} scenario.default_model.base_url={{unauthorized}}", "text-model server {unauthorized} refused GET /models: HTTP 401"),
     (
         f"{TEXT} +scenario.models.verifier.backend=openai +scenario.models.verifier.base_url={{error_500}} "
         "+scenario.models.verifier.max_retries=0",

@@ -29,8 +29,11 @@ from nip_like.trainers.text import PureTextRlTrainer
 from tests.test_bad_inputs import _hashes
 
 CHAT = [{"role": "user", "content": "list: 1 2 1"}]
-#: Short enough that a hanging server costs a fraction of a second.
-FAST = dict(max_retries=1, retry_backoff=0.01, timeout=0.3)
+#: One retry, a short backoff. The timeout is long: a fake server that answers at all answers at once, and a load
+#: spike on a busy CI machine must not read as a hang (a 0.5 s timeout did, once, in a full run).
+FAST = dict(max_retries=1, retry_backoff=0.01, timeout=30)
+#: For the servers that never answer: short enough that waiting for one costs a fraction of a second.
+SILENT = dict(FAST, timeout=0.3)
 
 #: (behaviour, a fragment of the error's last reason); None: nothing listens.
 FAILURES = [
@@ -64,7 +67,7 @@ def test_a_failing_server_is_one_line_naming_it_after_the_retries(behaviour, rea
         with pytest.raises(ModelServerError) as error:
             client.reply([CHAT], Sampling(4), seed=0)
         client.close()
-    assert_one_line(str(error.value), f"text-model server {url} (model tiny) failed after 2 tries (timeout 0.3 s): ", reason)
+    assert_one_line(str(error.value), f"text-model server {url} (model tiny) failed after 2 tries (timeout 30 s): ", reason)
     if behaviour is not None:
         assert [kind for kind, _ in requests] == ["chat", "chat"]
 
@@ -109,7 +112,8 @@ def test_the_preflight_passes_a_server_that_answers(behaviour):
 def test_the_preflight_refuses_a_server_that_does_not_answer(behaviour, reason):
     with serve(behaviour) as (url, _):
         with pytest.raises(ModelServerError) as error:
-            check_text_model_server(TextModelConfig(backend="openai", base_url=url, **FAST), "scenario.models.verifier")
+            settings = SILENT if behaviour == "hang" else FAST
+            check_text_model_server(TextModelConfig(backend="openai", base_url=url, **settings), "scenario.models.verifier")
     message = str(error.value).replace("malformed JSON answer to GET /models", "malformed JSON answer")
     if reason is None:  # a silent server: one timeout, no retry
         assert_one_line(message, f"scenario.models.verifier: text-model server {url} (GET /models) gave no answer within its timeout of 0.3 s")
@@ -143,7 +147,7 @@ TEXT_RUN = (
     "scenario.default_model.model=fake",
     "scenario.default_model.max_retries=1",
     "scenario.default_model.retry_backoff=0.01",
-    "scenario.default_model.timeout=0.5",
+    "scenario.default_model.timeout=30",  # the failure below is an HTTP 500, never a wait
     "trainer.num_iterations=1",
     "trainer.episodes=4",
     "trainer.test_episodes=4",
