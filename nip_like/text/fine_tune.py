@@ -31,7 +31,9 @@ import torch.nn.functional as F
 
 from nip_like.errors import ConfigError
 from nip_like.lm.agent_folders import quiet_progress, save_agent
+from nip_like.lm.decoding import forward_parameters
 from nip_like.lm.models import disable_dropout
+from nip_like.lm.padding import position_ids
 from nip_like.preference import LOSS_TYPES, preference_loss
 from nip_like.optimizers import make_optimizer
 from nip_like.text.models import chat_prompts
@@ -122,21 +124,28 @@ def _pairs(tokenizer, records: list[dict], method: str) -> list[tuple[list[int],
 def reply_log_probs(
     model, tokenizer, prompts: list[list[int]], replies: list[list[int]], device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(B,)`` summed log-probabilities of each reply after its prompt, and ``(B,)`` reply lengths (right-padded batch)."""
-    sequences = [prompt + reply for prompt, reply in zip(prompts, replies)]
-    width = max(len(sequence) for sequence in sequences)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    target = torch.zeros((len(sequences), width), dtype=torch.bool)
-    for row, (prompt, sequence) in enumerate(zip(prompts, sequences)):
-        ids[row, : len(sequence)] = torch.tensor(sequence)
-        attention[row, : len(sequence)] = 1
-        target[row, len(prompt) : len(sequence)] = True
-    ids, attention, target = ids.to(device), attention.to(device), target.to(device)
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-    log_probs = torch.gather(F.log_softmax(logits, dim=-1), -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = target[:, 1:]
+    """``(B,)`` summed log-probabilities of each reply after its prompt, and ``(B,)`` reply lengths.
+
+    Prompts are padded on the left and replies on the right (positions count real tokens only, as in
+    :func:`nip_like.lm.padding.position_ids`), so every reply starts at the same column and the pass computes only
+    the logits that predict reply tokens (``logits_to_keep``, where the model takes it). At Gemma 3's 262,144-token
+    vocabulary the prompts' logits were most of a job's forward and backward time, and a gigabyte a batch.
+    """
+    prompt_width = max(len(prompt) for prompt in prompts)
+    reply_width = max(len(reply) for reply in replies)
+    ids = torch.full((len(prompts), prompt_width + reply_width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, (prompt, reply) in enumerate(zip(prompts, replies)):
+        start, end = prompt_width - len(prompt), prompt_width + len(reply)
+        ids[row, start:end] = torch.tensor(prompt + reply)
+        attention[row, start:end] = 1
+    ids, attention = ids.to(device), attention.to(device)
+    extra = {"logits_to_keep": reply_width + 1} if "logits_to_keep" in forward_parameters(model) else {}
+    output = model(input_ids=ids, attention_mask=attention, position_ids=position_ids(attention), use_cache=False, **extra)
+    # The logits at column i predict token i + 1: the replies' tokens are predicted from column prompt_width - 1 on.
+    logits = output.logits[:, -(reply_width + 1) : -1].float()
+    log_probs = torch.gather(F.log_softmax(logits, dim=-1), -1, ids[:, prompt_width:].unsqueeze(-1)).squeeze(-1)
+    mask = attention[:, prompt_width:].bool()
     return (log_probs * mask).sum(-1), mask.sum(-1)
 
 
