@@ -15,7 +15,12 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
+from nip_like import start_up
+
+if __name__ == "__main__":  # before the imports below: the collector waits until the run is built (nip_like.start_up)
+    start_up.pause_for_start_up()
+
+import hydra  # noqa: E402 - after the pause above
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -59,6 +64,7 @@ def _run(config: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point."""
+    start_up.pause_for_start_up()  # the imports of the run's build (TorchRL, transformers) happen later, lazily
     register_configs()
     # Like ``python -m``, let a trainer in the current folder load by dotted path.
     if os.getcwd() not in sys.path:
@@ -78,6 +84,7 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     finally:
+        start_up.start_up_over()  # the run ended, or never got built (a refused config, --cfg job, ...)
         run_lock.release_all()
         distributed.shutdown()
 

@@ -31,7 +31,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from nip_like import cache_record
+from nip_like import start_up
+
+if __name__ == "__main__":  # before the imports below: the collector waits until the trainer is built (nip_like.start_up)
+    start_up.pause_for_start_up()
+
+from nip_like import cache_record  # noqa: E402 - after the pause above
 from nip_like.checkpoint import check_checkpoint_folders, load_checked, write_text_atomic
 from nip_like.cli import OneLineArgumentParser, report_errors
 from nip_like.config import run_id
@@ -225,10 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, help="test episodes (default: as many as the run's test played)")
     parser.add_argument("--out", type=Path, help="the JSON file to write (default: RUN_DIR/evaluations/<checkpoint>-<split>.json)")
     args = parser.parse_args(argv)
-    with report_errors():
-        result = evaluate_run(args.run_dir, args.checkpoint, args.split, args.data, args.episodes, args.overrides)
-        out = args.out or default_output(args.run_dir, result)
-        write_evaluation(result, out)
+    start_up.pause_for_start_up()  # until the trainer is built (nip_like.start_up)
+    try:
+        with report_errors():
+            result = evaluate_run(args.run_dir, args.checkpoint, args.split, args.data, args.episodes, args.overrides)
+            out = args.out or default_output(args.run_dir, result)
+            write_evaluation(result, out)
+    finally:
+        start_up.start_up_over()
     source = f"data file {result['data']}" if result["data"] else f"split {result['split']}"
     print(f"Checkpoint {result['checkpoint']} of {args.run_dir} on the {source} ({out}):")
     print(format_metrics(result["metrics"]))

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nip_like import cache_record, distributed, interrupts, run_lock, smoke
+from nip_like import cache_record, distributed, interrupts, run_lock, smoke, start_up
 from nip_like.checkpoint import seed_everything, write_text_atomic
 from nip_like.folders import check_writable_folder, resume_command
 from nip_like.config import run_id
@@ -63,7 +63,9 @@ def build_trainer(config: DictConfig, run_dir: Path) -> Trainer:
         logger_config = OmegaConf.merge(config.logger, {"backends": []})
     logger = MetricLogger(logger_config, run_dir, str(config.name))
     logger.log_hyper_parameters(config, identity)
-    return checked.trainer.cls(config, scenario, run_dir, logger)
+    trainer = checked.trainer.cls(config, scenario, run_dir, logger)
+    start_up.resume_after_start_up()  # built: a program that paused the collector for its start-up resumes it
+    return trainer
 
 
 def preflight(config: DictConfig) -> CheckedConfig:
@@ -276,6 +278,7 @@ def _run_locked(
             finally:
                 trainer.close()
                 trainer.logger.close()
+                start_up.thaw_start_up()  # another run in this process may follow (a sweep's jobs)
     except StopRequested as stop:
         raise _interrupted(run_dir, trainer, stop) from None
     except StopNow as waiting:

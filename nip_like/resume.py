@@ -21,7 +21,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nip_like import distributed
+from nip_like import start_up
+
+if __name__ == "__main__":  # before the imports below: the collector waits until the run is built (nip_like.start_up)
+    start_up.pause_for_start_up()
+
+from nip_like import distributed  # noqa: E402 - after the pause above
 from nip_like.cli import EXIT_INTERRUPTED, OneLineArgumentParser, report_errors
 from nip_like.config import ExperimentConfig
 from nip_like.errors import CheckpointError, ConfigError
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="the run folder to continue")
     parser.add_argument("overrides", nargs="*", default=[], help="optional run.* or logger.* settings, key=value")
     args = parser.parse_args(argv)
+    start_up.pause_for_start_up()  # until the run is built (nip_like.start_up)
     try:
         with report_errors():
             config = load_run_config(args.run_dir, args.overrides)
@@ -89,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     finally:
+        start_up.start_up_over()  # the run ended, or never got built
         distributed.shutdown()  # under torchrun (see nip_like.distributed)
     # After shutdown the context keeps this process's rank without joining the group again.
     if config.logger.print_metrics and distributed.current().is_writer:

@@ -14,7 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from nip_like import start_up
+
+start_up.pause_for_start_up()  # as python -m nip_like does, before its imports
+
+import torch  # noqa: E402
 
 import nip_like.experiment
 from nip_like.__main__ import main

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from nip_like import start_up
 from nip_like.errors import ConfigError
 from nip_like.lm.agent_folders import quiet_progress, save_agent
 from nip_like.lm.decoding import forward_parameters
@@ -183,6 +184,7 @@ def fine_tune(spec: FineTuneSpec, log: Callable[[dict], None] = lambda metrics: 
         tokenizer.pad_token = tokenizer.eos_token
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(spec.base_model, local_files_only=True, dtype=torch.float32)
+    start_up.resume_after_start_up()  # loaded: a job that paused the collector for its start-up resumes it
     disable_dropout(model)
     model.to(device)
     data = _pairs(tokenizer, read_dataset(Path(spec.dataset), spec.method), spec.method)

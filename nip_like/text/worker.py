@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+from nip_like import start_up
 from nip_like.errors import one_line
 
 
@@ -32,6 +33,7 @@ def run_job(folder: str) -> str:
     """
     folder = Path(folder)
     print(f"--- started {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    start_up.pause_for_start_up()  # until the model is loaded (nip_like.start_up)
     try:
         from nip_like.text.fine_tune import FineTuneSpec, fine_tune
 
@@ -47,5 +49,7 @@ def run_job(folder: str) -> str:
     except Exception as error:  # noqa: BLE001 - every failure is reported in one line, its traceback in the log
         traceback.print_exc()
         raise JobFailed(one_line(error) or type(error).__name__) from None
+    finally:
+        start_up.start_up_over()
     print(f"job {spec.job_id}: saved {output}", flush=True)
     return str(output)
