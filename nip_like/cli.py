@@ -13,12 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, NoReturn, TypeVar
 
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 from hydra.experimental.callback import Callback
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nip_like.composition import compose_from_kept_groups
 from nip_like.config import CONFIG_DIR
 from nip_like.errors import ConfigError, NipLikeError, RunInterrupted, SweepJobError, one_line
 
@@ -310,7 +311,7 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
     overrides = select_user_components(overrides)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         try:
-            return compose("config", overrides=overrides)
+            return compose_from_kept_groups("config", overrides)
         except HydraException as error:
             line = unknown_override(error)
             if line is None:
