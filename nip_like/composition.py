@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -76,24 +77,19 @@ def compose_from_kept_groups(config_name: str, overrides: list[str]) -> DictConf
     if key in _kept:
         _kept.move_to_end(key)
     else:
-        _kept[key] = (compose(config_name, overrides=[item.input_line for item in groups], return_hydra_config=True), nodes)
+        composed = compose(config_name, overrides=[item.input_line for item in groups], return_hydra_config=True)
+        _kept[key] = (composed, nodes)
         while len(_kept) > MAX_KEPT:
             _kept.popitem(last=False)
     config = copy.deepcopy(_kept[key][0])
     try:
-        _apply_value_overrides(values, config)
+        # Hydra's own application of value overrides, on the struct-mode config it leaves them.
+        ConfigLoaderImpl._apply_overrides_to_config(values, config)
     except OmegaConfBaseException as error:  # as ConfigLoaderImpl.load_configuration wraps them
         raise ConfigCompositionException().with_traceback(error.__traceback__) from error
     with open_dict(config):
         del config["hydra"]
     return config
-
-
-def _apply_value_overrides(values: list, config: DictConfig) -> None:
-    """Hydra's own application of value overrides to a composed config (struct mode on, as it leaves it)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    ConfigLoaderImpl._apply_overrides_to_config(values, config)
 
 
 def _sources_state(sources: list) -> tuple[tuple, list[Any]]:
