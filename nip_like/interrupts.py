@@ -90,11 +90,17 @@ class StopNow(BaseException):
     ----------
     where : str
         ``"waiting for <what>"`` or ``"in <what>"``: where the run was, for its one line.
+    during : str or None
+        The part of the run it was in, where a loop on the way knows it better
+        than the run's counters do (the train loop sets ``"in the evaluation
+        after iteration N"``: that evaluation runs after ``state.iteration``
+        has counted iteration N); ``None`` lets the report say it from the state.
     """
 
     def __init__(self, what: str, waiting: bool = True) -> None:
         self.what = what
         self.where = f"waiting for {what}" if waiting else f"in {what}"
+        self.during: str | None = None
         super().__init__(f"stopped while {self.where}")
 
 

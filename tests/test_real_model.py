@@ -261,24 +261,30 @@ def test_killed_with_sigkill_and_resumed_gives_the_uninterrupted_runs_test_metri
 # ------------------------------------------------------------------ signals while the real model works
 
 
-def _signal_when(monkeypatch, owner, name: str, signals, condition=lambda: True) -> None:
-    """Send the signal from inside ``owner.name`` the first time it is called while ``condition()`` holds."""
+def _signal_when(monkeypatch, owner, name: str, signals, condition=lambda: True, slow: float = 0.0) -> None:
+    """Send the signal from inside ``owner.name`` the first time it is called while ``condition()`` holds.
+
+    ``slow``: seconds each call sleeps while ``condition()`` holds, so that the phase outlasts the stop's grace
+    (on a fast machine two episodes of the real model can end within it, and the run then stops at the next safe
+    point instead of inside the phase).
+    """
     original = getattr(owner, name)
 
     def sending(*args, **kwargs):
         if condition():
             signals.send()
+            time.sleep(slow)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, sending)
 
 
-def _inside(monkeypatch, owner, name: str, flag: dict) -> None:
-    """``flag["on"]`` is true while ``owner.name`` runs."""
+def _inside(monkeypatch, owner, name: str, flag: dict, when=lambda *args: True) -> None:
+    """``flag["on"]`` is true while ``owner.name`` runs on arguments for which ``when`` holds."""
     original = getattr(owner, name)
 
     def flagged(*args, **kwargs):
-        flag["on"] = True
+        flag["on"] = when(*args)
         try:
             return original(*args, **kwargs)
         finally:
@@ -293,6 +299,7 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
 ):
     """SIGTERM in the middle of a phase of iteration 1: the run ends within 10 s (the grace of 2 s included) with its one line."""
     import nip_like.lm.decoding as decoding
+    from nip_like import interrupts
     from nip_like.errors import RunInterrupted
     from nip_like.run_lock import LOCK_FILE
     from nip_like.trainers import collection
@@ -312,10 +319,13 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     ]
     overrides = {"evaluation": evaluation, "update": ["trainer.minibatch_size=4"]}.get(phase, [])
     if phase == "update":  # the first minibatch's forward pass; the second minibatch is then not run
-        _signal_when(monkeypatch, LossPasses, "forward", signals)
-    else:  # a token sampled inside the collection, or inside the evaluation
-        _inside(monkeypatch, *((collection, "collect") if phase == "sampling" else (RlEvaluator, "evaluate")), inside)
-        _signal_when(monkeypatch, decoding, "entropy", signals, lambda: inside["on"])
+        _signal_when(monkeypatch, LossPasses, "forward", signals, slow=interrupts.GRACE_SECONDS + 0.5)
+    elif phase == "sampling":  # a token sampled inside the collection
+        _inside(monkeypatch, collection, "collect", inside)
+        _signal_when(monkeypatch, decoding, "entropy", signals, lambda: inside["on"], slow=0.5)
+    else:  # a token sampled inside the evaluation after iteration 1 (not the one that checks the metric before it)
+        _inside(monkeypatch, RlEvaluator, "evaluate", inside, when=lambda evaluator, iteration: iteration == 1)
+        _signal_when(monkeypatch, decoding, "entropy", signals, lambda: inside["on"], slow=0.5)
     run_dir = tmp_path / "run"
     try:
         with pytest.raises(RunInterrupted) as error:
@@ -327,9 +337,13 @@ def test_sigterm_while_the_real_model_works_stops_the_run_in_seconds_and_leaves_
     assert seconds < 10, seconds
     message = str(error.value)
     assert "\n" not in message and f"python -m nip_like.resume {run_dir}" in message, message
-    assert "during iteration 1" in message, message
-    # The line names the decoding it stopped in; a stop inside the evaluation or the update names the iteration only.
-    assert {"sampling": "decoding", "evaluation": "iteration 1", "update": "iteration 1"}[phase] in message, message
+    # The line names the part of the run and what it stopped in: the evaluation after iteration 1 runs when the
+    # iteration is counted, and is named as that evaluation (not as the next iteration).
+    assert {
+        "sampling": "at once during iteration 1, in a language model's decoding",
+        "evaluation": "at once in the evaluation after iteration 1, in ",  # its decoding, or between its steps
+        "update": "at once during iteration 1, in the update",
+    }[phase] in message, message
     assert not (run_dir / LOCK_FILE).exists()
 
 

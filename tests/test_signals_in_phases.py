@@ -241,6 +241,22 @@ def test_a_signal_in_the_evaluation_before_the_first_iteration_stops_it_within_a
 
 
 @pytest.mark.slow
+def test_a_signal_in_the_evaluation_after_an_iteration_names_that_evaluation(tmp_path, monkeypatch, signals):
+    # The train loop evaluates after it has counted the iteration: the line names the evaluation after iteration 1,
+    # not "during iteration 2" (the second call of evaluate; the first checks the metric before the first step).
+    when = {"slow": False}
+    slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)
+    on_call(monkeypatch, RlEvaluator, "evaluate", lambda: when.update(slow=True), call=2)
+    run_dir = tmp_path / "run"
+    error, seconds = interrupted(smoke_config("trainer.eval.every=1"), run_dir, signals)
+    assert seconds < PROMPT_STOP_SECONDS, seconds
+    assert str(error) == (
+        "interrupted at once in the evaluation after iteration 1, in the episodes of an evaluation or test, before "
+        f"the first checkpoint; start it again with: python -m nip_like.resume {run_dir}"
+    )
+
+
+@pytest.mark.slow
 def test_a_signal_in_a_long_test_batch_stops_it_and_resume_tests_again(tmp_path, monkeypatch, signals):
     # One batch of test episodes: the test loop's check between batches never comes.
     overrides = ("trainer.num_iterations=2", "trainer.eval.every=0", "logger=csv", "trainer.test_batch_episodes=64")

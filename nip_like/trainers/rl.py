@@ -43,6 +43,7 @@ from nip_like import distributed, keys
 from nip_like.checkpoint import load_checked
 from nip_like.errors import ModelServerError
 from nip_like.folders import resume_command
+from nip_like.interrupts import StopNow
 from nip_like.logging import MetricLogger
 from nip_like.precision import float32_region
 from nip_like.scenarios.base import Demonstrating, Labelled, Scenario, TensorGame
@@ -301,7 +302,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 if eval_every and (iteration % eval_every == 0 or last):
                     with ExitStack() as stack:
                         self._build_test_context(stack, self.trainer_config.eval.deterministic)
-                        metrics.update(self.evaluate())
+                        try:
+                            metrics.update(self.evaluate())
+                        except StopNow as stop:  # the iteration is counted already: say which one it follows
+                            stop.during = f"in the evaluation after iteration {iteration}"
+                            raise
                     self._track_best(metrics)
             self.state.train_seconds += time.perf_counter() - started
             metrics["timers/iteration"] = time.perf_counter() - started
