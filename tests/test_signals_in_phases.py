@@ -227,32 +227,23 @@ def test_a_run_stopped_before_its_first_checkpoint_runs_again_in_its_folder_with
 
 
 @pytest.mark.slow
-def test_a_signal_in_the_evaluation_before_the_first_iteration_stops_it_within_a_step(tmp_path, monkeypatch, signals):
+@pytest.mark.parametrize(
+    ("call", "where"),
+    [(1, "during iteration 1"), (2, "in the evaluation after iteration 1")],
+    ids=["before-the-first-iteration", "after-iteration-1"],
+)
+def test_a_signal_in_an_evaluation_stops_it_within_a_step_and_names_it(tmp_path, monkeypatch, signals, call, where):
+    # The first evaluation checks the metric before the first step; the second follows iteration 1's update, when
+    # the train loop has counted that iteration: the line names it so, not "during iteration 2".
     when = {"slow": False}
     slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)  # each step of every episode takes a second
-    on_call(monkeypatch, RlEvaluator, "evaluate", lambda: when.update(slow=True))
+    on_call(monkeypatch, RlEvaluator, "evaluate", lambda: when.update(slow=True), call=call)
     run_dir = tmp_path / "run"
     error, seconds = interrupted(smoke_config("trainer.eval.every=1"), run_dir, signals)
     assert seconds < PROMPT_STOP_SECONDS, seconds
     assert str(error) == (
-        "interrupted at once during iteration 1, in the episodes of an evaluation or test, before the first "
+        f"interrupted at once {where}, in the episodes of an evaluation or test, before the first "
         f"checkpoint; start it again with: python -m nip_like.resume {run_dir}"
-    )
-
-
-@pytest.mark.slow
-def test_a_signal_in_the_evaluation_after_an_iteration_names_that_evaluation(tmp_path, monkeypatch, signals):
-    # The train loop evaluates after it has counted the iteration: the line names the evaluation after iteration 1,
-    # not "during iteration 2" (the second call of evaluate; the first checks the metric before the first step).
-    when = {"slow": False}
-    slowed(monkeypatch, InteractionEnv, "_step", 1.0, when, signals)
-    on_call(monkeypatch, RlEvaluator, "evaluate", lambda: when.update(slow=True), call=2)
-    run_dir = tmp_path / "run"
-    error, seconds = interrupted(smoke_config("trainer.eval.every=1"), run_dir, signals)
-    assert seconds < PROMPT_STOP_SECONDS, seconds
-    assert str(error) == (
-        "interrupted at once in the evaluation after iteration 1, in the episodes of an evaluation or test, before "
-        f"the first checkpoint; start it again with: python -m nip_like.resume {run_dir}"
     )
 
 
