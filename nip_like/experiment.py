@@ -179,10 +179,8 @@ def _interrupted(
     else:  # a second signal, or a first one in a long wait: stopped at once, wherever the run was
         state = getattr(trainer, "state", None)
         where = f"during iteration {state.iteration + 1}" if state is not None else "while setting up"
-        if waiting is not None and waiting.during is not None:
-            where = waiting.during
-        if waiting is not None:
-            where = f"{where}, {waiting.where}"
+        if waiting is not None:  # a loop on the way may know the part of the run better than the state's counter
+            where = f"{waiting.during or where}, {waiting.where}"
         if (run_dir / "checkpoints" / "last.pt").is_file():
             message = f"interrupted at once {where}; resume from the last checkpoint with: {command}"
         else:
